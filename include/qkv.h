@@ -1,0 +1,302 @@
+/*
+ * qkv.h - the public API of qkv, a C11 library for self-attention.
+ *
+ * One header. Every function returns a qkv_status (or is documented as unable
+ * to fail); the library never aborts, exits or prints. Buffers are owned by the
+ * caller unless a function says it allocates (then a matching *_free exists and
+ * accepts NULL).
+ *
+ * The attention core computes, for every batch b and query head h:
+ *
+ *     S  = score(Q, K)            n_q x n_k   (scaled dot, dot, cosine, additive)
+ *     S  = softcap(S) + bias      optional
+ *     S  = mask(S)                masked logits are -inf (never read)
+ *     A' = normalise(S)           row by row  (softmax, relu, sigmoid)
+ *     O  = A' . V
+ *
+ * Tensor layout (row-major, contiguous, "batch, sequence, head, dim"):
+ *     Q  [B, n_q, H,    D  ]      K  [B, n_k, H_kv, D  ]
+ *     V  [B, n_k, H_kv, D_v]      O  [B, n_q, H,    D_v]
+ * This is what a linear projection of [B, n, H*D] produces, so no transposes
+ * are needed. Query head h reads key/value head h / (H / H_kv) (grouped-query
+ * attention; H_kv = 1 is multi-query attention).
+ */
+#ifndef QKV_H
+#define QKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QKV_VERSION_MAJOR 0
+#define QKV_VERSION_MINOR 1
+#define QKV_VERSION_PATCH 0
+#define QKV_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------- */
+/* Status codes. Values are pinned: they never change meaning between versions. */
+
+typedef enum qkv_status {
+    QKV_OK = 0,
+    QKV_ERR_NULL_POINTER = 1,     /* a required pointer argument is NULL */
+    QKV_ERR_BAD_SIZE = 2,         /* a size is zero or negative */
+    QKV_ERR_SIZE_OVERFLOW = 3,    /* a product of sizes does not fit in size_t / int64 */
+    QKV_ERR_HEADS = 4,            /* H is not a multiple of H_kv */
+    QKV_ERR_WINDOW = 5,           /* window extents negative or mask kind needs none */
+    QKV_ERR_KEY_LENGTHS = 6,      /* a key length is < 0 or > n_k */
+    QKV_ERR_SEQ_OFFSETS = 7,      /* packed offsets not 0 = o_0 <= ... <= o_S = n, or B != 1 */
+    QKV_ERR_BAD_ENUM = 8,         /* unknown score, normaliser, mask, dtype, bias kind, impl */
+    QKV_ERR_BAD_PARAMETER = 9,    /* scale, temperature or softcap not finite / out of range */
+    QKV_ERR_OUT_OF_MEMORY = 10,   /* an allocation failed; nothing leaked, outputs unspecified */
+    QKV_ERR_UNSUPPORTED = 11,     /* valid request this build/implementation cannot do */
+    QKV_ERR_IO = 12,              /* a file could not be opened, read or written */
+    QKV_ERR_FORMAT = 13,          /* a file is malformed (bad magic, header, truncated) */
+    QKV_ERR_DTYPE = 14,           /* an array has a dtype the call does not accept */
+    QKV_ERR_SHAPE = 15            /* array shapes do not fit together */
+} qkv_status;
+
+/* A short, static English text for a status; "unknown status" for values that
+ * are not codes. Never NULL. */
+const char *qkv_status_string(qkv_status status);
+
+/* The library's version, e.g. "0.1.0" (same as QKV_VERSION_STRING of the
+ * header the library was built with). */
+const char *qkv_version(void);
+
+/* ------------------------------------------------------------------------- */
+/* Memory. All library allocations go through these hooks (default: malloc and
+ * free). Set them before any other call, never concurrently with one; passing
+ * NULL for both restores the default. A hook returning NULL makes the call that
+ * needed memory fail with QKV_ERR_OUT_OF_MEMORY, freeing what it had taken. */
+
+typedef void *(*qkv_malloc_fn)(size_t size, void *user);
+typedef void (*qkv_free_fn)(void *ptr, void *user);
+qkv_status qkv_set_allocator(qkv_malloc_fn alloc, qkv_free_fn release, void *user);
+
+/* ------------------------------------------------------------------------- */
+/* Element types. The attention core accepts F32 and F64 for all floating point
+ * tensors of one call (they share the descriptor's dtype). Integer arrays
+ * (key lengths, offsets) are always int64_t in the API. */
+
+typedef enum qkv_dtype {
+    QKV_F32 = 0,
+    QKV_F64 = 1,
+    QKV_I32 = 2,   /* .npy I/O only */
+    QKV_I64 = 3    /* .npy I/O only */
+} qkv_dtype;
+
+/* Size in bytes of one element of a dtype; 0 for an unknown value. */
+size_t qkv_dtype_size(qkv_dtype dtype);
+
+/* How a query row scores the keys. */
+typedef enum qkv_score {
+    QKV_SCORE_SCALED_DOT = 0,  /* s = scale * q.k, scale defaults to 1/sqrt(D) */
+    QKV_SCORE_DOT = 1,         /* s = q.k (scale ignored) */
+    QKV_SCORE_COSINE = 2,      /* s = (q/|q|).(k/|k|) / temperature; |x| floored at 1e-12
+                                  as torch.nn.functional.normalize does */
+    QKV_SCORE_ADDITIVE = 3     /* s = w_h . tanh(W1_h q + W2_h k)  (Bahdanau / MLP score);
+                                  parameters in qkv_attn_desc.additive_* */
+} qkv_score;
+
+/* How a row of logits becomes weights A'. Masked keys always get weight 0. */
+typedef enum qkv_norm {
+    QKV_NORM_SOFTMAX = 0,      /* exp(s - max) / sum: rows sum to 1, never overflows */
+    QKV_NORM_RELU = 1,         /* max(s, 0), divided by the number of visible keys
+                                  when relu_divide_by_count != 0 */
+    QKV_NORM_SIGMOID = 2       /* 1 / (1 + exp(-s)) */
+} qkv_norm;
+
+/* Which keys a query sees. Positions are aligned bottom-right: query i is at
+ * key position p = i + n_k - n_q (so a decoder's last query sees every key).
+ * Every mask leaves a contiguous range of keys, intersected with the key
+ * lengths and packed-sequence bounds below. */
+typedef enum qkv_mask {
+    QKV_MASK_NONE = 0,          /* every key */
+    QKV_MASK_CAUSAL = 1,        /* keys j <= p */
+    QKV_MASK_WINDOW = 2,        /* keys p - window_left <= j <= p + window_right
+                                   (truncated self-attention) */
+    QKV_MASK_CAUSAL_WINDOW = 3  /* keys p - window_left <= j <= p (window_right must be 0) */
+} qkv_mask;
+
+/* Shape of the optional additive bias (added to the logits after soft-capping;
+ * -inf entries mask a key). Indexed by packed position when seq_offsets is used. */
+typedef enum qkv_bias_kind {
+    QKV_BIAS_NONE = 0,
+    QKV_BIAS_SHARED = 1,        /* [n_q, n_k], the same for every batch and head */
+    QKV_BIAS_PER_HEAD = 2       /* [H, n_q, n_k], the same for every batch */
+} qkv_bias_kind;
+
+/* Which implementation computes the call. */
+typedef enum qkv_impl {
+    QKV_IMPL_AUTO = 0,          /* the fastest available for the request */
+    QKV_IMPL_REFERENCE = 1      /* plain loops accumulating in double: the oracle */
+} qkv_impl;
+
+/* The description of one attention problem. Initialise with
+ * qkv_attn_desc_init(), then set the fields you need. Pointers in it are
+ * borrowed for the duration of a call only. */
+typedef struct qkv_attn_desc {
+    qkv_dtype dtype;            /* QKV_F32 or QKV_F64: type of every float tensor */
+
+    int64_t batch;              /* B   >= 1 */
+    int64_t n_q;                /* queries per batch >= 1 (total packed length with seq_offsets) */
+    int64_t n_k;                /* keys per batch    >= 1 */
+    int64_t heads;              /* H   >= 1 */
+    int64_t heads_kv;           /* H_kv >= 1, divides H; 0 means H */
+    int64_t dim;                /* D   >= 1: query/key head dimension */
+    int64_t dim_v;              /* D_v >= 1: value head dimension; 0 means D */
+
+    qkv_score score;
+    double scale;               /* SCALED_DOT only; 0 means 1/sqrt(D); else finite, != 0 */
+    double temperature;         /* COSINE only; > 0 and finite (default 1) */
+    double softcap;             /* 0 = off; else c > 0: s -> c * tanh(s / c) */
+
+    /* ADDITIVE only, all of dtype `dtype`, per query head h:
+     * W1 [H, A, D] applied to q, W2 [H, A, D] applied to k, w [H, A]. */
+    int64_t additive_dim;       /* A >= 1 */
+    const void *additive_w1;
+    const void *additive_w2;
+    const void *additive_w;
+
+    qkv_norm norm;
+    int relu_divide_by_count;   /* RELU only: divide by the number of visible keys */
+
+    qkv_mask mask;
+    int64_t window_left;        /* WINDOW, CAUSAL_WINDOW: >= 0 */
+    int64_t window_right;       /* WINDOW: >= 0; CAUSAL_WINDOW: must be 0 */
+
+    /* Padding: key j of batch b is visible only if j < key_lengths[b].
+     * [B] entries in 0..n_k, or NULL. Alignment still uses n_k (see qkv_mask). */
+    const int64_t *key_lengths;
+
+    /* Packed variable-length sequences (FlashAttention's "varlen"): batch must
+     * be 1; queries [seq_offsets_q[s], seq_offsets_q[s+1]) attend only to keys
+     * [seq_offsets_k[s], seq_offsets_k[s+1]), with the mask aligned per sequence
+     * (n_q, n_k replaced by that sequence's lengths). Each array has num_seqs+1
+     * nondecreasing entries from 0 to n_q (resp. n_k). seq_offsets_k = NULL
+     * means the same as seq_offsets_q (requires n_q == n_k). num_seqs = 0 and
+     * seq_offsets_q = NULL: not packed. */
+    int64_t num_seqs;
+    const int64_t *seq_offsets_q;
+    const int64_t *seq_offsets_k;
+
+    qkv_bias_kind bias_kind;
+    const void *bias;           /* see qkv_bias_kind; dtype `dtype` */
+
+    qkv_impl impl;
+    int threads;                /* 0 = QKV_NUM_THREADS or the machine's cores */
+} qkv_attn_desc;
+
+/* Defaults: F32, scaled dot product with scale 1/sqrt(D), softmax, no mask,
+ * temperature 1, everything optional off, sizes 0 (must be set). Never fails
+ * (does nothing when desc is NULL). */
+void qkv_attn_desc_init(qkv_attn_desc *desc);
+
+/* Validate a descriptor without computing anything: QKV_OK or the status the
+ * compute functions would return for it (pointers to tensors aside). */
+qkv_status qkv_attn_desc_check(const qkv_attn_desc *desc);
+
+/* Forward pass.
+ *   q    [B, n_q, H, D]       required
+ *   k    [B, n_k, H_kv, D]    required
+ *   v    [B, n_k, H_kv, D_v]  required
+ *   out  [B, n_q, H, D_v]     required, written
+ *   attn [B, H, n_q, n_k]     optional (NULL): the normalised matrix A'; masked
+ *                             entries are 0. The only n x n buffer qkv ever
+ *                             touches is this one, and only when you pass it.
+ *   lse  [B, H, n_q]          optional (NULL): log sum_j exp(s_ij) over the
+ *                             visible keys (whatever the normaliser); -inf for a
+ *                             row with no visible key.
+ * All float tensors are of desc->dtype. A row whose keys are all masked gets an
+ * output of 0. Inputs may not alias outputs.
+ * Errors: any descriptor error (see qkv_attn_desc_check), QKV_ERR_NULL_POINTER
+ * for a missing tensor, QKV_ERR_OUT_OF_MEMORY. On error the outputs are
+ * unspecified. */
+qkv_status qkv_attention_forward(const qkv_attn_desc *desc,
+                                 const void *q, const void *k, const void *v,
+                                 void *out, void *attn, void *lse);
+
+/* Gradients written by qkv_attention_backward. dq, dk, dv are required;
+ * the others are optional (NULL = not wanted) and, when given, are
+ * overwritten (not accumulated into):
+ *   dbias         shaped as desc->bias (summed over batch, and over heads for SHARED)
+ *   d_additive_*  shaped as the additive parameters */
+typedef struct qkv_attn_grads {
+    void *dq;                   /* [B, n_q, H, D] */
+    void *dk;                   /* [B, n_k, H_kv, D]   (summed over the heads sharing it) */
+    void *dv;                   /* [B, n_k, H_kv, D_v] */
+    void *dbias;
+    void *d_additive_w1;
+    void *d_additive_w2;
+    void *d_additive_w;
+} qkv_attn_grads;
+
+/* Backward pass: given dout = dL/dO [B, n_q, H, D_v], writes dL/dQ, dL/dK,
+ * dL/dV (and the optional gradients in grads).
+ *   out, lse: the forward's outputs, optional (NULL: recomputed). The
+ *   reference implementation always recomputes them in double.
+ * Rows whose keys are all masked contribute nothing (zero gradients).
+ * Errors: as qkv_attention_forward. */
+qkv_status qkv_attention_backward(const qkv_attn_desc *desc,
+                                  const void *q, const void *k, const void *v,
+                                  const void *out, const void *lse,
+                                  const void *dout, const qkv_attn_grads *grads);
+
+/* ------------------------------------------------------------------------- */
+/* NumPy .npy arrays (format versions 1.0, 2.0 and 3.0; little-endian; C order;
+ * dtypes <f4, <f8, <i4, <i8). Untrusted input: every header field is checked
+ * and sizes are checked for overflow before anything is allocated. */
+
+#define QKV_NPY_MAX_DIMS 8
+
+typedef struct qkv_array {
+    qkv_dtype dtype;
+    int ndim;                           /* 0 .. QKV_NPY_MAX_DIMS */
+    int64_t shape[QKV_NPY_MAX_DIMS];
+    void *data;                         /* owned when loaded: free with qkv_array_free */
+} qkv_array;
+
+/* Number of elements (product of the shape; 1 for ndim 0). */
+int64_t qkv_array_count(const qkv_array *a);
+
+/* Parse an in-memory .npy file. On success *out owns a new buffer. On failure
+ * *out is zeroed and, when why != NULL, a one-line reason (no file name) is
+ * written into why[why_len]. Errors: QKV_ERR_NULL_POINTER, QKV_ERR_FORMAT
+ * (bad magic, version, header, truncated, Fortran order, big-endian),
+ * QKV_ERR_DTYPE (any other dtype), QKV_ERR_SIZE_OVERFLOW,
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_npy_parse(const void *bytes, size_t len, qkv_array *out,
+                         char *why, size_t why_len);
+
+/* Load a .npy file: as qkv_npy_parse, plus QKV_ERR_IO when it cannot be read. */
+qkv_status qkv_npy_load(const char *path, qkv_array *out, char *why, size_t why_len);
+
+/* Save an array as a version 1.0 .npy file (2.0 when the header needs it).
+ * Writes to a temporary file in the same folder and renames it over path, so
+ * a failure never leaves a partial file. Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_SIZE (ndim out of range, negative dim), QKV_ERR_DTYPE,
+ * QKV_ERR_IO. */
+qkv_status qkv_npy_save(const char *path, const qkv_array *a);
+
+/* Allocate a zero-filled array of the given dtype and shape (ndim 0..8,
+ * dims >= 0). Errors: QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE, QKV_ERR_DTYPE,
+ * QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_array_alloc(qkv_array *out, qkv_dtype dtype, int ndim, const int64_t *shape);
+
+/* A new array with the values of `in` converted to dtype `to` (any of the four
+ * dtypes; float to integer truncates toward zero, NaN and out-of-range values
+ * give QKV_ERR_BAD_PARAMETER). Errors as qkv_array_alloc. */
+qkv_status qkv_array_convert(const qkv_array *in, qkv_dtype to, qkv_array *out);
+
+/* Free the data of an array that a load or parse returned, and zero it.
+ * NULL and already-freed (zeroed) arrays are fine. */
+void qkv_array_free(qkv_array *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QKV_H */

@@ -1,0 +1,28 @@
+/* The public attention entry points: validate once, then hand the plan to an
+ * implementation. Every implementation sees the same validated plan, so
+ * argument checking lives here and nowhere else. */
+#include "core/internal.h"
+#include "ref/ref.h"
+
+qkv_status qkv_attention_forward(const qkv_attn_desc *desc, const void *q, const void *k,
+                                 const void *v, void *out, void *attn, void *lse) {
+    qkv_plan p;
+    qkv_status s = qkv_plan_make(desc, &p);
+    if (s != QKV_OK) return s;
+    if (!q || !k || !v || !out) return QKV_ERR_NULL_POINTER;
+    if (attn && p.n_attn_elems < 0) return QKV_ERR_SIZE_OVERFLOW;
+    return qkv_ref_forward(&p, q, k, v, out, attn, lse);
+}
+
+qkv_status qkv_attention_backward(const qkv_attn_desc *desc, const void *q, const void *k,
+                                  const void *v, const void *out, const void *lse,
+                                  const void *dout, const qkv_attn_grads *grads) {
+    qkv_plan p;
+    qkv_status s = qkv_plan_make(desc, &p);
+    if (s != QKV_OK) return s;
+    if (!q || !k || !v || !dout || !grads || !grads->dq || !grads->dk || !grads->dv)
+        return QKV_ERR_NULL_POINTER;
+    (void)out; /* the reference recomputes the forward in double */
+    (void)lse;
+    return qkv_ref_backward(&p, q, k, v, dout, grads);
+}

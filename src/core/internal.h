@@ -1,0 +1,51 @@
+/* Internal helpers shared by every layer of the library: allocation through
+ * the user's hooks, overflow-checked size arithmetic, and the validated form
+ * of an attention descriptor. Not installed. */
+#ifndef QKV_CORE_INTERNAL_H
+#define QKV_CORE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qkv.h"
+
+/* Allocation through the hooks set by qkv_set_allocator. qkv_free(NULL) is a no-op. */
+void *qkv_alloc(size_t bytes);
+void *qkv_alloc_zeroed(size_t bytes);
+void qkv_free(void *p);
+
+/* *out = a * b; returns 0 on overflow (a, b >= 0). */
+static inline int qkv_mul_ok(int64_t a, int64_t b, int64_t *out) {
+    if (a < 0 || b < 0) return 0;
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Product of n non-negative factors, with overflow check against both int64
+ * and size_t of `elem` bytes each. Returns 0 on overflow. */
+int qkv_count_ok(int64_t *out, size_t elem, int n, const int64_t *factors);
+
+/* A descriptor after validation: defaults resolved, every element count
+ * computed once (overflow-checked), and the mask reduced to a window
+ * [p - left, p + right] where "unbounded" is QKV_UNBOUNDED. */
+#define QKV_UNBOUNDED INT64_MAX
+
+typedef struct qkv_plan {
+    qkv_attn_desc d;      /* copy with heads_kv, dim_v, scale resolved */
+    int64_t group;        /* H / H_kv: query heads per key/value head */
+    int64_t left, right;  /* visible window around the aligned position */
+    int packed;           /* seq_offsets in use */
+    int64_t n_q_elems, n_k_elems, n_v_elems, n_o_elems; /* element counts */
+    int64_t n_attn_elems, n_lse_elems, n_bias_elems, n_add_w_elems, n_add_v_elems;
+} qkv_plan;
+
+/* Validate a descriptor and build its plan. */
+qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan);
+
+/* The contiguous range [*lo, *hi) of keys visible to query i (0-based within
+ * the batch's n_q, or the packed position) of batch b. Empty when *lo >= *hi.
+ * Shared by every implementation so that masks mean the same everywhere. */
+void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
+
+#endif

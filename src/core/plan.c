@@ -1,0 +1,164 @@
+/* Validation of an attention descriptor, done once at the API boundary, and
+ * the mask reduced to one contiguous key range per query: every mask kind
+ * (causal, window, key lengths, packed sequences) intersects to an interval,
+ * so every implementation can skip masked keys without reading them. */
+#include <math.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+void qkv_attn_desc_init(qkv_attn_desc *desc) {
+    if (!desc) return;
+    memset(desc, 0, sizeof *desc);
+    desc->dtype = QKV_F32;
+    desc->score = QKV_SCORE_SCALED_DOT;
+    desc->temperature = 1.0;
+    desc->norm = QKV_NORM_SOFTMAX;
+    desc->mask = QKV_MASK_NONE;
+    desc->bias_kind = QKV_BIAS_NONE;
+    desc->impl = QKV_IMPL_AUTO;
+}
+
+static qkv_status check_offsets(const int64_t *off, int64_t num_seqs, int64_t total) {
+    if (off[0] != 0 || off[num_seqs] != total) return QKV_ERR_SEQ_OFFSETS;
+    for (int64_t s = 0; s < num_seqs; s++)
+        if (off[s + 1] < off[s]) return QKV_ERR_SEQ_OFFSETS;
+    return QKV_OK;
+}
+
+qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
+    if (!desc || !plan) return QKV_ERR_NULL_POINTER;
+    qkv_attn_desc d = *desc;
+    memset(plan, 0, sizeof *plan);
+
+    if (d.dtype != QKV_F32 && d.dtype != QKV_F64) return QKV_ERR_BAD_ENUM;
+    if ((unsigned)d.score > QKV_SCORE_ADDITIVE || (unsigned)d.norm > QKV_NORM_SIGMOID ||
+        (unsigned)d.mask > QKV_MASK_CAUSAL_WINDOW || (unsigned)d.bias_kind > QKV_BIAS_PER_HEAD ||
+        (unsigned)d.impl > QKV_IMPL_REFERENCE)
+        return QKV_ERR_BAD_ENUM;
+
+    if (d.heads_kv == 0) d.heads_kv = d.heads;
+    if (d.dim_v == 0) d.dim_v = d.dim;
+    if (d.batch <= 0 || d.n_q <= 0 || d.n_k <= 0 || d.heads <= 0 || d.heads_kv <= 0 ||
+        d.dim <= 0 || d.dim_v <= 0 || d.threads < 0)
+        return QKV_ERR_BAD_SIZE;
+    if (d.score == QKV_SCORE_ADDITIVE && d.additive_dim <= 0) return QKV_ERR_BAD_SIZE;
+
+    /* Element counts, overflow-checked against int64 and size_t bytes (f64 is
+     * the widest element). */
+    const size_t elem = sizeof(double);
+    int64_t f_q[4] = {d.batch, d.n_q, d.heads, d.dim};
+    int64_t f_k[4] = {d.batch, d.n_k, d.heads_kv, d.dim};
+    int64_t f_v[4] = {d.batch, d.n_k, d.heads_kv, d.dim_v};
+    int64_t f_o[4] = {d.batch, d.n_q, d.heads, d.dim_v};
+    int64_t f_a[4] = {d.batch, d.heads, d.n_q, d.n_k};
+    int64_t f_l[3] = {d.batch, d.heads, d.n_q};
+    int64_t f_b[3] = {d.bias_kind == QKV_BIAS_PER_HEAD ? d.heads : 1, d.n_q, d.n_k};
+    int64_t f_w[3] = {d.heads, d.score == QKV_SCORE_ADDITIVE ? d.additive_dim : 0, d.dim};
+    int64_t f_wv[2] = {d.heads, d.score == QKV_SCORE_ADDITIVE ? d.additive_dim : 0};
+    if (!qkv_count_ok(&plan->n_q_elems, elem, 4, f_q) || !qkv_count_ok(&plan->n_k_elems, elem, 4, f_k) ||
+        !qkv_count_ok(&plan->n_v_elems, elem, 4, f_v) || !qkv_count_ok(&plan->n_o_elems, elem, 4, f_o) ||
+        !qkv_count_ok(&plan->n_lse_elems, elem, 3, f_l) || !qkv_count_ok(&plan->n_add_w_elems, elem, 3, f_w) ||
+        !qkv_count_ok(&plan->n_add_v_elems, elem, 2, f_wv))
+        return QKV_ERR_SIZE_OVERFLOW;
+    /* The n x n sizes only matter when the caller passes such a buffer; an
+     * overflow there is reported by the call that needs it. */
+    if (!qkv_count_ok(&plan->n_attn_elems, elem, 4, f_a)) plan->n_attn_elems = -1;
+    if (!qkv_count_ok(&plan->n_bias_elems, elem, 3, f_b)) plan->n_bias_elems = -1;
+    if (d.bias_kind != QKV_BIAS_NONE && plan->n_bias_elems < 0) return QKV_ERR_SIZE_OVERFLOW;
+
+    if (d.heads % d.heads_kv != 0) return QKV_ERR_HEADS;
+
+    if (d.score == QKV_SCORE_SCALED_DOT) {
+        if (!isfinite(d.scale)) return QKV_ERR_BAD_PARAMETER;
+        if (d.scale == 0.0) d.scale = 1.0 / sqrt((double)d.dim);
+    } else {
+        d.scale = 1.0;
+    }
+    if (d.score == QKV_SCORE_COSINE && !(isfinite(d.temperature) && d.temperature > 0.0))
+        return QKV_ERR_BAD_PARAMETER;
+    if (!(isfinite(d.softcap) && d.softcap >= 0.0)) return QKV_ERR_BAD_PARAMETER;
+
+    switch (d.mask) {
+    case QKV_MASK_NONE:
+        plan->left = plan->right = QKV_UNBOUNDED;
+        break;
+    case QKV_MASK_CAUSAL:
+        plan->left = QKV_UNBOUNDED;
+        plan->right = 0;
+        break;
+    case QKV_MASK_WINDOW:
+        if (d.window_left < 0 || d.window_right < 0) return QKV_ERR_WINDOW;
+        plan->left = d.window_left;
+        plan->right = d.window_right;
+        break;
+    case QKV_MASK_CAUSAL_WINDOW:
+        if (d.window_left < 0 || d.window_right != 0) return QKV_ERR_WINDOW;
+        plan->left = d.window_left;
+        plan->right = 0;
+        break;
+    }
+
+    if (d.key_lengths)
+        for (int64_t b = 0; b < d.batch; b++)
+            if (d.key_lengths[b] < 0 || d.key_lengths[b] > d.n_k) return QKV_ERR_KEY_LENGTHS;
+
+    if (d.seq_offsets_q || d.num_seqs != 0 || d.seq_offsets_k) {
+        if (!d.seq_offsets_q) return QKV_ERR_NULL_POINTER;
+        if (d.num_seqs <= 0 || d.batch != 1) return QKV_ERR_SEQ_OFFSETS;
+        if (!d.seq_offsets_k && d.n_q != d.n_k) return QKV_ERR_SEQ_OFFSETS;
+        if (d.num_seqs > d.n_q + 1 || d.num_seqs > d.n_k + 1) return QKV_ERR_SEQ_OFFSETS;
+        qkv_status s = check_offsets(d.seq_offsets_q, d.num_seqs, d.n_q);
+        if (s == QKV_OK && d.seq_offsets_k) s = check_offsets(d.seq_offsets_k, d.num_seqs, d.n_k);
+        if (s != QKV_OK) return s;
+        if (!d.seq_offsets_k) d.seq_offsets_k = d.seq_offsets_q;
+        plan->packed = 1;
+    }
+
+    if (d.bias_kind != QKV_BIAS_NONE && !d.bias) return QKV_ERR_NULL_POINTER;
+    if (d.score == QKV_SCORE_ADDITIVE && (!d.additive_w1 || !d.additive_w2 || !d.additive_w))
+        return QKV_ERR_NULL_POINTER;
+
+    plan->d = d;
+    plan->group = d.heads / d.heads_kv;
+    return QKV_OK;
+}
+
+qkv_status qkv_attn_desc_check(const qkv_attn_desc *desc) {
+    qkv_plan p;
+    return qkv_plan_make(desc, &p);
+}
+
+/* Clamp a + b into [lo, hi] without overflow (b may be +-UNBOUNDED). */
+static int64_t clamp_add(int64_t a, int64_t b, int sign, int64_t lo, int64_t hi) {
+    if (b == QKV_UNBOUNDED) return sign > 0 ? hi : lo;
+    int64_t r = sign > 0 ? a + b : a - b; /* |a|, b <= ~2^62 in practice: sizes fit memory */
+    return r < lo ? lo : (r > hi ? hi : r);
+}
+
+void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
+    int64_t q0 = 0, nq = p->d.n_q, k0 = 0, nk = p->d.n_k;
+    if (p->packed) {
+        /* Binary search the sequence holding query i: the last s with
+         * off_q[s] <= i and off_q[s+1] > i (skipping empty sequences). */
+        const int64_t *oq = p->d.seq_offsets_q;
+        int64_t a = 0, z = p->d.num_seqs - 1;
+        while (a < z) {
+            int64_t m = a + (z - a + 1) / 2;
+            if (oq[m] <= i) a = m; else z = m - 1;
+        }
+        q0 = oq[a];
+        nq = oq[a + 1] - q0;
+        k0 = p->d.seq_offsets_k[a];
+        nk = p->d.seq_offsets_k[a + 1] - k0;
+    }
+    int64_t kend = nk;
+    if (p->d.key_lengths && p->d.key_lengths[b] < kend) kend = p->d.key_lengths[b];
+    int64_t pos = (i - q0) + nk - nq; /* bottom-right aligned position among this sequence's keys */
+    int64_t l = clamp_add(pos, p->left, -1, 0, kend);
+    int64_t h = clamp_add(pos, p->right, +1, -1, kend - 1) + 1;
+    if (h > kend) h = kend;
+    if (l > h) l = h;
+    *lo = k0 + l;
+    *hi = k0 + h;
+}

@@ -1,0 +1,15 @@
+/* The reference attention: plain loops accumulating in double. It is the
+ * oracle of every test and a selectable implementation (QKV_IMPL_REFERENCE).
+ * Memory: O(n_k + n*A) workspace per call, never an n x n buffer. */
+#ifndef QKV_REF_H
+#define QKV_REF_H
+
+#include "core/internal.h"
+
+qkv_status qkv_ref_forward(const qkv_plan *p, const void *q, const void *k, const void *v,
+                           void *out, void *attn, void *lse);
+
+qkv_status qkv_ref_backward(const qkv_plan *p, const void *q, const void *k, const void *v,
+                            const void *dout, const qkv_attn_grads *g);
+
+#endif
