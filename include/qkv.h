@@ -295,6 +295,55 @@ qkv_status qkv_array_convert(const qkv_array *in, qkv_dtype to, qkv_array *out);
  * NULL and already-freed (zeroed) arrays are fine. */
 void qkv_array_free(qkv_array *a);
 
+/* ------------------------------------------------------------------------- */
+/* safetensors files (the PyTorch / Hugging Face weight format): an 8-byte
+ * little-endian header length, a JSON header mapping names to
+ * {"dtype", "shape", "data_offsets": [begin, end]} (plus an optional
+ * "__metadata__" map of strings), then the raw little-endian data. Untrusted
+ * input: offsets, sizes, dtypes, names and the JSON are all checked; an
+ * error never reads out of bounds. Tensors of dtype F32, F64, I32, I64 load
+ * as such; F16 and BF16 load converted to F32. */
+
+typedef struct qkv_safetensors qkv_safetensors;   /* opaque set of named tensors */
+
+/* An empty set (to fill and save). Errors: QKV_ERR_NULL_POINTER, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_safetensors_create(qkv_safetensors **out);
+
+/* Parse an in-memory file / load one. On failure *out is NULL and, when why
+ * is given, a one-line reason is written there. Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_IO (load only), QKV_ERR_FORMAT (bad header length, JSON, offsets
+ * out of range or overlapping, shape/size disagreement, duplicate names),
+ * QKV_ERR_DTYPE (unknown dtype), QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_safetensors_parse(const void *bytes, size_t len, qkv_safetensors **out,
+                                 char *why, size_t why_len);
+qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *why, size_t why_len);
+
+/* Write all tensors (in insertion order) and metadata; atomic like
+ * qkv_npy_save. Errors: QKV_ERR_NULL_POINTER, QKV_ERR_IO, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_safetensors_save(const qkv_safetensors *st, const char *path);
+
+/* Number of tensors, and the name of the i-th (NULL when out of range). */
+int64_t qkv_safetensors_count(const qkv_safetensors *st);
+const char *qkv_safetensors_name(const qkv_safetensors *st, int64_t i);
+
+/* The tensor called name, or NULL. The array stays owned by the set. */
+const qkv_array *qkv_safetensors_get(const qkv_safetensors *st, const char *name);
+
+/* Add a copy of an array under a name (replacing a tensor of that name).
+ * Names are 1..255 bytes of printable ASCII except '"' and '\\'. Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_PARAMETER (bad name), QKV_ERR_DTYPE,
+ * QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_safetensors_put(qkv_safetensors *st, const char *name, const qkv_array *a);
+
+/* String metadata ("__metadata__"): set (copying; replacing) and get (NULL
+ * when absent; owned by the set). Keys and values follow the name rule above
+ * but may be up to 65535 bytes. */
+qkv_status qkv_safetensors_set_meta(qkv_safetensors *st, const char *key, const char *value);
+const char *qkv_safetensors_get_meta(const qkv_safetensors *st, const char *key);
+
+/* Free a set and everything in it; NULL is fine. */
+void qkv_safetensors_free(qkv_safetensors *st);
+
 #ifdef __cplusplus
 }
 #endif
