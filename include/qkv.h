@@ -296,6 +296,25 @@ qkv_status qkv_array_convert(const qkv_array *in, qkv_dtype to, qkv_array *out);
 void qkv_array_free(qkv_array *a);
 
 /* ------------------------------------------------------------------------- */
+/* Matrix multiplication, float32, row-major: the one module every projection
+ * of qkv goes through (blocked for caches, SIMD kernels chosen at run time,
+ * multithreaded over blocks of C only, so the result does not depend on the
+ * thread count).
+ *
+ *     C[M, N] = alpha * op(A)[M, K] . op(B)[K, N] + beta * C
+ *
+ * op(A) is A [M, K] with row stride lda (>= K), or when trans_a != 0 the
+ * transpose of A stored [K, M] with row stride lda (>= M); likewise B.
+ * C has row stride ldc >= N. beta == 0 overwrites C without reading it (NaN
+ * in C does not leak). threads = 0: QKV_NUM_THREADS or the machine's cores.
+ * M, N or K may be 0 (K = 0 gives C = beta * C). Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_SIZE (negative size, stride too small, threads < 0),
+ * QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                     float *C, int64_t ldc, int threads);
+
+/* ------------------------------------------------------------------------- */
 /* safetensors files (the PyTorch / Hugging Face weight format): an 8-byte
  * little-endian header length, a JSON header mapping names to
  * {"dtype", "shape", "data_offsets": [begin, end]} (plus an optional
