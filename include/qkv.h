@@ -188,7 +188,32 @@ typedef struct qkv_attn_desc {
 
     qkv_impl impl;
     int threads;                /* 0 = QKV_NUM_THREADS or the machine's cores */
+
+    /* Position biases computed inside the kernel from the offset r = j - p
+     * between key j and the query's aligned position p (see qkv_mask; per
+     * sequence when packed) - no n x n matrix is ever built:
+     * ALiBi (Press et al., ICLR 2022): s -= slope_h * |r|; slopes [H] of
+     * dtype `dtype` (qkv_alibi_slopes gives the paper's), or NULL. */
+    const void *alibi_slopes;
+    /* Learned relative-position bias (T5, Raffel et al. 2020): s +=
+     * rel_table[h, bucket(r)] with rel_buckets buckets, logarithmic beyond
+     * rel_buckets/2 (bidirectional: /4 each side) up to rel_max_distance
+     * (see qkv_relpos_bucket). rel_table [H, rel_buckets] or NULL. */
+    const void *rel_table;
+    int64_t rel_buckets;        /* >= 2 (>= 4 when bidirectional) */
+    int64_t rel_max_distance;   /* >= 1 */
+    int rel_bidirectional;      /* 0: only r <= 0 is told apart (decoders) */
 } qkv_attn_desc;
+
+/* T5's bucket of a relative offset r = key - query. Returns -1 for invalid
+ * parameters (see qkv_attn_desc). */
+int64_t qkv_relpos_bucket(int64_t r, int64_t buckets, int64_t max_distance, int bidirectional);
+
+/* ALiBi's head slopes: for H a power of two, 2^(-8(h+1)/H); otherwise the
+ * paper's interpolation (the slopes of the next lower power of two, then
+ * every other slope of the next higher). slopes [H] (float). Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE. */
+qkv_status qkv_alibi_slopes(int64_t heads, float *slopes);
 
 /* Defaults: F32, scaled dot product with scale 1/sqrt(D), softmax, no mask,
  * temperature 1, everything optional off, sizes 0 (must be set). Never fails
@@ -223,7 +248,8 @@ qkv_status qkv_attention_forward(const qkv_attn_desc *desc,
  * the others are optional (NULL = not wanted) and, when given, are
  * overwritten (not accumulated into):
  *   dbias         shaped as desc->bias (summed over batch, and over heads for SHARED)
- *   d_additive_*  shaped as the additive parameters */
+ *   d_additive_*  shaped as the additive parameters
+ *   d_rel_table   shaped as rel_table (summed over batch and positions) */
 typedef struct qkv_attn_grads {
     void *dq;                   /* [B, n_q, H, D] */
     void *dk;                   /* [B, n_k, H_kv, D]   (summed over the heads sharing it) */
@@ -232,6 +258,7 @@ typedef struct qkv_attn_grads {
     void *d_additive_w1;
     void *d_additive_w2;
     void *d_additive_w;
+    void *d_rel_table;          /* [H, rel_buckets] when rel_table is used */
 } qkv_attn_grads;
 
 /* Backward pass: given dout = dL/dO [B, n_q, H, D_v], writes dL/dQ, dL/dK,

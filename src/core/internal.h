@@ -37,7 +37,7 @@ typedef struct qkv_plan {
     int64_t left, right;  /* visible window around the aligned position */
     int packed;           /* seq_offsets in use */
     int64_t n_q_elems, n_k_elems, n_v_elems, n_o_elems; /* element counts */
-    int64_t n_attn_elems, n_lse_elems, n_bias_elems, n_add_w_elems, n_add_v_elems;
+    int64_t n_attn_elems, n_lse_elems, n_bias_elems, n_add_w_elems, n_add_v_elems, n_rel_elems;
 } qkv_plan;
 
 /* Validate a descriptor and build its plan. */
@@ -47,5 +47,9 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan);
  * the batch's n_q, or the packed position) of batch b. Empty when *lo >= *hi.
  * Shared by every implementation so that masks mean the same everywhere. */
 void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
+
+/* The absolute key index of query i's aligned position: keys j of its
+ * sequence are at offset r = j - position (r <= 0 is the past). */
+int64_t qkv_plan_query_position(const qkv_plan *p, int64_t i);
 
 #endif

@@ -115,6 +115,13 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
         plan->packed = 1;
     }
 
+    if (d.rel_table) {
+        int64_t f_r[2] = {d.heads, d.rel_buckets};
+        if (d.rel_buckets < (d.rel_bidirectional ? 4 : 2) || d.rel_max_distance < 1)
+            return QKV_ERR_BAD_PARAMETER;
+        if (!qkv_count_ok(&plan->n_rel_elems, elem, 2, f_r)) return QKV_ERR_SIZE_OVERFLOW;
+    }
+
     if (d.bias_kind != QKV_BIAS_NONE && !d.bias) return QKV_ERR_NULL_POINTER;
     if (d.score == QKV_SCORE_ADDITIVE && (!d.additive_w1 || !d.additive_w2 || !d.additive_w))
         return QKV_ERR_NULL_POINTER;
@@ -136,7 +143,10 @@ static int64_t clamp_add(int64_t a, int64_t b, int sign, int64_t lo, int64_t hi)
     return r < lo ? lo : (r > hi ? hi : r);
 }
 
-void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
+/* The sequence of query i: its first query q0, length nq, first key k0 and
+ * number of keys nk (the whole batch row when not packed). */
+static void query_sequence(const qkv_plan *p, int64_t i, int64_t *q0_, int64_t *nq_, int64_t *k0_,
+                           int64_t *nk_) {
     int64_t q0 = 0, nq = p->d.n_q, k0 = 0, nk = p->d.n_k;
     if (p->packed) {
         /* Binary search the sequence holding query i: the last s with
@@ -152,6 +162,21 @@ void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, in
         k0 = p->d.seq_offsets_k[a];
         nk = p->d.seq_offsets_k[a + 1] - k0;
     }
+    *q0_ = q0;
+    *nq_ = nq;
+    *k0_ = k0;
+    *nk_ = nk;
+}
+
+int64_t qkv_plan_query_position(const qkv_plan *p, int64_t i) {
+    int64_t q0, nq, k0, nk;
+    query_sequence(p, i, &q0, &nq, &k0, &nk);
+    return k0 + (i - q0) + nk - nq;
+}
+
+void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
+    int64_t q0, nq, k0, nk;
+    query_sequence(p, i, &q0, &nq, &k0, &nk);
     int64_t kend = nk;
     if (p->d.key_lengths && p->d.key_lengths[b] < kend) kend = p->d.key_lengths[b];
     int64_t pos = (i - q0) + nk - nq; /* bottom-right aligned position among this sequence's keys */
@@ -161,4 +186,41 @@ void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, in
     if (l > h) l = h;
     *lo = k0 + l;
     *hi = k0 + h;
+}
+
+int64_t qkv_relpos_bucket(int64_t r, int64_t buckets, int64_t max_distance, int bidirectional) {
+    if (buckets < (bidirectional ? 4 : 2) || max_distance < 1) return -1;
+    int64_t ret = 0, n;
+    if (bidirectional) {
+        buckets /= 2;
+        if (r > 0) ret += buckets;
+        n = r < 0 ? -r : r;
+    } else {
+        n = r < 0 ? -r : 0;
+    }
+    int64_t max_exact = buckets / 2;
+    if (n < max_exact) return ret + n;
+    /* Logarithmic buckets, computed in float as T5's reference code does so
+     * that learned tables carry over bucket for bucket. */
+    int64_t large = buckets - 1;
+    if (max_distance > max_exact) {
+        float f = logf((float)n / (float)max_exact) / (float)log((double)max_distance / (double)max_exact) *
+                  (float)(buckets - max_exact);
+        int64_t v = max_exact + (int64_t)f;
+        if (v < large) large = v;
+    }
+    return ret + large;
+}
+
+qkv_status qkv_alibi_slopes(int64_t heads, float *slopes) {
+    if (!slopes) return QKV_ERR_NULL_POINTER;
+    if (heads <= 0 || heads > (1 << 20)) return QKV_ERR_BAD_SIZE;
+    int64_t p2 = 1;
+    while (p2 * 2 <= heads) p2 *= 2;
+    /* Slopes of a power of two n: 2^(-8/n), 2^(-16/n), ... */
+    for (int64_t h = 0; h < p2; h++) slopes[h] = (float)exp2(-8.0 * (double)(h + 1) / (double)p2);
+    /* The rest: the odd-indexed slopes of 2 * p2 heads. */
+    for (int64_t h = p2; h < heads; h++)
+        slopes[h] = (float)exp2(-8.0 * (double)(2 * (h - p2) + 1) / (double)(2 * p2));
+    return QKV_OK;
 }

@@ -12,8 +12,8 @@
 #include "ref/ref_common.h"
 
 typedef struct grad_acc {
-    double *dq, *dk, *dv, *dbias, *dw1, *dw2, *dw; /* double accumulators */
-    double *owned[7];
+    double *dq, *dk, *dv, *dbias, *dw1, *dw2, *dw, *drel; /* double accumulators */
+    double *owned[8];
     double *duq, *duk;  /* ADDITIVE: dL/d(W1 q_i), dL/d(W2 k_j) of one (b, h) */
     double *dqhat;      /* COSINE: dL/d(q_i/|q_i|) of one row */
     double *dp;         /* dL/dP of one row, [n_k] */
@@ -32,7 +32,7 @@ static double *acc_buf(void *user, int64_t n, qkv_dtype t, double **owned, int *
 }
 
 static void acc_free(grad_acc *g) {
-    for (int i = 0; i < 7; i++) qkv_free(g->owned[i]);
+    for (int i = 0; i < 8; i++) qkv_free(g->owned[i]);
     qkv_free(g->duq);
     qkv_free(g->duk);
     qkv_free(g->dqhat);
@@ -69,6 +69,7 @@ static void backward_row(const qkv_plan *p, ref_inputs *in, grad_acc *g, const d
     double lse;
     ref_row_normalise(p, in, lo, hi, visible, &lse);
     if (visible == 0) return; /* fully masked row: no gradient anywhere */
+    const int64_t pos = g->drel ? qkv_plan_query_position(p, i) : 0;
 
     const double *P = in->p, *S = in->s, *R = in->raw;
     double *dP = g->dp, pdp = 0.0;
@@ -110,6 +111,10 @@ static void backward_row(const qkv_plan *p, ref_inputs *in, grad_acc *g, const d
             int64_t bi = d->bias_kind == QKV_BIAS_PER_HEAD ? (h * d->n_q + i) * d->n_k + j
                                                            : i * d->n_k + j;
             g->dbias[bi] += ds;
+        }
+        if (g->drel) {
+            g->drel[h * d->rel_buckets +
+                    qkv_relpos_bucket(j - pos, d->rel_buckets, d->rel_max_distance, d->rel_bidirectional)] += ds;
         }
         if (d->softcap > 0.0) {
             double t = tanh(R[j] / d->softcap);
@@ -200,6 +205,7 @@ qkv_status qkv_ref_backward(const qkv_plan *p, const void *q, const void *k, con
     g.dv = acc_buf(grads->dv, p->n_v_elems, t, &g.owned[2], &ok);
     if (d->bias_kind != QKV_BIAS_NONE)
         g.dbias = acc_buf(grads->dbias, p->n_bias_elems, t, &g.owned[3], &ok);
+    if (d->rel_table) g.drel = acc_buf(grads->d_rel_table, p->n_rel_elems, t, &g.owned[7], &ok);
     if (additive) {
         g.dw1 = acc_buf(grads->d_additive_w1, p->n_add_w_elems, t, &g.owned[4], &ok);
         g.dw2 = acc_buf(grads->d_additive_w2, p->n_add_w_elems, t, &g.owned[5], &ok);
@@ -251,6 +257,7 @@ qkv_status qkv_ref_backward(const qkv_plan *p, const void *q, const void *k, con
     acc_flush(g.dw1, grads->d_additive_w1, p->n_add_w_elems, t);
     acc_flush(g.dw2, grads->d_additive_w2, p->n_add_w_elems, t);
     acc_flush(g.dw, grads->d_additive_w, p->n_add_v_elems, t);
+    acc_flush(g.drel, grads->d_rel_table, p->n_rel_elems, t);
     qkv_free(dorow_owned);
     acc_free(&g);
     ref_inputs_free(&in);

@@ -27,6 +27,8 @@ qkv_status ref_inputs_make(const qkv_plan *p, const void *q, const void *k, cons
     in->v = as_f64(v, p->n_v_elems, d->dtype, &in->owned[2], &ok);
     if (d->bias_kind != QKV_BIAS_NONE)
         in->bias = as_f64(d->bias, p->n_bias_elems, d->dtype, &in->owned[3], &ok);
+    if (d->alibi_slopes) in->alibi = as_f64(d->alibi_slopes, d->heads, d->dtype, &in->owned[7], &ok);
+    if (d->rel_table) in->rel = as_f64(d->rel_table, p->n_rel_elems, d->dtype, &in->owned[8], &ok);
     if (d->score == QKV_SCORE_ADDITIVE) {
         int64_t rows = d->n_q > d->n_k ? d->n_q : d->n_k, f[2] = {rows, d->additive_dim}, c;
         if (!qkv_count_ok(&c, sizeof(double), 2, f)) {
@@ -56,7 +58,7 @@ qkv_status ref_inputs_make(const qkv_plan *p, const void *q, const void *k, cons
 }
 
 void ref_inputs_free(ref_inputs *in) {
-    for (int i = 0; i < 7; i++) qkv_free(in->owned[i]);
+    for (int i = 0; i < 9; i++) qkv_free(in->owned[i]);
     qkv_free(in->kinv);
     qkv_free(in->uq);
     qkv_free(in->uk);
@@ -108,6 +110,7 @@ int64_t ref_row_logits(const qkv_plan *p, ref_inputs *in, int64_t b, int64_t h, 
     const double *brow = NULL;
     if (d->bias_kind == QKV_BIAS_SHARED) brow = in->bias + i * d->n_k;
     if (d->bias_kind == QKV_BIAS_PER_HEAD) brow = in->bias + (h * d->n_q + i) * d->n_k;
+    int64_t pos = (in->alibi || in->rel) ? qkv_plan_query_position(p, i) : 0;
     int64_t visible = 0;
     for (int64_t j = lo; j < hi; j++) {
         double r = 0.0;
@@ -123,6 +126,10 @@ int64_t ref_row_logits(const qkv_plan *p, ref_inputs *in, int64_t b, int64_t h, 
         in->raw[j] = r;
         double s = d->softcap > 0.0 ? d->softcap * tanh(r / d->softcap) : r;
         if (brow) s += brow[j];
+        if (in->alibi) s -= in->alibi[h] * (double)(j > pos ? j - pos : pos - j);
+        if (in->rel)
+            s += in->rel[h * d->rel_buckets +
+                         qkv_relpos_bucket(j - pos, d->rel_buckets, d->rel_max_distance, d->rel_bidirectional)];
         in->s[j] = s;
         if (s != -INFINITY) visible++;
     }

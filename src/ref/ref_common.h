@@ -9,8 +9,8 @@
 /* Every float input of a call, in double (borrowed when the call is F64,
  * converted copies when F32), plus per-call workspaces. */
 typedef struct ref_inputs {
-    const double *q, *k, *v, *bias, *w1, *w2, *w;
-    double *owned[7];       /* copies to free */
+    const double *q, *k, *v, *bias, *w1, *w2, *w, *alibi, *rel;
+    double *owned[9];       /* copies to free */
     double *kinv;           /* COSINE: 1/max(|k_j|, eps) for one (b, kv head), [n_k] */
     double *uq;             /* ADDITIVE: W1_h q_i for one (b, h), [n_q, A] */
     double *uk;             /* ADDITIVE: W2_h k_j for one (b, h), [n_k, A] */
@@ -33,6 +33,8 @@ void ref_prepare_head(const qkv_plan *p, ref_inputs *in, int64_t b, int64_t h);
  * before soft-capping) and in->s (after soft-capping and bias; -inf where a
  * bias masks the key). Returns the number of keys with a finite-or-NaN logit
  * (the visible keys). */
+/* The T5 bucket of every relative offset is computed on the fly; the row's
+ * position (for ALiBi and relative biases) comes from the plan. */
 int64_t ref_row_logits(const qkv_plan *p, ref_inputs *in, int64_t b, int64_t h, int64_t i,
                        int64_t lo, int64_t hi);
 
