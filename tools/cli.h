@@ -1,0 +1,10 @@
+/* The subcommands of the qkv tool, one file each (tools/cmd_<name>.c).
+ * Each takes the arguments after "qkv" (argv[0] is the subcommand's name) and
+ * returns the process exit status: 0 success, 1 failure, 2 usage error. */
+#ifndef QKV_CLI_H
+#define QKV_CLI_H
+
+/* qkv attend: attention (forward, and backward with --grad-out) on .npy files. */
+int cli_cmd_attend(int argc, char **argv);
+
+#endif

@@ -1,0 +1,152 @@
+/* Option scanning, strict numbers and error messages for the qkv tool. */
+#include "cli_util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_error(const char *cmd, const char *opt, const char *path, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "qkv %s: ", cmd);
+    if (opt && path) fprintf(stderr, "%s %s: ", opt, path);
+    else if (opt) fprintf(stderr, "%s: ", opt);
+    else if (path) fprintf(stderr, "%s: ", path);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+void cli_usage_hint(const char *cmd) { fprintf(stderr, "Try 'qkv %s --help'.\n", cmd); }
+
+static const cli_opt *find_opt(const cli_opt *opts, size_t n, const char *name, size_t len) {
+    for (size_t i = 0; i < n; i++) {
+        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0) return &opts[i];
+        if (opts[i].alias && strlen(opts[i].alias) == len && strncmp(opts[i].alias, name, len) == 0)
+            return &opts[i];
+    }
+    return NULL;
+}
+
+int cli_next(cli_args *a, const cli_opt *opts, size_t n_opts, const char **name,
+             const char **value) {
+    *value = NULL;
+    *name = NULL;
+    if (a->i >= a->argc) return CLI_END;
+    const char *arg = a->argv[a->i++];
+    *name = arg;
+    if (arg[0] != '-' || arg[1] == '\0') {
+        cli_error(a->cmd, NULL, NULL, "unexpected argument '%s' (every input is given by an option)",
+                  arg);
+        return CLI_ERROR;
+    }
+    /* "--name=value" for long options only: "-o=x" would be ambiguous. */
+    const char *eq = (arg[1] == '-') ? strchr(arg, '=') : NULL;
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    const cli_opt *o = find_opt(opts, n_opts, arg, len);
+    if (!o) {
+        cli_error(a->cmd, NULL, NULL, "unknown option '%.*s'", (int)len, arg);
+        return CLI_ERROR;
+    }
+    *name = o->name;
+    if (!o->has_value) {
+        if (eq) {
+            cli_error(a->cmd, o->name, NULL, "takes no value (got '%s')", eq + 1);
+            return CLI_ERROR;
+        }
+        return o->id;
+    }
+    if (eq) {
+        *value = eq + 1;
+    } else if (a->i < a->argc && strncmp(a->argv[a->i], "--", 2) != 0) {
+        *value = a->argv[a->i++];
+    } else {
+        if (a->i < a->argc)
+            cli_error(a->cmd, o->name, NULL, "missing value (next is the option '%s')", a->argv[a->i]);
+        else
+            cli_error(a->cmd, o->name, NULL, "missing value");
+        return CLI_ERROR;
+    }
+    if ((*value)[0] == '\0') {
+        cli_error(a->cmd, o->name, NULL, "empty value");
+        return CLI_ERROR;
+    }
+    return o->id;
+}
+
+int cli_parse_double(const char *cmd, const char *label, const char *text, double *out) {
+    char *end = NULL;
+    if (!text[0] || isspace((unsigned char)text[0])) {
+        cli_error(cmd, label, NULL, "'%s' is not a number", text);
+        return -1;
+    }
+    errno = 0;
+    double x = strtod(text, &end);
+    if (end == text || *end != '\0') {
+        cli_error(cmd, label, NULL, "'%s' is not a number", text);
+        return -1;
+    }
+    if (!isfinite(x) || (errno == ERANGE && fabs(x) > 1.0)) {
+        cli_error(cmd, label, NULL, "'%s' is not a finite number", text);
+        return -1;
+    }
+    *out = x; /* underflow to 0 or a subnormal is kept: the range check is the caller's */
+    return 0;
+}
+
+int cli_parse_int64(const char *cmd, const char *label, const char *text, int64_t lo,
+                    int64_t hi, int64_t *out) {
+    char *end = NULL;
+    if (!text[0] || isspace((unsigned char)text[0])) {
+        cli_error(cmd, label, NULL, "'%s' is not an integer", text);
+        return -1;
+    }
+    errno = 0;
+    long long x = strtoll(text, &end, 10);
+    if (end == text || *end != '\0') {
+        cli_error(cmd, label, NULL, "'%s' is not an integer", text);
+        return -1;
+    }
+    if (errno == ERANGE || x < lo || x > hi) {
+        if (hi == INT64_MAX)
+            cli_error(cmd, label, NULL, "'%s' is out of range: must be >= %lld", text, (long long)lo);
+        else
+            cli_error(cmd, label, NULL, "'%s' is out of range: must be in %lld..%lld", text,
+                      (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = (int64_t)x;
+    return 0;
+}
+
+const char *cli_shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
+    size_t used = 0;
+    if (!len) return buf;
+    buf[0] = '\0';
+    for (int i = -1; i <= ndim; i++) {
+        int w;
+        if (i < 0)
+            w = snprintf(buf + used, len - used, "[");
+        else if (i == ndim)
+            w = snprintf(buf + used, len - used, "]");
+        else
+            w = snprintf(buf + used, len - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+        if (w < 0 || (size_t)w >= len - used) break; /* truncated: still terminated */
+        used += (size_t)w;
+    }
+    return buf;
+}
+
+const char *cli_dtype_name(qkv_dtype dtype) {
+    switch (dtype) {
+    case QKV_F32: return "float32";
+    case QKV_F64: return "float64";
+    case QKV_I32: return "int32";
+    case QKV_I64: return "int64";
+    }
+    return "unknown";
+}

@@ -1,0 +1,71 @@
+/* Helpers shared by the qkv subcommands: option scanning, strict number
+ * parsing and error messages that name the option and the file at fault.
+ * Every message goes to stderr as "qkv <cmd>: <option> <file>: <what>". */
+#ifndef QKV_CLI_UTIL_H
+#define QKV_CLI_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qkv.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define CLI_PRINTF(fmt, first) __attribute__((format(printf, fmt, first)))
+#else
+#define CLI_PRINTF(fmt, first)
+#endif
+
+/* Exit statuses of every subcommand. */
+enum { CLI_EXIT_OK = 0, CLI_EXIT_FAIL = 1, CLI_EXIT_USAGE = 2 };
+
+/* Print "qkv <cmd>: <opt> <path>: <message>\n" to stderr; opt and path may be
+ * NULL (then they and their separator are left out). */
+void cli_error(const char *cmd, const char *opt, const char *path, const char *fmt, ...)
+    CLI_PRINTF(4, 5);
+
+/* Print "Try 'qkv <cmd> --help'." to stderr (after a usage error). */
+void cli_usage_hint(const char *cmd);
+
+/* One option a subcommand accepts: its long name ("--q"), an optional short
+ * alias ("-o") and whether it takes a value. id is returned by cli_next. */
+typedef struct cli_opt {
+    const char *name;
+    const char *alias;
+    int has_value;
+    int id;
+} cli_opt;
+
+/* A cursor over argv (argv[0] is the subcommand's name). */
+typedef struct cli_args {
+    const char *cmd;
+    int argc;
+    char **argv;
+    int i;
+} cli_args;
+
+#define CLI_END (-1)
+#define CLI_ERROR (-2)
+
+/* Scan the next option. Returns its id (and, for an option with a value,
+ * *value: from "--name=value" or from the next argument), CLI_END after the
+ * last argument, or CLI_ERROR after printing why: unknown option, stray
+ * argument, missing value (a following argument that starts with "--" is not
+ * taken as a value: write --name=--odd to pass one), or a value given to a
+ * flag. *name is set to the option's canonical name in every case but CLI_END. */
+int cli_next(cli_args *a, const cli_opt *opts, size_t n_opts, const char **name,
+             const char **value);
+
+/* Strict numbers: the whole text must be the number, no blanks, no overflow.
+ * On failure they print "qkv <cmd>: <label>: '<text>' is not ..." and return
+ * -1; 0 on success. */
+int cli_parse_double(const char *cmd, const char *label, const char *text, double *out);
+int cli_parse_int64(const char *cmd, const char *label, const char *text, int64_t lo,
+                    int64_t hi, int64_t *out);
+
+/* "[5, 2, 8]" into buf (always terminated); returns buf. */
+const char *cli_shape_str(char *buf, size_t len, int ndim, const int64_t *shape);
+
+/* "float32", "float64", "int32", "int64" or "unknown". */
+const char *cli_dtype_name(qkv_dtype dtype);
+
+#endif

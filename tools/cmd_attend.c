@@ -1,0 +1,922 @@
+/* qkv attend: the attention core on NumPy .npy files.
+ *
+ * Forward:  qkv attend --q q.npy --k k.npy --v v.npy -o out.npy [options]
+ * Backward: qkv attend ... --grad-out dout.npy --dq dq.npy --dk dk.npy --dv dv.npy
+ *
+ * The work is done in three steps so that a failure never leaves a partial
+ * result behind: (1) parse the options and load and check every input,
+ * (2) compute everything into memory, (3) write the outputs one by one,
+ * removing the ones this run already wrote if a later write fails (each write
+ * itself is atomic: qkv_npy_save renames a finished temporary file). */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_util.h"
+#include "qkv.h"
+
+#define CMD "attend"
+#define PRINT_MAX 16        /* rows and columns of a printed matrix */
+#define PRINT_MAX_BLOCKS 16 /* (batch, head) matrices printed */
+#define MAX_THREADS 65536
+
+enum {
+    OPT_HELP, OPT_Q, OPT_K, OPT_V, OPT_OUT, OPT_MASK, OPT_SCORE, OPT_SCALE, OPT_TEMPERATURE,
+    OPT_NORM, OPT_RELU_COUNT, OPT_SOFTCAP, OPT_KEY_LENGTHS, OPT_SEQ_OFFSETS, OPT_BIAS,
+    OPT_ATTN, OPT_LSE, OPT_DTYPE, OPT_IMPL, OPT_THREADS, OPT_PRINT, OPT_GRAD_OUT, OPT_DQ,
+    OPT_DK, OPT_DV, OPT_DBIAS, OPT_COUNT
+};
+
+/* Indexed by id: options[id].id == id. */
+static const cli_opt options[OPT_COUNT] = {
+    {"--help", "-h", 0, OPT_HELP},
+    {"--q", NULL, 1, OPT_Q},
+    {"--k", NULL, 1, OPT_K},
+    {"--v", NULL, 1, OPT_V},
+    {"-o", "--out", 1, OPT_OUT},
+    {"--mask", NULL, 1, OPT_MASK},
+    {"--score", NULL, 1, OPT_SCORE},
+    {"--scale", NULL, 1, OPT_SCALE},
+    {"--temperature", NULL, 1, OPT_TEMPERATURE},
+    {"--norm", NULL, 1, OPT_NORM},
+    {"--relu-count", NULL, 0, OPT_RELU_COUNT},
+    {"--softcap", NULL, 1, OPT_SOFTCAP},
+    {"--key-lengths", NULL, 1, OPT_KEY_LENGTHS},
+    {"--seq-offsets", NULL, 1, OPT_SEQ_OFFSETS},
+    {"--bias", NULL, 1, OPT_BIAS},
+    {"--attn", NULL, 1, OPT_ATTN},
+    {"--lse", NULL, 1, OPT_LSE},
+    {"--dtype", NULL, 1, OPT_DTYPE},
+    {"--impl", NULL, 1, OPT_IMPL},
+    {"--threads", NULL, 1, OPT_THREADS},
+    {"--print", NULL, 0, OPT_PRINT},
+    {"--grad-out", NULL, 1, OPT_GRAD_OUT},
+    {"--dq", NULL, 1, OPT_DQ},
+    {"--dk", NULL, 1, OPT_DK},
+    {"--dv", NULL, 1, OPT_DV},
+    {"--dbias", NULL, 1, OPT_DBIAS},
+};
+
+static const char *opt_name(int id) { return options[id].name; }
+
+static void help(void) {
+    printf(
+        "Usage: qkv attend --q Q.npy --k K.npy --v V.npy -o OUT.npy [options]\n"
+        "       qkv attend --q Q.npy --k K.npy --v V.npy --grad-out DOUT.npy\n"
+        "                  --dq DQ.npy --dk DK.npy --dv DV.npy [-o OUT.npy] [options]\n"
+        "\n"
+        "Self-attention on NumPy .npy arrays: for every batch b and query head h,\n"
+        "  S = score(Q, K), softcapped, plus bias, masked;  A' = normalise(S) row by row;\n"
+        "  O = A' V.\n"
+        "\n"
+        "Arrays (.npy versions 1.0-3.0, little-endian, C order):\n"
+        "  q, k, v have the same rank, float32 or float64:\n"
+        "    rank 2: q [n_q, D],       k [n_k, D],          v [n_k, D_v]        (B = H = 1)\n"
+        "    rank 3: q [n_q, H, D],    k [n_k, H_kv, D],    v [n_k, H_kv, D_v]  (B = 1)\n"
+        "    rank 4: q [B, n_q, H, D], k [B, n_k, H_kv, D], v [B, n_k, H_kv, D_v]\n"
+        "  H_kv must divide H: query head h reads key/value head h / (H / H_kv)\n"
+        "  (grouped-query attention; H_kv = 1 is multi-query attention).\n"
+        "\n"
+        "Inputs:\n"
+        "  --q FILE            queries (required)\n"
+        "  --k FILE            keys (required)\n"
+        "  --v FILE            values (required)\n"
+        "  --key-lengths FILE  int32/int64 [B]: batch b sees only keys j < len[b] (padding)\n"
+        "  --seq-offsets FILE  int32/int64 [S+1]: packed sequences (needs B = 1 and\n"
+        "                      n_q = n_k): offsets 0 = o_0 <= ... <= o_S = n; queries of\n"
+        "                      sequence s attend only to keys of sequence s\n"
+        "  --bias FILE         float [n_q, n_k] or [H, n_q, n_k], added to the scores\n"
+        "                      (-inf masks a key)\n"
+        "\n"
+        "Outputs (written only when everything succeeded; float32, or float64 with\n"
+        "--dtype float64; shapes follow the rank of q):\n"
+        "  -o, --out FILE      O: [n_q, D_v], [n_q, H, D_v] or [B, n_q, H, D_v]\n"
+        "                      (required unless --grad-out is given)\n"
+        "  --attn FILE         A': [n_q, n_k], [H, n_q, n_k] or [B, H, n_q, n_k]\n"
+        "                      (masked entries are 0)\n"
+        "  --lse FILE          log-sum-exp of each row's visible scores: [n_q], [H, n_q]\n"
+        "                      or [B, H, n_q] (-inf for a row that sees no key)\n"
+        "  --print             print A' and O as tables on stdout (at most %d x %d\n"
+        "                      per matrix and %d matrices)\n"
+        "\n",
+        PRINT_MAX, PRINT_MAX, PRINT_MAX_BLOCKS);
+    /* Split in two: C guarantees string literals of 4095 characters only. */
+    fputs(
+        "Backward (gradients of a loss L given dL/dO):\n"
+        "  --grad-out FILE     dL/dO, shaped as the output O; needs --dq, --dk, --dv\n"
+        "  --dq FILE           dL/dQ, shaped as q\n"
+        "  --dk FILE           dL/dK, shaped as k (summed over the heads sharing it)\n"
+        "  --dv FILE           dL/dV, shaped as v\n"
+        "  --dbias FILE        dL/dbias, shaped as --bias (optional, needs --bias)\n"
+        "\n"
+        "Attention:\n"
+        "  --mask SPEC         which keys each query sees (default none):\n"
+        "                        none            every key\n"
+        "                        causal          keys j <= p\n"
+        "                        window:L,R      keys p-L <= j <= p+R (L, R >= 0)\n"
+        "                        causal-window:L keys p-L <= j <= p (L >= 0)\n"
+        "                      where query i sits at key position p = i + n_k - n_q\n"
+        "  --score KIND        scaled (default): scale * q.k, scale 1/sqrt(D);\n"
+        "                      dot: q.k;  cosine: cos(q, k) / temperature\n"
+        "  --scale S           scale of --score scaled (finite, non-zero)\n"
+        "  --temperature T     temperature of --score cosine (finite, > 0; default 1)\n"
+        "  --softcap C         soft-cap the scores: s -> C tanh(s / C) (finite, > 0)\n"
+        "  --norm KIND         softmax (default), relu: max(s, 0), sigmoid: 1/(1+e^-s)\n"
+        "  --relu-count        with --norm relu: divide by the number of visible keys\n"
+        "\n"
+        "Computation:\n"
+        "  --dtype TYPE        float32 (default) or float64: the type computed in and\n"
+        "                      written; inputs are converted to it\n"
+        "  --impl KIND         auto (default, the fastest available) or reference\n"
+        "                      (plain loops accumulating in double)\n"
+        "  --threads N         worker threads, 0 (default) = QKV_NUM_THREADS or all cores\n"
+        "  -h, --help          show this help and exit\n"
+        "\n"
+        "Options take their value as the next argument or after '=' (--mask=causal).\n"
+        "Exit status: 0 success; 1 an input file is missing, malformed or does not fit,\n"
+        "or the computation or a write failed; 2 usage error. On any failure no output\n"
+        "file of this run is left behind.\n"
+        "\n"
+        "Example (the four-word example that ships with qkv):\n"
+        "  qkv attend --q examples/data/hello_q.npy --k examples/data/hello_k.npy \\\n"
+        "             --v examples/data/hello_v.npy -o out.npy --print\n",
+        stdout);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Options */
+
+typedef struct config {
+    const char *val[OPT_COUNT]; /* the value of each option given (paths, specs) */
+    int given[OPT_COUNT];
+    qkv_attn_desc desc;         /* the options' part of the descriptor */
+    int backward;
+    int print;
+} config;
+
+#define PARSE_CONTINUE (-1)
+
+static int usage_error(const char *opt, const char *fmt, ...) CLI_PRINTF(2, 3);
+static int usage_error(const char *opt, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cli_error(CMD, opt, NULL, "%s", msg);
+    cli_usage_hint(CMD);
+    return CLI_EXIT_USAGE;
+}
+
+/* "L" of a window spec: a non-negative integer. */
+static int parse_extent(const char *spec, const char *side, const char *text, int64_t *out) {
+    char label[160];
+    snprintf(label, sizeof label, "--mask %s: %s extent", spec, side);
+    return cli_parse_int64(CMD, label, text, 0, INT64_MAX, out);
+}
+
+static int parse_mask(const char *spec, qkv_attn_desc *d) {
+    if (strcmp(spec, "none") == 0) {
+        d->mask = QKV_MASK_NONE;
+        return 0;
+    }
+    if (strcmp(spec, "causal") == 0) {
+        d->mask = QKV_MASK_CAUSAL;
+        return 0;
+    }
+    if (strncmp(spec, "window:", 7) == 0) {
+        const char *l = spec + 7;
+        const char *comma = strchr(l, ',');
+        if (!comma) {
+            cli_error(CMD, "--mask", NULL,
+                      "'%s': a window needs both extents, window:L,R (keys p-L..p+R)", spec);
+            return -1;
+        }
+        char left[64];
+        size_t len = (size_t)(comma - l);
+        if (len >= sizeof left) len = sizeof left - 1; /* too long to be a number anyway */
+        memcpy(left, l, len);
+        left[len] = '\0';
+        if (parse_extent(spec, "left", left, &d->window_left) != 0 ||
+            parse_extent(spec, "right", comma + 1, &d->window_right) != 0)
+            return -1;
+        d->mask = QKV_MASK_WINDOW;
+        return 0;
+    }
+    if (strncmp(spec, "causal-window:", 14) == 0) {
+        if (strchr(spec + 14, ',')) {
+            cli_error(CMD, "--mask", NULL,
+                      "'%s': a causal window has only a left extent, causal-window:L", spec);
+            return -1;
+        }
+        if (parse_extent(spec, "left", spec + 14, &d->window_left) != 0) return -1;
+        d->window_right = 0;
+        d->mask = QKV_MASK_CAUSAL_WINDOW;
+        return 0;
+    }
+    if (strcmp(spec, "window") == 0 || strcmp(spec, "causal-window") == 0) {
+        cli_error(CMD, "--mask", NULL, "'%s' needs its extents: window:L,R or causal-window:L",
+                  spec);
+        return -1;
+    }
+    cli_error(CMD, "--mask", NULL,
+              "unknown mask '%s' (expected none, causal, window:L,R or causal-window:L)", spec);
+    return -1;
+}
+
+static int parse_score(const char *s, qkv_attn_desc *d) {
+    if (strcmp(s, "scaled") == 0) d->score = QKV_SCORE_SCALED_DOT;
+    else if (strcmp(s, "dot") == 0) d->score = QKV_SCORE_DOT;
+    else if (strcmp(s, "cosine") == 0) d->score = QKV_SCORE_COSINE;
+    else if (strcmp(s, "additive") == 0) {
+        cli_error(CMD, "--score", NULL,
+                  "'additive' needs learned parameters that qkv attend cannot take; "
+                  "use the library (qkv_attn_desc.additive_*)");
+        return -1;
+    } else {
+        cli_error(CMD, "--score", NULL, "unknown score '%s' (expected scaled, dot or cosine)", s);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_norm(const char *s, qkv_attn_desc *d) {
+    if (strcmp(s, "softmax") == 0) d->norm = QKV_NORM_SOFTMAX;
+    else if (strcmp(s, "relu") == 0) d->norm = QKV_NORM_RELU;
+    else if (strcmp(s, "sigmoid") == 0) d->norm = QKV_NORM_SIGMOID;
+    else {
+        cli_error(CMD, "--norm", NULL,
+                  "unknown normaliser '%s' (expected softmax, relu or sigmoid)", s);
+        return -1;
+    }
+    return 0;
+}
+
+/* Interpret the value of one option; 0 or -1 (message printed). */
+static int take_value(config *c, int id, const char *v) {
+    qkv_attn_desc *d = &c->desc;
+    double x;
+    int64_t n;
+    switch (id) {
+    case OPT_MASK: return parse_mask(v, d);
+    case OPT_SCORE: return parse_score(v, d);
+    case OPT_NORM: return parse_norm(v, d);
+    case OPT_SCALE:
+        if (cli_parse_double(CMD, "--scale", v, &x) != 0) return -1;
+        if (x == 0.0) {
+            cli_error(CMD, "--scale", NULL, "'%s' must be non-zero (leave --scale out for 1/sqrt(D))", v);
+            return -1;
+        }
+        d->scale = x;
+        return 0;
+    case OPT_TEMPERATURE:
+        if (cli_parse_double(CMD, "--temperature", v, &x) != 0) return -1;
+        if (!(x > 0.0)) {
+            cli_error(CMD, "--temperature", NULL, "'%s' must be > 0", v);
+            return -1;
+        }
+        d->temperature = x;
+        return 0;
+    case OPT_SOFTCAP:
+        if (cli_parse_double(CMD, "--softcap", v, &x) != 0) return -1;
+        if (!(x > 0.0)) {
+            cli_error(CMD, "--softcap", NULL, "'%s' must be > 0 (leave --softcap out for none)", v);
+            return -1;
+        }
+        d->softcap = x;
+        return 0;
+    case OPT_DTYPE:
+        if (strcmp(v, "float32") == 0) d->dtype = QKV_F32;
+        else if (strcmp(v, "float64") == 0) d->dtype = QKV_F64;
+        else {
+            cli_error(CMD, "--dtype", NULL, "unknown type '%s' (expected float32 or float64)", v);
+            return -1;
+        }
+        return 0;
+    case OPT_IMPL:
+        if (strcmp(v, "auto") == 0) d->impl = QKV_IMPL_AUTO;
+        else if (strcmp(v, "reference") == 0) d->impl = QKV_IMPL_REFERENCE;
+        else {
+            cli_error(CMD, "--impl", NULL,
+                      "unknown implementation '%s' (expected auto or reference)", v);
+            return -1;
+        }
+        return 0;
+    case OPT_THREADS:
+        if (cli_parse_int64(CMD, "--threads", v, 0, MAX_THREADS, &n) != 0) return -1;
+        d->threads = (int)n;
+        return 0;
+    default: return 0; /* a file name: used as given */
+    }
+}
+
+/* Returns PARSE_CONTINUE, or the exit status (0 after --help). */
+static int parse_args(int argc, char **argv, config *c) {
+    cli_args a = {CMD, argc, argv, 1};
+    memset(c, 0, sizeof *c);
+    qkv_attn_desc_init(&c->desc);
+
+    for (;;) {
+        const char *name, *value;
+        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        if (id == CLI_END) break;
+        if (id == CLI_ERROR) {
+            cli_usage_hint(CMD);
+            return CLI_EXIT_USAGE;
+        }
+        if (id == OPT_HELP) {
+            help();
+            return CLI_EXIT_OK;
+        }
+        if (c->given[id]) return usage_error(opt_name(id), "given twice");
+        c->given[id] = 1;
+        c->val[id] = value;
+        if (value && take_value(c, id, value) != 0) {
+            cli_usage_hint(CMD);
+            return CLI_EXIT_USAGE;
+        }
+    }
+
+    /* Which options go together. */
+    static const int required[] = {OPT_Q, OPT_K, OPT_V};
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
+        if (!c->given[required[i]])
+            return usage_error(NULL, "missing %s FILE (--q, --k and --v are required)",
+                               opt_name(required[i]));
+    c->backward = c->given[OPT_GRAD_OUT];
+    static const int grads[] = {OPT_DQ, OPT_DK, OPT_DV, OPT_DBIAS};
+    for (size_t i = 0; i < sizeof grads / sizeof grads[0]; i++) {
+        if (c->given[grads[i]] && !c->backward)
+            return usage_error(opt_name(grads[i]),
+                               "needs --grad-out FILE (the gradient of the loss with respect "
+                               "to the output)");
+        if (c->backward && !c->given[grads[i]] && grads[i] != OPT_DBIAS)
+            return usage_error("--grad-out", "needs --dq, --dk and --dv (missing %s FILE)",
+                               opt_name(grads[i]));
+    }
+    if (c->given[OPT_DBIAS] && !c->given[OPT_BIAS])
+        return usage_error("--dbias", "needs --bias FILE");
+    if (!c->backward && !c->given[OPT_OUT])
+        return usage_error(NULL, "missing -o OUT.npy (required unless --grad-out is given)");
+    if (c->given[OPT_SCALE] && c->desc.score != QKV_SCORE_SCALED_DOT)
+        return usage_error("--scale", "applies only to --score scaled");
+    if (c->given[OPT_TEMPERATURE] && c->desc.score != QKV_SCORE_COSINE)
+        return usage_error("--temperature", "applies only to --score cosine");
+    if (c->given[OPT_RELU_COUNT]) {
+        if (c->desc.norm != QKV_NORM_RELU) return usage_error("--relu-count", "needs --norm relu");
+        c->desc.relu_divide_by_count = 1;
+    }
+    c->print = c->given[OPT_PRINT];
+
+    /* Two outputs to one file: the second would silently replace the first. */
+    static const int outs[] = {OPT_OUT, OPT_ATTN, OPT_LSE, OPT_DQ, OPT_DK, OPT_DV, OPT_DBIAS};
+    size_t n_outs = sizeof outs / sizeof outs[0];
+    for (size_t i = 0; i < n_outs; i++)
+        for (size_t j = i + 1; j < n_outs; j++)
+            if (c->given[outs[i]] && c->given[outs[j]] &&
+                strcmp(c->val[outs[i]], c->val[outs[j]]) == 0)
+                return usage_error(NULL, "%s and %s name the same file '%s'", opt_name(outs[i]),
+                                   opt_name(outs[j]), c->val[outs[i]]);
+    return PARSE_CONTINUE;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Inputs */
+
+enum { IN_Q, IN_K, IN_V, IN_DOUT, IN_BIAS, IN_KEY_LENGTHS, IN_SEQ_OFFSETS, IN_COUNT };
+static const int input_opt[IN_COUNT] = {OPT_Q, OPT_K, OPT_V, OPT_GRAD_OUT, OPT_BIAS,
+                                        OPT_KEY_LENGTHS, OPT_SEQ_OFFSETS};
+
+typedef struct input {
+    int opt;
+    const char *path; /* NULL: not given */
+    qkv_array a;
+} input;
+
+enum { OUT_O, OUT_ATTN, OUT_LSE, OUT_DQ, OUT_DK, OUT_DV, OUT_DBIAS, OUT_COUNT };
+static const int output_opt[OUT_COUNT] = {OPT_OUT, OPT_ATTN, OPT_LSE, OPT_DQ,
+                                          OPT_DK, OPT_DV, OPT_DBIAS};
+
+typedef struct output {
+    int opt;
+    const char *path; /* NULL: computed but not written (e.g. A' for --print only) */
+    qkv_array a;      /* data NULL: not computed */
+} output;
+
+typedef struct job {
+    input in[IN_COUNT];
+    output out[OUT_COUNT];
+} job;
+
+static void job_free(job *j) {
+    for (int i = 0; i < IN_COUNT; i++) qkv_array_free(&j->in[i].a);
+    for (int i = 0; i < OUT_COUNT; i++) qkv_array_free(&j->out[i].a);
+}
+
+static void in_error(const input *in, const char *fmt, ...) CLI_PRINTF(2, 3);
+static void in_error(const input *in, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cli_error(CMD, opt_name(in->opt), in->path, "%s", msg);
+}
+
+static const char *shape_of(const qkv_array *a, char *buf, size_t len) {
+    return cli_shape_str(buf, len, a->ndim, a->shape);
+}
+
+/* "--k k.npy: shape [5, 2, 8] does not fit --q q.npy [4, 2, 16]: <detail>" */
+static void misfit(const input *x, const input *ref, const char *fmt, ...) CLI_PRINTF(3, 4);
+static void misfit(const input *x, const input *ref, const char *fmt, ...) {
+    char detail[256], xs[160], rs[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    in_error(x, "shape %s does not fit %s %s %s: %s", shape_of(&x->a, xs, sizeof xs),
+             opt_name(ref->opt), ref->path, shape_of(&ref->a, rs, sizeof rs), detail);
+}
+
+static int load(input *in) {
+    char why[256] = "";
+    qkv_status s = qkv_npy_load(in->path, &in->a, why, sizeof why);
+    if (s != QKV_OK) {
+        in_error(in, "%s", why[0] ? why : qkv_status_string(s));
+        return -1;
+    }
+    return 0;
+}
+
+static int want_float(const input *in) {
+    if (in->a.dtype == QKV_F32 || in->a.dtype == QKV_F64) return 0;
+    in_error(in, "dtype %s is not accepted: expected float32 or float64",
+             cli_dtype_name(in->a.dtype));
+    return -1;
+}
+
+static int want_int(const input *in) {
+    if (in->a.dtype == QKV_I32 || in->a.dtype == QKV_I64) return 0;
+    in_error(in, "dtype %s is not accepted: expected int32 or int64", cli_dtype_name(in->a.dtype));
+    return -1;
+}
+
+static int want_nonempty(const input *in) {
+    char sh[160];
+    for (int i = 0; i < in->a.ndim; i++) {
+        if (in->a.shape[i] < 1) {
+            in_error(in, "shape %s has an empty dimension (every size must be >= 1)",
+                     shape_of(&in->a, sh, sizeof sh));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The attention dimensions of a q, k or v array of rank 2, 3 or 4. */
+typedef struct dims {
+    int64_t b, n, h, d;
+} dims;
+
+static dims dims_of(const qkv_array *a) {
+    dims r = {1, 1, 1, 1};
+    const int64_t *s = a->shape;
+    if (a->ndim == 2) {
+        r.n = s[0];
+        r.d = s[1];
+    } else if (a->ndim == 3) {
+        r.n = s[0];
+        r.h = s[1];
+        r.d = s[2];
+    } else if (a->ndim == 4) {
+        r.b = s[0];
+        r.n = s[1];
+        r.h = s[2];
+        r.d = s[3];
+    }
+    return r;
+}
+
+/* Bring an array to dtype `to` (a new buffer; the old one is freed). */
+static int convert(input *in, qkv_dtype to) {
+    if (in->a.dtype == to) return 0;
+    qkv_array c;
+    qkv_status s = qkv_array_convert(&in->a, to, &c);
+    if (s != QKV_OK) {
+        in_error(in, "cannot convert %s to %s: %s", cli_dtype_name(in->a.dtype),
+                 cli_dtype_name(to), qkv_status_string(s));
+        return -1;
+    }
+    qkv_array_free(&in->a);
+    in->a = c;
+    return 0;
+}
+
+static long long ll(int64_t x) { return (long long)x; }
+
+/* Load every input, check that they fit together, convert them to the compute
+ * dtype, and fill the sizes and tensors of the descriptor. 0 or -1. */
+static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) {
+    input *q = &j->in[IN_Q], *k = &j->in[IN_K], *v = &j->in[IN_V];
+    for (int i = 0; i < IN_COUNT; i++) {
+        j->in[i].opt = input_opt[i];
+        j->in[i].path = c->given[input_opt[i]] ? c->val[input_opt[i]] : NULL;
+    }
+    for (int i = 0; i < IN_COUNT; i++)
+        if (j->in[i].path && load(&j->in[i]) != 0) return -1;
+
+    /* q, k, v: float tensors of one rank 2..4. */
+    char sh[160];
+    if (want_float(q) || want_float(k) || want_float(v)) return -1;
+    if (q->a.ndim < 2 || q->a.ndim > 4) {
+        in_error(q, "rank %d array %s: expected [n, D], [n, H, D] or [B, n, H, D]", q->a.ndim,
+                 shape_of(&q->a, sh, sizeof sh));
+        return -1;
+    }
+    if (k->a.ndim != q->a.ndim) {
+        misfit(k, q, "rank %d != %d (q, k and v must have the same rank)", k->a.ndim, q->a.ndim);
+        return -1;
+    }
+    if (v->a.ndim != q->a.ndim) {
+        misfit(v, q, "rank %d != %d (q, k and v must have the same rank)", v->a.ndim, q->a.ndim);
+        return -1;
+    }
+    if (want_nonempty(q) || want_nonempty(k) || want_nonempty(v)) return -1;
+    dims dq = dims_of(&q->a), dk = dims_of(&k->a), dv = dims_of(&v->a);
+    if (dk.b != dq.b) {
+        misfit(k, q, "batch %lld != %lld", ll(dk.b), ll(dq.b));
+        return -1;
+    }
+    if (dk.d != dq.d) {
+        misfit(k, q, "head dim %lld != %lld", ll(dk.d), ll(dq.d));
+        return -1;
+    }
+    if (dq.h % dk.h != 0) {
+        misfit(k, q, "%lld query heads are not a multiple of %lld key/value heads", ll(dq.h),
+               ll(dk.h));
+        return -1;
+    }
+    if (dv.b != dk.b) {
+        misfit(v, k, "batch %lld != %lld", ll(dv.b), ll(dk.b));
+        return -1;
+    }
+    if (dv.n != dk.n) {
+        misfit(v, k, "number of keys n %lld != %lld", ll(dv.n), ll(dk.n));
+        return -1;
+    }
+    if (dv.h != dk.h) {
+        misfit(v, k, "key/value heads %lld != %lld", ll(dv.h), ll(dk.h));
+        return -1;
+    }
+
+    /* dL/dO: exactly the output's shape. */
+    input *go = &j->in[IN_DOUT];
+    if (go->path) {
+        int64_t want[4];
+        int r = q->a.ndim, m = 0;
+        if (r == 4) want[m++] = dq.b;
+        want[m++] = dq.n;
+        if (r >= 3) want[m++] = dq.h;
+        want[m++] = dv.d;
+        if (want_float(go)) return -1;
+        int ok = go->a.ndim == r;
+        for (int i = 0; ok && i < r; i++) ok = go->a.shape[i] == want[i];
+        if (!ok) {
+            char ws[160];
+            in_error(go, "shape %s does not fit: expected the output's shape %s (n_q, H from --q %s, "
+                         "D_v from --v %s)",
+                     shape_of(&go->a, sh, sizeof sh), cli_shape_str(ws, sizeof ws, r, want), q->path,
+                     v->path);
+            return -1;
+        }
+    }
+
+    /* Bias: [n_q, n_k] or [H, n_q, n_k]. */
+    input *bias = &j->in[IN_BIAS];
+    if (bias->path) {
+        if (want_float(bias)) return -1;
+        const int64_t *s = bias->a.shape;
+        if (bias->a.ndim == 2 && s[0] == dq.n && s[1] == dk.n) {
+            d->bias_kind = QKV_BIAS_SHARED;
+        } else if (bias->a.ndim == 3 && s[0] == dq.h && s[1] == dq.n && s[2] == dk.n) {
+            d->bias_kind = QKV_BIAS_PER_HEAD;
+        } else {
+            in_error(bias, "shape %s does not fit: expected [n_q, n_k] = [%lld, %lld] or "
+                           "[H, n_q, n_k] = [%lld, %lld, %lld] (from --q %s and --k %s)",
+                     shape_of(&bias->a, sh, sizeof sh), ll(dq.n), ll(dk.n), ll(dq.h), ll(dq.n),
+                     ll(dk.n), q->path, k->path);
+            return -1;
+        }
+    }
+
+    /* Key lengths: [B] integers in 0..n_k. */
+    input *kl = &j->in[IN_KEY_LENGTHS];
+    if (kl->path) {
+        if (want_int(kl)) return -1;
+        if (kl->a.ndim != 1 || kl->a.shape[0] != dq.b) {
+            in_error(kl, "shape %s does not fit: expected [B] = [%lld] (B from --q %s)",
+                     shape_of(&kl->a, sh, sizeof sh), ll(dq.b), q->path);
+            return -1;
+        }
+        if (convert(kl, QKV_I64)) return -1;
+        const int64_t *len = kl->a.data;
+        for (int64_t b = 0; b < dq.b; b++) {
+            if (len[b] < 0 || len[b] > dk.n) {
+                in_error(kl, "entry %lld is %lld, outside 0..%lld (n_k of --k %s)", ll(b),
+                         ll(len[b]), ll(dk.n), k->path);
+                return -1;
+            }
+        }
+    }
+
+    /* Packed sequences: [S+1] offsets 0 = o_0 <= ... <= o_S = n, B = 1, n_q = n_k. */
+    input *so = &j->in[IN_SEQ_OFFSETS];
+    if (so->path) {
+        if (want_int(so)) return -1;
+        if (so->a.ndim != 1 || so->a.shape[0] < 2) {
+            in_error(so, "shape %s does not fit: expected [S+1] offsets of S >= 1 sequences",
+                     shape_of(&so->a, sh, sizeof sh));
+            return -1;
+        }
+        if (dq.b != 1) {
+            in_error(so, "packed sequences need B = 1, but --q %s has B = %lld", q->path, ll(dq.b));
+            return -1;
+        }
+        if (dq.n != dk.n) {
+            in_error(so, "packed sequences need n_q = n_k, but --q %s has n_q = %lld and --k %s "
+                         "has n_k = %lld",
+                     q->path, ll(dq.n), k->path, ll(dk.n));
+            return -1;
+        }
+        if (convert(so, QKV_I64)) return -1;
+        const int64_t *o = so->a.data;
+        int64_t ns = so->a.shape[0] - 1;
+        if (o[0] != 0) {
+            in_error(so, "entry 0 is %lld: offsets must start at 0", ll(o[0]));
+            return -1;
+        }
+        for (int64_t s = 0; s < ns; s++) {
+            if (o[s + 1] < o[s]) {
+                in_error(so, "entry %lld (%lld) is smaller than entry %lld (%lld): offsets must "
+                             "be nondecreasing",
+                         ll(s + 1), ll(o[s + 1]), ll(s), ll(o[s]));
+                return -1;
+            }
+        }
+        if (o[ns] != dq.n) {
+            in_error(so, "last entry is %lld: must be the total length n = %lld of --q %s",
+                     ll(o[ns]), ll(dq.n), q->path);
+            return -1;
+        }
+        d->num_seqs = ns;
+        d->seq_offsets_q = o;
+    }
+
+    /* Everything fits: convert the tensors to the compute type. */
+    static const int tensors[] = {IN_Q, IN_K, IN_V, IN_DOUT, IN_BIAS};
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++)
+        if (j->in[tensors[i]].path && convert(&j->in[tensors[i]], d->dtype)) return -1;
+
+    d->batch = dq.b;
+    d->n_q = dq.n;
+    d->n_k = dk.n;
+    d->heads = dq.h;
+    d->heads_kv = dk.h;
+    d->dim = dq.d;
+    d->dim_v = dv.d;
+    d->key_lengths = kl->path ? kl->a.data : NULL;
+    d->bias = bias->path ? bias->a.data : NULL;
+    *dq_out = dq;
+    return 0;
+}
+
+/* A library status, blamed on the input it concerns. */
+static void status_error(const job *j, const char *what, qkv_status s) {
+    int blame = -1;
+    switch (s) {
+    case QKV_ERR_HEADS: blame = IN_K; break;
+    case QKV_ERR_KEY_LENGTHS: blame = IN_KEY_LENGTHS; break;
+    case QKV_ERR_SEQ_OFFSETS: blame = IN_SEQ_OFFSETS; break;
+    default: break;
+    }
+    if (blame >= 0 && j->in[blame].path)
+        in_error(&j->in[blame], "%s: %s", what, qkv_status_string(s));
+    else if (s == QKV_ERR_WINDOW)
+        cli_error(CMD, "--mask", NULL, "%s: %s", what, qkv_status_string(s));
+    else
+        cli_error(CMD, NULL, NULL, "%s: %s", what, qkv_status_string(s));
+}
+
+/* ------------------------------------------------------------------------- */
+/* Outputs */
+
+static int alloc_output(job *j, int which, const char *path, qkv_dtype dt, int ndim,
+                        const int64_t *shape, const char *what) {
+    output *o = &j->out[which];
+    o->path = path;
+    qkv_status s = qkv_array_alloc(&o->a, dt, ndim, shape);
+    if (s != QKV_OK) {
+        char sh[160];
+        cli_error(CMD, path ? opt_name(o->opt) : "--print", path, "cannot allocate %s %s: %s",
+                  what, cli_shape_str(sh, sizeof sh, ndim, shape), qkv_status_string(s));
+        return -1;
+    }
+    return 0;
+}
+
+/* Write every output that has a path, in order; if one fails, remove the
+ * ones written before it, so that the run leaves nothing behind. */
+static int write_outputs(job *j) {
+    int written[OUT_COUNT] = {0};
+    for (int i = 0; i < OUT_COUNT; i++) {
+        output *o = &j->out[i];
+        if (!o->path || !o->a.data) continue;
+        errno = 0;
+        qkv_status s = qkv_npy_save(o->path, &o->a);
+        if (s != QKV_OK) {
+            int e = errno;
+            cli_error(CMD, opt_name(o->opt), o->path, "cannot write: %s%s%s%s",
+                      qkv_status_string(s), e ? " (" : "", e ? strerror(e) : "", e ? ")" : "");
+            for (int w = 0; w < i; w++) {
+                if (!written[w]) continue;
+                if (remove(j->out[w].path) == 0)
+                    fprintf(stderr, "qkv %s: removed %s (written by this run before the failure)\n",
+                            CMD, j->out[w].path);
+                else
+                    cli_error(CMD, opt_name(j->out[w].opt), j->out[w].path,
+                              "could not remove this partial result: %s", strerror(errno));
+            }
+            return -1;
+        }
+        written[i] = 1;
+    }
+    return 0;
+}
+
+static double elem(const qkv_array *a, int64_t i) {
+    return a->dtype == QKV_F64 ? ((const double *)a->data)[i] : (double)((const float *)a->data)[i];
+}
+
+/* One matrix of a tensor as an aligned table: rows x cols elements starting at
+ * base with the given row stride (columns are contiguous). */
+static void print_table(const qkv_array *a, int64_t base, int64_t rows, int64_t cols,
+                        int64_t row_stride, char row_tag, char col_tag) {
+    int64_t r_show = rows < PRINT_MAX ? rows : PRINT_MAX;
+    int64_t c_show = cols < PRINT_MAX ? cols : PRINT_MAX;
+    double big = 0.0;
+    for (int64_t r = 0; r < r_show; r++)
+        for (int64_t col = 0; col < c_show; col++) {
+            double x = fabs(elem(a, base + r * row_stride + col));
+            if (isfinite(x) && x > big) big = x;
+        }
+    int sci = big >= 1e5; /* keep the columns aligned for large values */
+    int width = sci ? 11 : 9;
+    printf("%5s", "");
+    for (int64_t col = 0; col < c_show; col++) {
+        char label[24];
+        snprintf(label, sizeof label, "%c%lld", col_tag, ll(col));
+        printf(" %*s", width, label);
+    }
+    printf("\n");
+    for (int64_t r = 0; r < r_show; r++) {
+        printf("%c%-4lld", row_tag, ll(r));
+        for (int64_t col = 0; col < c_show; col++) {
+            double x = elem(a, base + r * row_stride + col);
+            if (sci) printf(" %*.3e", width, x);
+            else printf(" %*.4f", width, x);
+        }
+        printf("\n");
+    }
+    if (r_show < rows || c_show < cols)
+        printf("(truncated: showing %lld of %lld rows and %lld of %lld columns)\n", ll(r_show),
+               ll(rows), ll(c_show), ll(cols));
+}
+
+static void print_heading(int64_t b, int64_t h, int64_t batch, int64_t heads) {
+    if (batch > 1) printf("batch %lld, head %lld:\n", ll(b), ll(h));
+    else if (heads > 1) printf("head %lld:\n", ll(h));
+}
+
+static void print_results(const qkv_attn_desc *d, const qkv_array *attn, const qkv_array *out) {
+    static const char *const score_names[] = {"scaled dot-product", "dot-product", "cosine",
+                                              "additive"};
+    static const char *const norm_names[] = {"softmax", "relu", "sigmoid"};
+    int64_t B = d->batch, H = d->heads, nq = d->n_q, nk = d->n_k, dv = d->dim_v;
+    int64_t blocks = B * H, shown = blocks < PRINT_MAX_BLOCKS ? blocks : PRINT_MAX_BLOCKS;
+
+    printf("Attention weights A' = %s(%s scores)  [rows: queries q, columns: keys k]\n",
+           norm_names[d->norm], score_names[d->score]);
+    for (int64_t i = 0; i < shown; i++) {
+        int64_t b = i / H, h = i % H;
+        print_heading(b, h, B, H);
+        print_table(attn, (b * H + h) * nq * nk, nq, nk, nk, 'q', 'k');
+    }
+    if (shown < blocks) printf("(%lld more matrices not shown)\n", ll(blocks - shown));
+
+    printf("\nOutput O = A' V  [rows: queries q, columns: value dimensions d]\n");
+    for (int64_t i = 0; i < shown; i++) {
+        int64_t b = i / H, h = i % H;
+        print_heading(b, h, B, H);
+        print_table(out, (b * nq * H + h) * dv, nq, dv, H * dv, 'q', 'd');
+    }
+    if (shown < blocks) printf("(%lld more matrices not shown)\n", ll(blocks - shown));
+}
+
+/* ------------------------------------------------------------------------- */
+
+static int run(const config *c, job *j) {
+    qkv_attn_desc d = c->desc;
+    dims dq;
+    for (int i = 0; i < OUT_COUNT; i++) j->out[i].opt = output_opt[i];
+    if (load_inputs(c, j, &d, &dq) != 0) return CLI_EXIT_FAIL;
+
+    qkv_status s = qkv_attn_desc_check(&d);
+    if (s != QKV_OK) {
+        status_error(j, "invalid attention request", s);
+        return CLI_EXIT_FAIL;
+    }
+
+    /* Output shapes follow the rank of q (see help()). */
+    const qkv_array *qa = &j->in[IN_Q].a;
+    int r = qa->ndim;
+    int64_t o_shape[4], a_shape[4], l_shape[3];
+    int m = 0, ma = 0;
+    if (r == 4) o_shape[m++] = dq.b;
+    o_shape[m++] = dq.n;
+    if (r >= 3) o_shape[m++] = dq.h;
+    o_shape[m++] = d.dim_v;
+    if (r == 4) a_shape[ma++] = dq.b;
+    if (r >= 3) a_shape[ma++] = dq.h;
+    a_shape[ma++] = dq.n;
+    memcpy(l_shape, a_shape, sizeof l_shape);
+    a_shape[ma++] = d.n_k;
+
+    const char *path_of[OUT_COUNT];
+    for (int i = 0; i < OUT_COUNT; i++)
+        path_of[i] = c->given[output_opt[i]] ? c->val[output_opt[i]] : NULL;
+    int forward = path_of[OUT_O] || path_of[OUT_ATTN] || path_of[OUT_LSE] || c->print;
+    if (forward) {
+        if (alloc_output(j, OUT_O, path_of[OUT_O], d.dtype, r, o_shape, "the output") ||
+            ((path_of[OUT_ATTN] || c->print) &&
+             alloc_output(j, OUT_ATTN, path_of[OUT_ATTN], d.dtype, ma, a_shape,
+                          "the attention matrix")) ||
+            (path_of[OUT_LSE] &&
+             alloc_output(j, OUT_LSE, path_of[OUT_LSE], d.dtype, ma - 1, l_shape, "the log-sum-exp")))
+            return CLI_EXIT_FAIL;
+        s = qkv_attention_forward(&d, j->in[IN_Q].a.data, j->in[IN_K].a.data, j->in[IN_V].a.data,
+                                  j->out[OUT_O].a.data, j->out[OUT_ATTN].a.data,
+                                  j->out[OUT_LSE].a.data);
+        if (s != QKV_OK) {
+            status_error(j, "attention forward failed", s);
+            return CLI_EXIT_FAIL;
+        }
+    }
+    if (c->backward) {
+        const input *bias = &j->in[IN_BIAS];
+        if (alloc_output(j, OUT_DQ, path_of[OUT_DQ], d.dtype, qa->ndim, qa->shape, "dL/dQ") ||
+            alloc_output(j, OUT_DK, path_of[OUT_DK], d.dtype, j->in[IN_K].a.ndim,
+                         j->in[IN_K].a.shape, "dL/dK") ||
+            alloc_output(j, OUT_DV, path_of[OUT_DV], d.dtype, j->in[IN_V].a.ndim,
+                         j->in[IN_V].a.shape, "dL/dV") ||
+            (path_of[OUT_DBIAS] && alloc_output(j, OUT_DBIAS, path_of[OUT_DBIAS], d.dtype,
+                                                bias->a.ndim, bias->a.shape, "dL/dbias")))
+            return CLI_EXIT_FAIL;
+        qkv_attn_grads g;
+        memset(&g, 0, sizeof g);
+        g.dq = j->out[OUT_DQ].a.data;
+        g.dk = j->out[OUT_DK].a.data;
+        g.dv = j->out[OUT_DV].a.data;
+        g.dbias = j->out[OUT_DBIAS].a.data;
+        s = qkv_attention_backward(&d, j->in[IN_Q].a.data, j->in[IN_K].a.data,
+                                   j->in[IN_V].a.data, j->out[OUT_O].a.data,
+                                   j->out[OUT_LSE].a.data, j->in[IN_DOUT].a.data, &g);
+        if (s != QKV_OK) {
+            status_error(j, "attention backward failed", s);
+            return CLI_EXIT_FAIL;
+        }
+    }
+
+    if (write_outputs(j) != 0) return CLI_EXIT_FAIL;
+    if (c->print) print_results(&d, &j->out[OUT_ATTN].a, &j->out[OUT_O].a);
+    return CLI_EXIT_OK;
+}
+
+int cli_cmd_attend(int argc, char **argv) {
+    config c;
+    int rc = parse_args(argc, argv, &c);
+    if (rc != PARSE_CONTINUE) return rc;
+    job j;
+    memset(&j, 0, sizeof j);
+    rc = run(&c, &j);
+    job_free(&j);
+    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
+        cli_error(CMD, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
+        rc = CLI_EXIT_FAIL;
+    }
+    return rc;
+}

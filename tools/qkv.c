@@ -1,0 +1,87 @@
+/* qkv: the command-line tool. This file only dispatches to the subcommands
+ * (tools/cmd_*.c); each parses its own options. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_util.h"
+#include "qkv.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"attend", cli_cmd_attend,
+     "attention over NumPy .npy arrays: output, attention matrix, gradients"},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "Usage: qkv <command> [options]\n"
+            "       qkv <command> --help\n"
+            "       qkv --help | --version\n"
+            "\n"
+            "qkv computes self-attention (scaled dot product, dot, cosine; softmax,\n"
+            "ReLU, sigmoid; causal, window, padding and packed-sequence masks) on\n"
+            "NumPy .npy arrays.\n"
+            "\n"
+            "Commands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f,
+            "\n"
+            "Options:\n"
+            "  -h, --help     show this help and exit\n"
+            "  -V, --version  print the version (qkv %s) and exit\n"
+            "\n"
+            "Example:\n"
+            "  qkv attend --q q.npy --k k.npy --v v.npy -o out.npy --print\n"
+            "\n"
+            "Exit status: 0 success, 1 failure (bad input file, computation),\n"
+            "2 usage error (unknown option, bad value).\n",
+            qkv_version());
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        /* "qkv help attend" is "qkv attend --help". */
+        if (strcmp(cmd, "help") == 0 && argc > 2) {
+            for (size_t i = 0; i < N_COMMANDS; i++) {
+                if (strcmp(argv[2], commands[i].name) == 0) {
+                    char help_opt[] = "--help";
+                    char *sub_argv[] = {argv[2], help_opt, NULL};
+                    return commands[i].run(2, sub_argv);
+                }
+            }
+            fprintf(stderr, "qkv: unknown command '%s'\nTry 'qkv --help'.\n", argv[2]);
+            return CLI_EXIT_USAGE;
+        }
+        usage(stdout);
+        return CLI_EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+        printf("qkv %s\n", qkv_version());
+        return CLI_EXIT_OK;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(cmd, commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+
+    if (cmd[0] == '-')
+        fprintf(stderr, "qkv: unknown option '%s'\n", cmd);
+    else {
+        fprintf(stderr, "qkv: unknown command '%s' (commands:", cmd);
+        for (size_t i = 0; i < N_COMMANDS; i++) fprintf(stderr, " %s", commands[i].name);
+        fprintf(stderr, ")\n");
+    }
+    fprintf(stderr, "Try 'qkv --help'.\n");
+    return CLI_EXIT_USAGE;
+}
