@@ -55,7 +55,8 @@ typedef enum qkv_status {
     QKV_ERR_IO = 12,              /* a file could not be opened, read or written */
     QKV_ERR_FORMAT = 13,          /* a file is malformed (bad magic, header, truncated) */
     QKV_ERR_DTYPE = 14,           /* an array has a dtype the call does not accept */
-    QKV_ERR_SHAPE = 15            /* array shapes do not fit together */
+    QKV_ERR_SHAPE = 15,           /* array shapes do not fit together */
+    QKV_ERR_POSITION = 16         /* a position is past the end of a learned table or cache */
 } qkv_status;
 
 /* A short, static English text for a status; "unknown status" for values that
@@ -132,7 +133,9 @@ typedef enum qkv_bias_kind {
 /* Which implementation computes the call. */
 typedef enum qkv_impl {
     QKV_IMPL_AUTO = 0,          /* the fastest available for the request */
-    QKV_IMPL_REFERENCE = 1      /* plain loops accumulating in double: the oracle */
+    QKV_IMPL_REFERENCE = 1,     /* plain loops accumulating in double: the oracle */
+    QKV_IMPL_FAST = 2           /* tiled, fused FlashAttention-2 style CPU path (F32; not
+                                   the additive score: QKV_ERR_UNSUPPORTED), O(n) memory */
 } qkv_impl;
 
 /* The description of one attention problem. Initialise with
@@ -271,6 +274,150 @@ qkv_status qkv_attention_backward(const qkv_attn_desc *desc,
                                   const void *q, const void *k, const void *v,
                                   const void *out, const void *lse,
                                   const void *dout, const qkv_attn_grads *grads);
+
+/* ------------------------------------------------------------------------- */
+/* Positional encodings. Absolute ones are added to the token embeddings by
+ * the caller (or the model); RoPE rotates q and k inside the multi-head
+ * layer; ALiBi and relative biases live in the attention core (above). */
+
+/* Sinusoidal encoding of "Attention Is All You Need" for positions
+ * offset .. offset+n-1: out[i, 2t] = sin(pos / 10000^(2t/E)),
+ * out[i, 2t+1] = cos(pos / 10000^(2t/E)); computed in double, so any
+ * position works (no table, no length limit). out [n, E] float.
+ * Errors: QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE (n, E <= 0, offset < 0),
+ * QKV_ERR_SIZE_OVERFLOW. */
+qkv_status qkv_posenc_sinusoidal(int64_t n, int64_t embed_dim, int64_t offset, float *out);
+
+/* Rotary position embedding (RoPE, Su et al. 2021), "rotate half" layout of
+ * GPT-NeoX / Llama: for head dim D (even) and t < D/2, the pair
+ * (x[t], x[t + D/2]) of the row at position pos is rotated by the angle
+ * pos * base^(-2t/D). x [B, n, H, D] float, in place; row i has position
+ * offset + i. inverse != 0 rotates by the opposite angle: that is the
+ * backward pass (the rotation is orthogonal). Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_SIZE (a size <= 0, D odd, offset < 0), QKV_ERR_BAD_PARAMETER
+ * (base not finite or <= 1), QKV_ERR_SIZE_OVERFLOW. */
+qkv_status qkv_rope_apply(float *x, int64_t batch, int64_t n, int64_t heads, int64_t dim,
+                          int64_t offset, double base, int inverse);
+
+/* Learned absolute positions: a trainable table [max_len, E].
+ * Forward: x[b, i, :] += table[offset + i, :] for x [B, n, E].
+ * Backward: dtable[offset + i, :] += sum_b dx[b, i, :].
+ * A position offset + n - 1 >= max_len is QKV_ERR_POSITION (the table has no
+ * row for it). Errors also QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE. */
+qkv_status qkv_posenc_learned_forward(const float *table, int64_t max_len, int64_t embed_dim,
+                                      int64_t batch, int64_t n, int64_t offset, float *x);
+qkv_status qkv_posenc_learned_backward(float *dtable, int64_t max_len, int64_t embed_dim,
+                                       int64_t batch, int64_t n, int64_t offset, const float *dx);
+
+/* ------------------------------------------------------------------------- */
+/* Multi-head attention layer (the articles' multi-head self-attention):
+ *
+ *   q = x_q W_qᵀ + b_q,  k = x_k W_kᵀ + b_k,  v = x_v W_vᵀ + b_v   (per head slices)
+ *   o_h = attention(q_h, k_h, v_h)                                 (the core above)
+ *   y = concat_h(o_h) W_oᵀ + b_o      or, join MEAN: y = mean_h(o_h) W_oᵀ + b_o
+ *
+ * Parameters follow torch.nn.MultiheadAttention's state_dict:
+ *   in_proj_weight [3E, E], in_proj_bias [3E]   when kdim = vdim = E and H_kv = H
+ *   q_proj_weight [H Dh, E], k_proj_weight [H_kv Dh, kdim], v_proj_weight
+ *   [H_kv Dh, vdim] otherwise (biases stay in in_proj_bias [(H + 2 H_kv) Dh]),
+ *   out_proj.weight [E, H Dh] ([E, Dh] for MEAN), out_proj.bias [E],
+ *   rel_table [H, rel_buckets] with QKV_POS_RELATIVE.
+ * Inputs are [B, n, E] float (x_k [B, n_k, kdim], x_v [B, n_k, vdim]). */
+
+typedef enum qkv_head_join {
+    QKV_JOIN_CONCAT = 0,        /* concatenate the heads, then W_o (the standard) */
+    QKV_JOIN_MEAN = 1           /* average the heads, then W_o [E, Dh] */
+} qkv_head_join;
+
+typedef enum qkv_pos_kind {
+    QKV_POS_NONE = 0,
+    QKV_POS_ROPE = 1,           /* rotate q and k (qkv_rope_apply, base rope_base) */
+    QKV_POS_ALIBI = 2,          /* per-head linear bias (qkv_alibi_slopes) in the kernel */
+    QKV_POS_RELATIVE = 3        /* learned T5 relative bias table, in the kernel */
+} qkv_pos_kind;
+
+typedef struct qkv_mha_config {
+    int64_t embed_dim;          /* E >= 1 */
+    int64_t heads;              /* H >= 1 */
+    int64_t heads_kv;           /* 0 means H; must divide H */
+    int64_t head_dim;           /* Dh; 0 means E / H (then H must divide E) */
+    int64_t kdim, vdim;         /* key/value input dims; 0 means E */
+    int bias;                   /* in/out projection biases (torch default: 1) */
+    qkv_head_join join;
+    qkv_pos_kind pos;
+    double rope_base;           /* 0 means 10000 */
+    int64_t rel_buckets;        /* QKV_POS_RELATIVE: 0 means 32 */
+    int64_t rel_max_distance;   /* QKV_POS_RELATIVE: 0 means 128 */
+    /* The attention itself: score, scale, temperature, softcap, norm,
+     * relu_divide_by_count, mask, window_left/right, impl, threads are used;
+     * the sizes, dtype, tensors and bias fields are set by the layer. */
+    qkv_attn_desc attn;
+} qkv_mha_config;
+
+typedef struct qkv_mha qkv_mha;     /* opaque: parameters, gradients, activations */
+typedef struct qkv_safetensors qkv_safetensors;   /* see the safetensors section */
+
+/* Defaults: bias on, CONCAT, no positional encoding, scaled dot softmax. */
+void qkv_mha_config_init(qkv_mha_config *cfg, int64_t embed_dim, int64_t heads);
+
+/* Create a layer, parameters initialised like torch (xavier-uniform
+ * projections from a seeded generator, zero biases). Errors: those of the
+ * config (QKV_ERR_BAD_SIZE, QKV_ERR_HEADS, QKV_ERR_BAD_ENUM, ...),
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_mha_create(const qkv_mha_config *cfg, uint64_t seed, qkv_mha **out);
+void qkv_mha_free(qkv_mha *m);
+
+/* All parameters as one flat float array, and their gradients (same
+ * layout), for optimisers: *count floats each. Owned by the layer. */
+float *qkv_mha_params(qkv_mha *m, int64_t *count);
+float *qkv_mha_grads(qkv_mha *m, int64_t *count);
+void qkv_mha_zero_grad(qkv_mha *m);
+
+/* Load / save the parameters with torch's names, each prefixed by `prefix`
+ * (e.g. "layers.0.attn." or ""). Load checks every shape and reports a
+ * missing or misshapen tensor (QKV_ERR_SHAPE, QKV_ERR_FORMAT) with its name in
+ * why. Errors also QKV_ERR_NULL_POINTER, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefix,
+                        char *why, size_t why_len);
+qkv_status qkv_mha_save(const qkv_mha *m, qkv_safetensors *st, const char *prefix);
+
+/* Forward. x_k == NULL means x_k = x_q (self-attention); x_v == NULL means
+ * x_v = x_k. key_lengths [B] (padding) or NULL. y [B, n_q, E] written; attn
+ * [B, H, n_q, n_k] optional (the per-head attention matrices). The layer
+ * keeps the activations the backward needs (O(B n H Dh), never n x n), so
+ * one layer object serves one forward/backward at a time. */
+qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k,
+                           const float *x_q, const float *x_k, const float *x_v,
+                           const int64_t *key_lengths, float *y, float *attn);
+
+/* Backward of the most recent forward, called with the same inputs.
+ * Accumulates parameter gradients (qkv_mha_grads) and writes input
+ * gradients: dx_q [B, n_q, E]; dx_k, dx_v likewise. With self-attention
+ * (x_k NULL in the forward) dx_q receives the whole input gradient and dx_k,
+ * dx_v must be NULL; with x_v NULL, dx_k receives both key and value parts.
+ * Any dx may be NULL when not wanted. Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_UNSUPPORTED (no forward before), QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, const float *x_v,
+                            const float *dy, float *dx_q, float *dx_k, float *dx_v);
+
+/* A key/value cache for incremental decoding with a self-attention layer:
+ * memory 2 * batch * max_len * H_kv * Dh floats (plus the layer's own).
+ * Each qkv_mha_decode call appends the keys and values of t new tokens and
+ * attends them causally to everything cached (aligned bottom-right, RoPE
+ * positions continuing), without recomputing the past. Decoding n tokens one
+ * at a time gives the outputs of one causal forward over all n. */
+typedef struct qkv_kv_cache qkv_kv_cache;
+qkv_status qkv_kv_cache_create(const qkv_mha *m, int64_t batch, int64_t max_len, qkv_kv_cache **out);
+void qkv_kv_cache_free(qkv_kv_cache *c);
+void qkv_kv_cache_reset(qkv_kv_cache *c);
+int64_t qkv_kv_cache_length(const qkv_kv_cache *c);
+
+/* x [B, t, E] -> y [B, t, E], B the cache's batch. Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_SIZE (t <= 0), QKV_ERR_POSITION (the cache would exceed
+ * max_len: nothing is appended), QKV_ERR_SHAPE (the cache belongs to another
+ * layer), QKV_ERR_OUT_OF_MEMORY. qkv_kv_cache_create needs a self-attention
+ * layer (kdim = vdim = E; else QKV_ERR_UNSUPPORTED). */
+qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *c, int64_t t, const float *x, float *y);
 
 /* ------------------------------------------------------------------------- */
 /* NumPy .npy arrays (format versions 1.0, 2.0 and 3.0; little-endian; C order;

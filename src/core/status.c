@@ -19,6 +19,7 @@ const char *qkv_status_string(qkv_status status) {
     case QKV_ERR_FORMAT: return "malformed file";
     case QKV_ERR_DTYPE: return "unsupported element type";
     case QKV_ERR_SHAPE: return "array shapes do not fit together";
+    case QKV_ERR_POSITION: return "a position is past the end of a learned table or cache";
     }
     return "unknown status";
 }

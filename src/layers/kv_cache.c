@@ -1,0 +1,113 @@
+/* Incremental decoding: keys and values of past tokens are kept, new tokens
+ * are projected, appended and attended with the bottom-right causal
+ * alignment of the core, so position L + i sees keys 0 .. L + i. */
+#include <string.h>
+
+#include "core/internal.h"
+#include "layers/mha_internal.h"
+
+struct qkv_kv_cache {
+    int64_t batch, max_len, len, dkv;  /* dkv = H_kv * Dh floats per token */
+    float *k, *v;                      /* [B, max_len, H_kv, Dh] */
+    float *scratch;                    /* q, k, v, o (and mean) of the new tokens */
+    int64_t scratch_cap;
+    const qkv_mha *owner;
+};
+
+qkv_status qkv_kv_cache_create(const qkv_mha *m, int64_t batch, int64_t max_len, qkv_kv_cache **out) {
+    if (!m || !out) return QKV_ERR_NULL_POINTER;
+    *out = NULL;
+    if (batch <= 0 || max_len <= 0) return QKV_ERR_BAD_SIZE;
+    const qkv_mha_config *c = &m->cfg;
+    if (c->kdim != c->embed_dim || c->vdim != c->embed_dim) return QKV_ERR_UNSUPPORTED; /* self-attention only */
+    int64_t dkv = c->heads_kv * c->head_dim, f[3] = {batch, max_len, dkv}, n;
+    if (!qkv_count_ok(&n, sizeof(float), 3, f)) return QKV_ERR_SIZE_OVERFLOW;
+    qkv_kv_cache *kc = qkv_alloc_zeroed(sizeof *kc);
+    if (!kc) return QKV_ERR_OUT_OF_MEMORY;
+    kc->k = qkv_alloc((size_t)n * sizeof(float));
+    kc->v = qkv_alloc((size_t)n * sizeof(float));
+    if (!kc->k || !kc->v) {
+        qkv_kv_cache_free(kc);
+        return QKV_ERR_OUT_OF_MEMORY;
+    }
+    kc->batch = batch;
+    kc->max_len = max_len;
+    kc->dkv = dkv;
+    kc->owner = m;
+    *out = kc;
+    return QKV_OK;
+}
+
+void qkv_kv_cache_free(qkv_kv_cache *c) {
+    if (!c) return;
+    qkv_free(c->k);
+    qkv_free(c->v);
+    qkv_free(c->scratch);
+    qkv_free(c);
+}
+
+void qkv_kv_cache_reset(qkv_kv_cache *c) {
+    if (c) c->len = 0;
+}
+
+int64_t qkv_kv_cache_length(const qkv_kv_cache *c) { return c ? c->len : 0; }
+
+qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *x, float *y) {
+    if (!m || !kc || !x || !y) return QKV_ERR_NULL_POINTER;
+    if (kc->owner != m) return QKV_ERR_SHAPE;
+    if (t <= 0) return QKV_ERR_BAD_SIZE;
+    if (t > kc->max_len - kc->len) return QKV_ERR_POSITION;
+    const qkv_mha_config *c = &m->cfg;
+    const int64_t B = kc->batch, E = c->embed_dim, H = c->heads, Dh = c->head_dim, Dq = H * Dh;
+    const int64_t Dkv = kc->dkv, L = kc->len, thr = c->attn.threads;
+    int64_t need = B * t * (2 * Dq + 2 * Dkv + Dh);
+    if (kc->scratch_cap < need) {
+        float *s = qkv_alloc((size_t)need * sizeof(float));
+        if (!s) return QKV_ERR_OUT_OF_MEMORY;
+        qkv_free(kc->scratch);
+        kc->scratch = s;
+        kc->scratch_cap = need;
+    }
+    float *q = kc->scratch, *k = q + B * t * Dq, *v = k + B * t * Dkv, *o = v + B * t * Dkv;
+    float *om = o + B * t * Dq;
+    const float *P = m->params, *bin = c->bias ? P + m->off[MHA_BIN] : NULL;
+    qkv_status s;
+    if ((s = mha_linear(x, B * t, E, P + m->off[MHA_WQ], bin, Dq, q, (int)thr)) != QKV_OK ||
+        (s = mha_linear(x, B * t, E, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, k, (int)thr)) != QKV_OK ||
+        (s = mha_linear(x, B * t, E, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv, v, (int)thr)) !=
+            QKV_OK)
+        return s;
+    if (c->pos == QKV_POS_ROPE) {
+        qkv_rope_apply(q, B, t, H, Dh, L, c->rope_base, 0);
+        qkv_rope_apply(k, B, t, c->heads_kv, Dh, L, c->rope_base, 0);
+    }
+    for (int64_t b = 0; b < B; b++) {
+        memcpy(kc->k + (b * kc->max_len + L) * Dkv, k + b * t * Dkv, (size_t)(t * Dkv) * sizeof(float));
+        memcpy(kc->v + (b * kc->max_len + L) * Dkv, v + b * t * Dkv, (size_t)(t * Dkv) * sizeof(float));
+    }
+    /* One attention call per batch row: the cache rows of a batch are
+     * contiguous, [L + t, H_kv, Dh]. */
+    for (int64_t b = 0; b < B; b++) {
+        qkv_attn_desc d;
+        mha_desc(m, 1, t, L + t, NULL, &d);
+        if (d.mask != QKV_MASK_CAUSAL && d.mask != QKV_MASK_CAUSAL_WINDOW) d.mask = QKV_MASK_CAUSAL;
+        s = qkv_attention_forward(&d, q + b * t * Dq, kc->k + b * kc->max_len * Dkv,
+                                  kc->v + b * kc->max_len * Dkv, o + b * t * Dq, NULL, NULL);
+        if (s != QKV_OK) return s;
+    }
+    const float *bo = c->bias ? P + m->off[MHA_BO] : NULL;
+    if (c->join == QKV_JOIN_MEAN) {
+        for (int64_t r = 0; r < B * t; r++)
+            for (int64_t j = 0; j < Dh; j++) {
+                double acc = 0.0;
+                for (int64_t h = 0; h < H; h++) acc += o[(r * H + h) * Dh + j];
+                om[r * Dh + j] = (float)(acc / (double)H);
+            }
+        s = mha_linear(om, B * t, Dh, P + m->off[MHA_WO], bo, E, y, (int)thr);
+    } else {
+        s = mha_linear(o, B * t, Dq, P + m->off[MHA_WO], bo, E, y, (int)thr);
+    }
+    if (s != QKV_OK) return s;
+    kc->len = L + t;
+    return QKV_OK;
+}

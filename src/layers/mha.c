@@ -1,0 +1,412 @@
+/* Multi-head attention layer: projections through qkv_sgemm, the attention
+ * core for the heads, and the output projection; forward and backward in the
+ * style of llm.c (activations kept in the layer for the backward). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "layers/mha_internal.h"
+
+void qkv_mha_config_init(qkv_mha_config *cfg, int64_t embed_dim, int64_t heads) {
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->embed_dim = embed_dim;
+    cfg->heads = heads;
+    cfg->bias = 1;
+    cfg->join = QKV_JOIN_CONCAT;
+    cfg->pos = QKV_POS_NONE;
+    qkv_attn_desc_init(&cfg->attn);
+}
+
+/* Resolve defaults and check the configuration. */
+static qkv_status resolve(const qkv_mha_config *in, qkv_mha_config *c) {
+    *c = *in;
+    if (c->embed_dim <= 0 || c->heads <= 0 || c->heads_kv < 0 || c->head_dim < 0 || c->kdim < 0 ||
+        c->vdim < 0)
+        return QKV_ERR_BAD_SIZE;
+    if (c->heads_kv == 0) c->heads_kv = c->heads;
+    if (c->heads % c->heads_kv != 0) return QKV_ERR_HEADS;
+    if (c->head_dim == 0) {
+        if (c->embed_dim % c->heads != 0) return QKV_ERR_HEADS;
+        c->head_dim = c->embed_dim / c->heads;
+    }
+    if (c->kdim == 0) c->kdim = c->embed_dim;
+    if (c->vdim == 0) c->vdim = c->embed_dim;
+    if ((unsigned)c->join > QKV_JOIN_MEAN || (unsigned)c->pos > QKV_POS_RELATIVE) return QKV_ERR_BAD_ENUM;
+    if (c->rope_base == 0.0) c->rope_base = 10000.0;
+    if (c->pos == QKV_POS_ROPE && (c->head_dim % 2 != 0)) return QKV_ERR_BAD_SIZE;
+    if (c->pos == QKV_POS_ROPE && !(isfinite(c->rope_base) && c->rope_base > 1.0))
+        return QKV_ERR_BAD_PARAMETER;
+    if (c->rel_buckets == 0) c->rel_buckets = 32;
+    if (c->rel_max_distance == 0) c->rel_max_distance = 128;
+    /* Validate the attention options on a 1-token problem of this shape. */
+    qkv_attn_desc d = c->attn;
+    d.dtype = QKV_F32;
+    d.batch = d.n_q = d.n_k = 1;
+    d.heads = c->heads;
+    d.heads_kv = c->heads_kv;
+    d.dim = d.dim_v = c->head_dim;
+    d.bias_kind = QKV_BIAS_NONE;
+    d.key_lengths = NULL;
+    d.num_seqs = 0;
+    d.seq_offsets_q = d.seq_offsets_k = NULL;
+    d.alibi_slopes = d.rel_table = NULL;
+    if (d.score == QKV_SCORE_ADDITIVE) return QKV_ERR_UNSUPPORTED; /* no projection weights for it here */
+    qkv_status s = qkv_attn_desc_check(&d);
+    if (s != QKV_OK) return s;
+    if (c->pos == QKV_POS_RELATIVE) {
+        d.rel_table = &d; /* any non-NULL pointer: only the sizes are checked */
+        d.rel_buckets = c->rel_buckets;
+        d.rel_max_distance = c->rel_max_distance;
+        d.rel_bidirectional = c->attn.mask != QKV_MASK_CAUSAL && c->attn.mask != QKV_MASK_CAUSAL_WINDOW;
+        s = qkv_attn_desc_check(&d);
+        if (s != QKV_OK) return s;
+    }
+    return QKV_OK;
+}
+
+/* Lay the parameters out in one block (see mha_internal.h). */
+static int layout(qkv_mha *m) {
+    const qkv_mha_config *c = &m->cfg;
+    int64_t E = c->embed_dim, Dq = c->heads * c->head_dim, Dkv = c->heads_kv * c->head_dim;
+    int64_t Do = c->join == QKV_JOIN_MEAN ? c->head_dim : Dq;
+    int64_t sizes[7] = {Dq * E, Dkv * c->kdim, Dkv * c->vdim, c->bias ? Dq + 2 * Dkv : 0, E * Do,
+                        c->bias ? E : 0, c->pos == QKV_POS_RELATIVE ? c->heads * c->rel_buckets : 0};
+    int64_t off = 0;
+    for (int i = 0; i < 7; i++) {
+        if (sizes[i] < 0 || off > INT64_MAX / 8 - sizes[i]) return 0;
+        m->off[i] = off;
+        off += sizes[i];
+    }
+    m->n_params = off;
+    m->fused = c->kdim == E && c->vdim == E && c->heads_kv == c->heads && Dq == E;
+    return 1;
+}
+
+/* xavier_uniform_ like torch: U(-a, a), a = sqrt(6 / (fan_in + fan_out)),
+ * from a splitmix64 stream so that a seed gives the same layer everywhere. */
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void xavier(float *w, int64_t rows, int64_t cols, uint64_t *seed) {
+    double a = sqrt(6.0 / (double)(rows + cols));
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = (float)(a * (2.0 * ((double)(splitmix(seed) >> 11) * 0x1.0p-53) - 1.0));
+}
+
+qkv_status qkv_mha_create(const qkv_mha_config *cfg, uint64_t seed, qkv_mha **out) {
+    if (!cfg || !out) return QKV_ERR_NULL_POINTER;
+    *out = NULL;
+    qkv_mha_config c;
+    qkv_status s = resolve(cfg, &c);
+    if (s != QKV_OK) return s;
+    qkv_mha *m = qkv_alloc_zeroed(sizeof *m);
+    if (!m) return QKV_ERR_OUT_OF_MEMORY;
+    m->cfg = c;
+    if (!layout(m)) {
+        qkv_free(m);
+        return QKV_ERR_SIZE_OVERFLOW;
+    }
+    m->params = qkv_alloc_zeroed((size_t)m->n_params * sizeof(float));
+    m->grads = qkv_alloc_zeroed((size_t)m->n_params * sizeof(float));
+    m->slopes = qkv_alloc((size_t)c.heads * sizeof(float));
+    if (!m->params || !m->grads || !m->slopes) {
+        qkv_mha_free(m);
+        return QKV_ERR_OUT_OF_MEMORY;
+    }
+    qkv_alibi_slopes(c.heads, m->slopes);
+    int64_t Dq = c.heads * c.head_dim, Dkv = c.heads_kv * c.head_dim;
+    if (m->fused) {
+        xavier(m->params + m->off[MHA_WQ], 3 * Dq, c.embed_dim, &seed); /* torch: one [3E, E] matrix */
+    } else {
+        xavier(m->params + m->off[MHA_WQ], Dq, c.embed_dim, &seed);
+        xavier(m->params + m->off[MHA_WK], Dkv, c.kdim, &seed);
+        xavier(m->params + m->off[MHA_WV], Dkv, c.vdim, &seed);
+    }
+    int64_t Do = c.join == QKV_JOIN_MEAN ? c.head_dim : Dq;
+    /* torch's out_proj (a Linear) uses kaiming-uniform: U(+-1/sqrt(fan_in)). */
+    uint64_t s2 = seed ^ 0x5DEECE66Dull;
+    float *wo = m->params + m->off[MHA_WO];
+    for (int64_t i = 0; i < c.embed_dim * Do; i++)
+        wo[i] = (float)((2.0 * ((double)(splitmix(&s2) >> 11) * 0x1.0p-53) - 1.0) / sqrt((double)Do));
+    *out = m;
+    return QKV_OK;
+}
+
+void qkv_mha_free(qkv_mha *m) {
+    if (!m) return;
+    qkv_free(m->params);
+    qkv_free(m->grads);
+    qkv_free(m->slopes);
+    qkv_free(m->key_lengths);
+    for (int i = 0; i < MHA_ACT_COUNT; i++) qkv_free(m->act[i]);
+    qkv_free(m);
+}
+
+float *qkv_mha_params(qkv_mha *m, int64_t *count) {
+    if (count) *count = m ? m->n_params : 0;
+    return m ? m->params : NULL;
+}
+
+float *qkv_mha_grads(qkv_mha *m, int64_t *count) {
+    if (count) *count = m ? m->n_params : 0;
+    return m ? m->grads : NULL;
+}
+
+void qkv_mha_zero_grad(qkv_mha *m) {
+    if (m) memset(m->grads, 0, (size_t)m->n_params * sizeof(float));
+}
+
+/* ---- activations ---------------------------------------------------------- */
+
+/* Grow activation buffer i to at least n floats. */
+static int act_reserve(qkv_mha *m, int i, int64_t n) {
+    if (m->act_cap[i] >= n) return 1;
+    float *p = qkv_alloc((size_t)n * sizeof(float));
+    if (!p) return 0;
+    qkv_free(m->act[i]);
+    m->act[i] = p;
+    m->act_cap[i] = n;
+    return 1;
+}
+
+/* y[r, :] = x[r, :] Wᵀ + b for rows r < rows: x [rows, in], W [out, in]. */
+qkv_status mha_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b,
+                      int64_t outd, float *y, int threads) {
+    qkv_status s = qkv_sgemm(0, 1, rows, outd, in, 1.0f, x, in, w, in, 0.0f, y, outd, threads);
+    if (s != QKV_OK || !b) return s;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < outd; o++) y[r * outd + o] += b[o];
+    return QKV_OK;
+}
+
+/* The attention descriptor of this layer for a call of the given sizes. */
+void mha_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, const int64_t *key_lengths,
+              qkv_attn_desc *d) {
+    const qkv_mha_config *c = &m->cfg;
+    *d = c->attn;
+    d->dtype = QKV_F32;
+    d->batch = batch;
+    d->n_q = n_q;
+    d->n_k = n_k;
+    d->heads = c->heads;
+    d->heads_kv = c->heads_kv;
+    d->dim = d->dim_v = c->head_dim;
+    d->key_lengths = key_lengths;
+    d->bias_kind = QKV_BIAS_NONE;
+    d->bias = NULL;
+    d->num_seqs = 0;
+    d->seq_offsets_q = d->seq_offsets_k = NULL;
+    d->alibi_slopes = c->pos == QKV_POS_ALIBI ? m->slopes : NULL;
+    d->rel_table = NULL;
+    if (c->pos == QKV_POS_RELATIVE) {
+        d->rel_table = m->params + m->off[MHA_REL];
+        d->rel_buckets = c->rel_buckets;
+        d->rel_max_distance = c->rel_max_distance;
+        d->rel_bidirectional = c->attn.mask != QKV_MASK_CAUSAL && c->attn.mask != QKV_MASK_CAUSAL_WINDOW;
+    }
+}
+
+static qkv_status check_call(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k) {
+    if (batch <= 0 || n_q <= 0 || n_k <= 0) return QKV_ERR_BAD_SIZE;
+    const qkv_mha_config *c = &m->cfg;
+    int64_t big = c->embed_dim;
+    if (c->kdim > big) big = c->kdim;
+    if (c->vdim > big) big = c->vdim;
+    if (c->heads * c->head_dim > big) big = c->heads * c->head_dim;
+    int64_t f1[3] = {batch, n_q > n_k ? n_q : n_k, big}, f2[3] = {batch, c->heads, n_q}, x;
+    if (!qkv_count_ok(&x, sizeof(float), 3, f1) || !qkv_count_ok(&x, sizeof(float), 3, f2))
+        return QKV_ERR_SIZE_OVERFLOW;
+    return QKV_OK;
+}
+
+qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, const float *x_q,
+                           const float *x_k, const float *x_v, const int64_t *key_lengths, float *y,
+                           float *attn) {
+    if (!m || !x_q || !y) return QKV_ERR_NULL_POINTER;
+    const qkv_mha_config *c = &m->cfg;
+    const int self = x_k == NULL;
+    if (self && (n_k != n_q || c->kdim != c->embed_dim || c->vdim != c->embed_dim)) return QKV_ERR_SHAPE;
+    if (!x_k) x_k = x_q;
+    if (!x_v) {
+        if (c->vdim != c->kdim) return QKV_ERR_SHAPE;
+        x_v = x_k;
+    }
+    qkv_status s = check_call(m, batch, n_q, n_k);
+    if (s != QKV_OK) return s;
+    if (key_lengths)
+        for (int64_t b = 0; b < batch; b++)
+            if (key_lengths[b] < 0 || key_lengths[b] > n_k) return QKV_ERR_KEY_LENGTHS;
+
+    const int64_t E = c->embed_dim, H = c->heads, Dh = c->head_dim, Dq = H * Dh, Dkv = c->heads_kv * Dh;
+    const int thr = c->attn.threads;
+    m->have_forward = 0;
+    if (!act_reserve(m, MHA_Q, batch * n_q * Dq) || !act_reserve(m, MHA_K, batch * n_k * Dkv) ||
+        !act_reserve(m, MHA_V, batch * n_k * Dkv) || !act_reserve(m, MHA_O, batch * n_q * Dq) ||
+        !act_reserve(m, MHA_LSE, batch * H * n_q) ||
+        (c->join == QKV_JOIN_MEAN && !act_reserve(m, MHA_OMEAN, batch * n_q * Dh)))
+        return QKV_ERR_OUT_OF_MEMORY;
+    const float *P = m->params, *bin = c->bias ? P + m->off[MHA_BIN] : NULL;
+    float *Q = m->act[MHA_Q], *K = m->act[MHA_K], *V = m->act[MHA_V], *O = m->act[MHA_O];
+
+    /* q, k, v projections */
+    if ((s = mha_linear(x_q, batch * n_q, E, P + m->off[MHA_WQ], bin, Dq, Q, thr)) != QKV_OK ||
+        (s = mha_linear(x_k, batch * n_k, c->kdim, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, K,
+                        thr)) != QKV_OK ||
+        (s = mha_linear(x_v, batch * n_k, c->vdim, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv,
+                        V, thr)) != QKV_OK)
+        return s;
+    if (c->pos == QKV_POS_ROPE) {
+        /* Queries sit at the bottom-right aligned positions, as masks do. */
+        qkv_rope_apply(Q, batch, n_q, H, Dh, n_k >= n_q ? n_k - n_q : 0, c->rope_base, 0);
+        qkv_rope_apply(K, batch, n_k, c->heads_kv, Dh, 0, c->rope_base, 0);
+    }
+
+    qkv_attn_desc d;
+    mha_desc(m, batch, n_q, n_k, key_lengths, &d);
+    s = qkv_attention_forward(&d, Q, K, V, O, attn, m->act[MHA_LSE]);
+    if (s != QKV_OK) return s;
+
+    const float *bo = c->bias ? P + m->off[MHA_BO] : NULL;
+    if (c->join == QKV_JOIN_MEAN) {
+        float *Om = m->act[MHA_OMEAN];
+        for (int64_t r = 0; r < batch * n_q; r++)
+            for (int64_t t = 0; t < Dh; t++) {
+                double acc = 0.0;
+                for (int64_t h = 0; h < H; h++) acc += O[(r * H + h) * Dh + t];
+                Om[r * Dh + t] = (float)(acc / (double)H);
+            }
+        s = mha_linear(Om, batch * n_q, Dh, P + m->off[MHA_WO], bo, E, y, thr);
+    } else {
+        s = mha_linear(O, batch * n_q, Dq, P + m->off[MHA_WO], bo, E, y, thr);
+    }
+    if (s != QKV_OK) return s;
+
+    /* Remember the call for the backward. */
+    if (key_lengths) {
+        if (m->key_lengths_cap < batch) {
+            int64_t *kl = qkv_alloc((size_t)batch * sizeof(int64_t));
+            if (!kl) return QKV_ERR_OUT_OF_MEMORY;
+            qkv_free(m->key_lengths);
+            m->key_lengths = kl;
+            m->key_lengths_cap = batch;
+        }
+        memcpy(m->key_lengths, key_lengths, (size_t)batch * sizeof(int64_t));
+    }
+    m->has_key_lengths = key_lengths != NULL;
+    m->batch = batch;
+    m->n_q = n_q;
+    m->n_k = n_k;
+    m->self = self;
+    m->kv_same = x_v == x_k;
+    m->have_forward = 1;
+    return QKV_OK;
+}
+
+/* dW += dYᵀ X (dY [rows, out], X [rows, in], dW [out, in]); db += colsum dY. */
+static qkv_status linear_param_grads(const float *x, const float *dy, int64_t rows, int64_t in,
+                                     int64_t outd, float *dw, float *db, int threads) {
+    qkv_status s = qkv_sgemm(1, 0, outd, in, rows, 1.0f, dy, outd, x, in, 1.0f, dw, in, threads);
+    if (s != QKV_OK || !db) return s;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < outd; o++) db[o] += dy[r * outd + o];
+    return QKV_OK;
+}
+
+/* dX (+)= dY W (dY [rows, out], W [out, in]). */
+static qkv_status linear_input_grad(const float *dy, int64_t rows, int64_t in, int64_t outd,
+                                    const float *w, float *dx, int accumulate, int threads) {
+    return qkv_sgemm(0, 0, rows, in, outd, 1.0f, dy, outd, w, in, accumulate ? 1.0f : 0.0f, dx, in,
+                     threads);
+}
+
+qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, const float *x_v,
+                            const float *dy, float *dx_q, float *dx_k, float *dx_v) {
+    if (!m || !x_q || !dy) return QKV_ERR_NULL_POINTER;
+    if (!m->have_forward) return QKV_ERR_UNSUPPORTED;
+    if (m->self && (x_k || dx_k || dx_v)) return QKV_ERR_BAD_PARAMETER;
+    if (!m->self && !x_k) return QKV_ERR_NULL_POINTER;
+    if (m->kv_same && (x_v && x_v != x_k)) return QKV_ERR_BAD_PARAMETER;
+    if (m->kv_same && dx_v) return QKV_ERR_BAD_PARAMETER;
+    if (!x_k) x_k = x_q;
+    if (!x_v) x_v = x_k;
+
+    const qkv_mha_config *c = &m->cfg;
+    const int64_t B = m->batch, nq = m->n_q, nk = m->n_k, E = c->embed_dim, H = c->heads, Dh = c->head_dim;
+    const int64_t Dq = H * Dh, Dkv = c->heads_kv * Dh, Do = c->join == QKV_JOIN_MEAN ? Dh : Dq;
+    const int thr = c->attn.threads;
+    if (!act_reserve(m, MHA_DO, B * nq * Dq) || !act_reserve(m, MHA_DQ, B * nq * Dq) ||
+        !act_reserve(m, MHA_DK, B * nk * Dkv) || !act_reserve(m, MHA_DV, B * nk * Dkv) ||
+        (c->join == QKV_JOIN_MEAN && !act_reserve(m, MHA_DOMEAN, B * nq * Dh)))
+        return QKV_ERR_OUT_OF_MEMORY;
+    const float *P = m->params;
+    float *G = m->grads;
+    float *dO = m->act[MHA_DO], *dQ = m->act[MHA_DQ], *dK = m->act[MHA_DK], *dV = m->act[MHA_DV];
+    qkv_status s;
+
+    /* Output projection. */
+    float *dbo = c->bias ? G + m->off[MHA_BO] : NULL;
+    const float *ojoin = c->join == QKV_JOIN_MEAN ? m->act[MHA_OMEAN] : m->act[MHA_O];
+    if ((s = linear_param_grads(ojoin, dy, B * nq, Do, E, G + m->off[MHA_WO], dbo, thr)) != QKV_OK) return s;
+    if (c->join == QKV_JOIN_MEAN) {
+        float *dOm = m->act[MHA_DOMEAN];
+        if ((s = linear_input_grad(dy, B * nq, Dh, E, P + m->off[MHA_WO], dOm, 0, thr)) != QKV_OK) return s;
+        for (int64_t r = 0; r < B * nq; r++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t t = 0; t < Dh; t++) dO[(r * H + h) * Dh + t] = dOm[r * Dh + t] / (float)H;
+    } else if ((s = linear_input_grad(dy, B * nq, Dq, E, P + m->off[MHA_WO], dO, 0, thr)) != QKV_OK) {
+        return s;
+    }
+
+    /* Attention core. */
+    qkv_attn_desc d;
+    mha_desc(m, B, nq, nk, m->has_key_lengths ? m->key_lengths : NULL, &d);
+    qkv_attn_grads g;
+    memset(&g, 0, sizeof g);
+    g.dq = dQ;
+    g.dk = dK;
+    g.dv = dV;
+    float *drel_tmp = NULL;
+    if (c->pos == QKV_POS_RELATIVE) {
+        /* The core overwrites d_rel_table; the layer accumulates. */
+        drel_tmp = qkv_alloc((size_t)(H * c->rel_buckets) * sizeof(float));
+        if (!drel_tmp) return QKV_ERR_OUT_OF_MEMORY;
+        g.d_rel_table = drel_tmp;
+    }
+    s = qkv_attention_backward(&d, m->act[MHA_Q], m->act[MHA_K], m->act[MHA_V], m->act[MHA_O],
+                               m->act[MHA_LSE], dO, &g);
+    if (s == QKV_OK && drel_tmp) {
+        float *gr = G + m->off[MHA_REL];
+        for (int64_t i = 0; i < H * c->rel_buckets; i++) gr[i] += drel_tmp[i];
+    }
+    qkv_free(drel_tmp);
+    if (s != QKV_OK) return s;
+    if (c->pos == QKV_POS_ROPE) {
+        qkv_rope_apply(dQ, B, nq, H, Dh, nk >= nq ? nk - nq : 0, c->rope_base, 1);
+        qkv_rope_apply(dK, B, nk, c->heads_kv, Dh, 0, c->rope_base, 1);
+    }
+
+    /* Input projections: parameter gradients, then input gradients. */
+    float *dbin = c->bias ? G + m->off[MHA_BIN] : NULL;
+    if ((s = linear_param_grads(x_q, dQ, B * nq, E, Dq, G + m->off[MHA_WQ], dbin, thr)) != QKV_OK ||
+        (s = linear_param_grads(x_k, dK, B * nk, c->kdim, Dkv, G + m->off[MHA_WK], dbin ? dbin + Dq : NULL,
+                                thr)) != QKV_OK ||
+        (s = linear_param_grads(x_v, dV, B * nk, c->vdim, Dkv, G + m->off[MHA_WV],
+                                dbin ? dbin + Dq + Dkv : NULL, thr)) != QKV_OK)
+        return s;
+    if (dx_q && (s = linear_input_grad(dQ, B * nq, E, Dq, P + m->off[MHA_WQ], dx_q, 0, thr)) != QKV_OK)
+        return s;
+    float *dxk = m->self ? dx_q : dx_k, *dxv = m->self ? dx_q : (m->kv_same ? dx_k : dx_v);
+    if (dxk && (s = linear_input_grad(dK, B * nk, c->kdim, Dkv, P + m->off[MHA_WK], dxk, m->self, thr)) !=
+                   QKV_OK)
+        return s;
+    if (dxv && (s = linear_input_grad(dV, B * nk, c->vdim, Dkv, P + m->off[MHA_WV], dxv,
+                                      m->self || m->kv_same, thr)) != QKV_OK)
+        return s;
+    return QKV_OK;
+}

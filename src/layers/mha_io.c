@@ -1,0 +1,105 @@
+/* The layer's parameters under torch.nn.MultiheadAttention's state_dict
+ * names, so weights move between qkv and PyTorch unchanged. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "layers/mha_internal.h"
+
+typedef struct named_block {
+    const char *name;
+    float *data;
+    int ndim;
+    int64_t shape[2];
+} named_block;
+
+/* The tensors of a layer, by torch name; returns how many. */
+static int blocks(const qkv_mha *m, named_block *nb) {
+    const qkv_mha_config *c = &m->cfg;
+    int64_t E = c->embed_dim, Dq = c->heads * c->head_dim, Dkv = c->heads_kv * c->head_dim;
+    int64_t Do = c->join == QKV_JOIN_MEAN ? c->head_dim : Dq;
+    float *P = m->params;
+    int n = 0;
+    if (m->fused) {
+        nb[n++] = (named_block){"in_proj_weight", P + m->off[MHA_WQ], 2, {3 * E, E}};
+    } else {
+        nb[n++] = (named_block){"q_proj_weight", P + m->off[MHA_WQ], 2, {Dq, E}};
+        nb[n++] = (named_block){"k_proj_weight", P + m->off[MHA_WK], 2, {Dkv, c->kdim}};
+        nb[n++] = (named_block){"v_proj_weight", P + m->off[MHA_WV], 2, {Dkv, c->vdim}};
+    }
+    if (c->bias) nb[n++] = (named_block){"in_proj_bias", P + m->off[MHA_BIN], 1, {Dq + 2 * Dkv, 0}};
+    nb[n++] = (named_block){"out_proj.weight", P + m->off[MHA_WO], 2, {E, Do}};
+    if (c->bias) nb[n++] = (named_block){"out_proj.bias", P + m->off[MHA_BO], 1, {E, 0}};
+    if (c->pos == QKV_POS_RELATIVE)
+        nb[n++] = (named_block){"rel_table", P + m->off[MHA_REL], 2, {c->heads, c->rel_buckets}};
+    return n;
+}
+
+static void full_name(char *buf, size_t len, const char *prefix, const char *name) {
+    snprintf(buf, len, "%s%s", prefix ? prefix : "", name);
+}
+
+qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefix, char *why,
+                        size_t why_len) {
+    if (why && why_len) why[0] = '\0';
+    if (!m || !st) return QKV_ERR_NULL_POINTER;
+    named_block nb[8];
+    int n = blocks(m, nb);
+    char name[512];
+    /* Check everything before changing anything: a failed load keeps the
+     * layer as it was. */
+    for (int i = 0; i < n; i++) {
+        full_name(name, sizeof name, prefix, nb[i].name);
+        const qkv_array *a = qkv_safetensors_get(st, name);
+        if (!a) {
+            if (why) snprintf(why, why_len, "tensor '%s' is missing", name);
+            return QKV_ERR_FORMAT;
+        }
+        int ok = a->ndim == nb[i].ndim && a->shape[0] == nb[i].shape[0] &&
+                 (nb[i].ndim == 1 || a->shape[1] == nb[i].shape[1]);
+        if (!ok) {
+            if (why) {
+                if (nb[i].ndim == 1)
+                    snprintf(why, why_len, "tensor '%s' should have shape [%lld]", name,
+                             (long long)nb[i].shape[0]);
+                else
+                    snprintf(why, why_len, "tensor '%s' should have shape [%lld, %lld]", name,
+                             (long long)nb[i].shape[0], (long long)nb[i].shape[1]);
+            }
+            return QKV_ERR_SHAPE;
+        }
+        if (a->dtype != QKV_F32 && a->dtype != QKV_F64) {
+            if (why) snprintf(why, why_len, "tensor '%s' is not floating point", name);
+            return QKV_ERR_DTYPE;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        full_name(name, sizeof name, prefix, nb[i].name);
+        const qkv_array *a = qkv_safetensors_get(st, name);
+        int64_t cnt = qkv_array_count(a);
+        for (int64_t j = 0; j < cnt; j++)
+            nb[i].data[j] = a->dtype == QKV_F32 ? ((const float *)a->data)[j]
+                                                : (float)((const double *)a->data)[j];
+    }
+    return QKV_OK;
+}
+
+qkv_status qkv_mha_save(const qkv_mha *m, qkv_safetensors *st, const char *prefix) {
+    if (!m || !st) return QKV_ERR_NULL_POINTER;
+    named_block nb[8];
+    int n = blocks(m, nb);
+    char name[512];
+    for (int i = 0; i < n; i++) {
+        full_name(name, sizeof name, prefix, nb[i].name);
+        qkv_array a;
+        memset(&a, 0, sizeof a);
+        a.dtype = QKV_F32;
+        a.ndim = nb[i].ndim;
+        a.shape[0] = nb[i].shape[0];
+        a.shape[1] = nb[i].shape[1];
+        a.data = nb[i].data;
+        qkv_status s = qkv_safetensors_put(st, name, &a);
+        if (s != QKV_OK) return s;
+    }
+    return QKV_OK;
+}
