@@ -1,0 +1,157 @@
+/* qkv_array: the in-memory form of a .npy array (dtype, shape, owned data).
+ * Allocation, dtype conversion and freeing; the file format lives in npy.c. */
+#include <math.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+size_t qkv_dtype_size(qkv_dtype dtype) {
+    switch (dtype) {
+    case QKV_F32: return 4;
+    case QKV_F64: return 8;
+    case QKV_I32: return 4;
+    case QKV_I64: return 8;
+    }
+    return 0;
+}
+
+/* Elements of a shape (dims >= 0 already checked). Fails when the product of
+ * the non-zero dims overflows int64, or times elem bytes overflows size_t.
+ * Zero dims are left out of the product so that the answer does not depend
+ * on their position: (0, 2^62, 2^62) and (2^62, 2^62, 0) are both rejected,
+ * since their strides would overflow all the same. */
+static int shape_count(int ndim, const int64_t *shape, size_t elem, int64_t *count) {
+    int64_t nz = 1;
+    int zero = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == 0)
+            zero = 1;
+        else if (!qkv_mul_ok(nz, shape[i], &nz))
+            return 0;
+    }
+    if (elem && (uint64_t)nz > (uint64_t)(SIZE_MAX / elem)) return 0;
+    *count = zero ? 0 : nz;
+    return 1;
+}
+
+/* Checks of a shape shared by alloc and convert. */
+static qkv_status shape_check(int ndim, const int64_t *shape) {
+    if (ndim < 0 || ndim > QKV_NPY_MAX_DIMS) return QKV_ERR_BAD_SIZE;
+    if (ndim > 0 && !shape) return QKV_ERR_NULL_POINTER;
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0) return QKV_ERR_BAD_SIZE;
+    return QKV_OK;
+}
+
+int64_t qkv_array_count(const qkv_array *a) {
+    int64_t n;
+    /* Documented as unable to fail: an invalid array has no elements. */
+    if (!a || shape_check(a->ndim, a->shape) != QKV_OK) return 0;
+    if (!shape_count(a->ndim, a->shape, 0, &n)) return 0;
+    return n;
+}
+
+qkv_status qkv_array_alloc(qkv_array *out, qkv_dtype dtype, int ndim, const int64_t *shape) {
+    if (!out) return QKV_ERR_NULL_POINTER;
+    memset(out, 0, sizeof *out);
+    qkv_status s = shape_check(ndim, shape);
+    if (s != QKV_OK) return s;
+    size_t elem = qkv_dtype_size(dtype);
+    if (elem == 0) return QKV_ERR_DTYPE;
+    int64_t n;
+    if (!shape_count(ndim, shape, elem, &n)) return QKV_ERR_SIZE_OVERFLOW;
+    /* Always a real buffer, even for 0 elements, so data != NULL means "owned". */
+    void *data = qkv_alloc_zeroed((size_t)n * elem);
+    if (!data) return QKV_ERR_OUT_OF_MEMORY;
+    out->dtype = dtype;
+    out->ndim = ndim;
+    for (int i = 0; i < ndim; i++) out->shape[i] = shape[i];
+    out->data = data;
+    return QKV_OK;
+}
+
+void qkv_array_free(qkv_array *a) {
+    if (!a) return;
+    qkv_free(a->data);
+    memset(a, 0, sizeof *a);
+}
+
+/* double -> float as IEEE rounding does (Annex F), spelled out because C11
+ * leaves an out-of-range conversion undefined: overflow gives +-inf. */
+static float to_f32(double v) {
+    /* FLT_MAX + half an ulp: from here on, round-to-nearest gives infinity. */
+    if (isnan(v) || fabs(v) < 0x1.ffffffp127) return (float)v;
+    return v > 0 ? INFINITY : -INFINITY;
+}
+
+/* Float -> integer truncating toward zero; 0 when NaN or the truncated value
+ * does not fit (the conversion would be undefined). */
+static int f_to_i32(double v, int32_t *o) {
+    if (!(v > -2147483649.0 && v < 2147483648.0)) return 0;
+    *o = (int32_t)v;
+    return 1;
+}
+
+static int f_to_i64(double v, int64_t *o) {
+    if (!(v >= -0x1p63 && v < 0x1p63)) return 0;
+    *o = (int64_t)v;
+    return 1;
+}
+
+/* The conversion proper; *result is written only on success. */
+static qkv_status convert(const qkv_array *src, qkv_dtype to, qkv_array *result) {
+    qkv_status s = shape_check(src->ndim, src->shape);
+    if (s != QKV_OK) return s;
+    if (qkv_dtype_size(src->dtype) == 0 || qkv_dtype_size(to) == 0) return QKV_ERR_DTYPE;
+    int64_t n;
+    if (!shape_count(src->ndim, src->shape, qkv_dtype_size(src->dtype), &n)) return QKV_ERR_SIZE_OVERFLOW;
+    if (n > 0 && !src->data) return QKV_ERR_NULL_POINTER;
+
+    qkv_array dst;
+    s = qkv_array_alloc(&dst, to, src->ndim, src->shape);
+    if (s != QKV_OK) return s;
+
+    const int src_float = src->dtype == QKV_F32 || src->dtype == QKV_F64;
+    for (int64_t i = 0; i < n; i++) {
+        int ok = 1;
+        if (src_float) {
+            double v = src->dtype == QKV_F32 ? (double)((const float *)src->data)[i]
+                                             : ((const double *)src->data)[i];
+            switch (to) {
+            case QKV_F32: ((float *)dst.data)[i] = to_f32(v); break;
+            case QKV_F64: ((double *)dst.data)[i] = v; break;
+            case QKV_I32: ok = f_to_i32(v, &((int32_t *)dst.data)[i]); break;
+            case QKV_I64: ok = f_to_i64(v, &((int64_t *)dst.data)[i]); break;
+            }
+        } else {
+            int64_t v = src->dtype == QKV_I32 ? (int64_t)((const int32_t *)src->data)[i]
+                                              : ((const int64_t *)src->data)[i];
+            switch (to) {
+            case QKV_F32: ((float *)dst.data)[i] = (float)v; break; /* rounds to nearest */
+            case QKV_F64: ((double *)dst.data)[i] = (double)v; break;
+            case QKV_I32:
+                ok = v >= INT32_MIN && v <= INT32_MAX;
+                if (ok) ((int32_t *)dst.data)[i] = (int32_t)v;
+                break;
+            case QKV_I64: ((int64_t *)dst.data)[i] = v; break;
+            }
+        }
+        if (!ok) {
+            qkv_array_free(&dst);
+            return QKV_ERR_BAD_PARAMETER;
+        }
+    }
+    *result = dst;
+    return QKV_OK;
+}
+
+qkv_status qkv_array_convert(const qkv_array *in, qkv_dtype to, qkv_array *out) {
+    if (!out) return QKV_ERR_NULL_POINTER;
+    qkv_array result;
+    qkv_status s = in ? convert(in, to, &result) : QKV_ERR_NULL_POINTER;
+    if (s == QKV_OK)
+        *out = result;
+    else if (out != in) /* in == out: a failure leaves the input as it was */
+        memset(out, 0, sizeof *out);
+    return s;
+}

@@ -1,0 +1,570 @@
+/* NumPy .npy files: parse (untrusted input), load and save.
+ *
+ * The format (numpy/lib/format.py): the magic "\x93NUMPY", a major and minor
+ * version byte, the header length (2 bytes little-endian in 1.0, 4 bytes in
+ * 2.0 and 3.0), then the header: a Python dict literal such as
+ *     {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+ * padded with spaces and a final '\n' so that the data starts at a multiple of
+ * 64 bytes, then the raw elements in C order.
+ *
+ * Everything in a file is untrusted: the header is parsed by a small
+ * hand-written scanner (no recursion, no allocation), every size is checked
+ * for overflow, and the data size is checked against what the file holds
+ * before the array is allocated. Bytes after the data are ignored, as
+ * numpy.load ignores them. */
+#define _POSIX_C_SOURCE 200809L /* open/O_EXCL, fstat, fsync, getpid, strerror_r */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+
+#define NPY_MAGIC "\x93NUMPY"
+#define NPY_MAGIC_LEN 6
+#define NPY_ALIGN 64             /* numpy's ARRAY_ALIGN */
+#define NPY_GROWTH_DIGITS 21     /* numpy's GROWTH_AXIS_MAX_DIGITS */
+
+/* ---- small helpers ------------------------------------------------------ */
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void set_why(char *why, size_t why_len, const char *fmt, ...) {
+    if (!why || why_len == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+}
+
+/* Return `status` with a reason; for functions that have why, why_len. */
+#define FAIL(status, ...)                      \
+    do {                                       \
+        set_why(why, why_len, __VA_ARGS__);    \
+        return (status);                       \
+    } while (0)
+
+/* strerror is not thread-safe; the XSI strerror_r is (POSIX 2008). */
+static const char *errtext(int e, char *buf, size_t n) {
+    if (strerror_r(e, buf, n) != 0) snprintf(buf, n, "error %d", e);
+    return buf;
+}
+
+static int host_is_little_endian(void) {
+    const uint16_t one = 1;
+    unsigned char first;
+    memcpy(&first, &one, 1);
+    return first == 1;
+}
+
+/* Reverse the bytes of each of n elements of `elem` bytes (big-endian hosts). */
+static void swap_bytes(unsigned char *p, size_t n, size_t elem) {
+    for (size_t i = 0; i < n; i++, p += elem)
+        for (size_t a = 0, b = elem - 1; a < b; a++, b--) {
+            unsigned char t = p[a];
+            p[a] = p[b];
+            p[b] = t;
+        }
+}
+
+/* At most cap-1 bytes of s, with anything but printable ASCII shown as '?'
+ * and "..." when cut: safe to put in a one-line message. */
+static const char *printable(char *buf, size_t cap, const unsigned char *s, size_t n) {
+    size_t k = 0, room = cap - 1;
+    int cut = n > room;
+    if (cut) room = room > 3 ? room - 3 : 0;
+    for (; k < n && k < room; k++) buf[k] = (s[k] >= 0x20 && s[k] < 0x7f) ? (char)s[k] : '?';
+    if (cut)
+        for (int d = 0; d < 3 && k < cap - 1; d++) buf[k++] = '.';
+    buf[k] = '\0';
+    return buf;
+}
+
+/* Elements of a shape of non-negative dims; 0 when the product of the non-zero
+ * dims overflows int64 or times elem bytes overflows size_t (zero dims are left
+ * out so that the answer does not depend on where they are). Same rule as
+ * qkv_array_alloc. */
+static int shape_count(int ndim, const int64_t *shape, size_t elem, int64_t *count) {
+    int64_t nz = 1;
+    int zero = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == 0)
+            zero = 1;
+        else if (!qkv_mul_ok(nz, shape[i], &nz))
+            return 0;
+    }
+    if (elem && (uint64_t)nz > (uint64_t)(SIZE_MAX / elem)) return 0;
+    *count = zero ? 0 : nz;
+    return 1;
+}
+
+/* ---- the header --------------------------------------------------------- */
+
+typedef struct npy_header {
+    qkv_dtype dtype;
+    int ndim;
+    int64_t shape[QKV_NPY_MAX_DIMS];
+    size_t nbytes;               /* of the data, overflow-checked */
+} npy_header;
+
+/* Magic, version and header length from the first bytes of a file. On
+ * success the header text starts at *start and is *hlen bytes long (not yet
+ * checked against the file's length). */
+static qkv_status parse_prefix(const unsigned char *b, size_t len, int *major, size_t *start,
+                               size_t *hlen, char *why, size_t why_len) {
+    size_t m = len < NPY_MAGIC_LEN ? len : NPY_MAGIC_LEN;
+    if (memcmp(b, NPY_MAGIC, m) != 0) FAIL(QKV_ERR_FORMAT, "bad magic: not a .npy file");
+    if (len < 8) FAIL(QKV_ERR_FORMAT, "truncated: %zu bytes is too short for a .npy file", len);
+    if (b[6] < 1 || b[6] > 3 || b[7] != 0)
+        FAIL(QKV_ERR_FORMAT, "unknown .npy format version %u.%u", (unsigned)b[6], (unsigned)b[7]);
+    size_t lb = b[6] == 1 ? 2 : 4;
+    if (len < 8 + lb) FAIL(QKV_ERR_FORMAT, "truncated: %zu bytes is too short for a .npy file", len);
+    uint32_t h = (uint32_t)b[8] | (uint32_t)b[9] << 8;
+    if (lb == 4) h |= (uint32_t)b[10] << 16 | (uint32_t)b[11] << 24;
+    *major = b[6];
+    *start = 8 + lb;
+    *hlen = h;
+    return QKV_OK;
+}
+
+typedef struct hcur {
+    const unsigned char *p, *end;
+} hcur;
+
+static int at(const hcur *c, int ch) { return c->p < c->end && *c->p == ch; }
+
+static int at_digit(const hcur *c) { return c->p < c->end && *c->p >= '0' && *c->p <= '9'; }
+
+/* Letters, digits and '_': what may continue a Python name or number. */
+static int at_word(const hcur *c) {
+    if (c->p >= c->end) return 0;
+    unsigned char ch = *c->p;
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_';
+}
+
+static void skip_ws(hcur *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r' ||
+                             *c->p == '\f' || *c->p == '\v'))
+        c->p++;
+}
+
+/* A '...' or "..." literal without escapes (numpy never writes any). */
+static int parse_string(hcur *c, const unsigned char **s, size_t *n) {
+    if (!at(c, '\'') && !at(c, '"')) return 0;
+    unsigned char q = *c->p++;
+    const unsigned char *b = c->p;
+    while (c->p < c->end && *c->p != q) {
+        if (*c->p == '\\' || *c->p == '\n') return 0;
+        c->p++;
+    }
+    if (c->p == c->end) return 0;
+    *s = b;
+    *n = (size_t)(c->p - b);
+    c->p++;
+    return 1;
+}
+
+static int str_is(const unsigned char *s, size_t n, const char *lit) {
+    return n == strlen(lit) && memcmp(s, lit, n) == 0;
+}
+
+/* A tuple of non-negative integers: "()", "(3,)", "(2, 3)", "(2, 3,)". Python
+ * 2 wrote longs as "3L"; numpy still reads those in 1.0 and 2.0 files. */
+static qkv_status parse_shape(hcur *c, int major, npy_header *hd, char *why, size_t why_len) {
+    size_t n = 0, commas = 0;
+    if (!at(c, '(')) FAIL(QKV_ERR_FORMAT, "header: 'shape' is not a tuple");
+    c->p++;
+    skip_ws(c);
+    while (!at(c, ')')) {
+        int neg = 0, big = 0;
+        int64_t v = 0;
+        if (at(c, '-')) {
+            neg = 1;
+            c->p++;
+        }
+        if (!at_digit(c)) FAIL(QKV_ERR_FORMAT, "header: 'shape' has a dimension that is not an integer");
+        while (at_digit(c)) {
+            int d = *c->p++ - '0';
+            if (v > (INT64_MAX - d) / 10)
+                big = 1;
+            else
+                v = v * 10 + d;
+        }
+        if (major < 3 && (at(c, 'L') || at(c, 'l'))) c->p++;
+        if (at_word(c) || at(c, '.'))
+            FAIL(QKV_ERR_FORMAT, "header: 'shape' has a dimension that is not an integer");
+        if (neg && big) FAIL(QKV_ERR_FORMAT, "header: 'shape' has a negative dimension");
+        if (neg && v != 0) FAIL(QKV_ERR_FORMAT, "header: 'shape' has a negative dimension (-%" PRId64 ")", v);
+        if (big) FAIL(QKV_ERR_SIZE_OVERFLOW, "header: a dimension of 'shape' does not fit in 64 bits");
+        if (n < QKV_NPY_MAX_DIMS) hd->shape[n] = v;
+        n++;
+        skip_ws(c);
+        if (at(c, ',')) {
+            c->p++;
+            commas++;
+            skip_ws(c);
+        } else if (!at(c, ')')) {
+            FAIL(QKV_ERR_FORMAT, "header: 'shape' is not a tuple of integers");
+        }
+    }
+    c->p++;
+    if (n == 1 && commas == 0)
+        FAIL(QKV_ERR_FORMAT, "header: 'shape' is (%" PRId64 "), an integer, not a tuple (%" PRId64 ",)",
+             hd->shape[0], hd->shape[0]);
+    if (n > QKV_NPY_MAX_DIMS)
+        FAIL(QKV_ERR_FORMAT, "header: 'shape' has %zu dimensions, more than the %d supported", n,
+             QKV_NPY_MAX_DIMS);
+    hd->ndim = (int)n;
+    return QKV_OK;
+}
+
+/* The header dict: exactly the keys 'descr', 'fortran_order' and 'shape' (as
+ * numpy requires), in any order, with any whitespace and optional trailing
+ * commas. Fills hd; the data size is checked by the caller. */
+static qkv_status parse_header(const unsigned char *text, size_t len, int major, npy_header *hd,
+                               char *why, size_t why_len) {
+    hcur c = {text, text + len};
+    const unsigned char *descr = NULL, *key;
+    size_t descr_len = 0, key_len;
+    int have_descr = 0, have_fortran = 0, have_shape = 0, fortran = 0;
+    char shown[40];
+    qkv_status s;
+
+    memset(hd, 0, sizeof *hd);
+    skip_ws(&c);
+    if (!at(&c, '{')) FAIL(QKV_ERR_FORMAT, "header is not a Python dict literal");
+    c.p++;
+    for (;;) {
+        skip_ws(&c);
+        if (at(&c, '}')) break;
+        if (!parse_string(&c, &key, &key_len)) FAIL(QKV_ERR_FORMAT, "header: expected a quoted key or '}'");
+        skip_ws(&c);
+        if (!at(&c, ':')) FAIL(QKV_ERR_FORMAT, "header: expected ':' after a key");
+        c.p++;
+        skip_ws(&c);
+        if (str_is(key, key_len, "descr")) {
+            if (have_descr) FAIL(QKV_ERR_FORMAT, "header: duplicate key 'descr'");
+            have_descr = 1;
+            if (at(&c, '[')) FAIL(QKV_ERR_DTYPE, "unsupported dtype: structured arrays are not supported");
+            if (!parse_string(&c, &descr, &descr_len)) FAIL(QKV_ERR_FORMAT, "header: 'descr' is not a string");
+        } else if (str_is(key, key_len, "fortran_order")) {
+            if (have_fortran) FAIL(QKV_ERR_FORMAT, "header: duplicate key 'fortran_order'");
+            have_fortran = 1;
+            const unsigned char *w = c.p;
+            while (at_word(&c)) c.p++;
+            if (str_is(w, (size_t)(c.p - w), "True"))
+                fortran = 1;
+            else if (!str_is(w, (size_t)(c.p - w), "False"))
+                FAIL(QKV_ERR_FORMAT, "header: 'fortran_order' is not True or False");
+        } else if (str_is(key, key_len, "shape")) {
+            if (have_shape) FAIL(QKV_ERR_FORMAT, "header: duplicate key 'shape'");
+            have_shape = 1;
+            s = parse_shape(&c, major, hd, why, why_len);
+            if (s != QKV_OK) return s;
+        } else {
+            FAIL(QKV_ERR_FORMAT, "header: unexpected key '%s'", printable(shown, sizeof shown, key, key_len));
+        }
+        skip_ws(&c);
+        if (at(&c, ','))
+            c.p++;
+        else if (!at(&c, '}'))
+            FAIL(QKV_ERR_FORMAT, "header: expected ',' or '}' after a value");
+    }
+    c.p++;
+    skip_ws(&c);
+    if (c.p != c.end) FAIL(QKV_ERR_FORMAT, "header: unexpected text after the dict");
+    if (!have_descr) FAIL(QKV_ERR_FORMAT, "header has no 'descr' key");
+    if (!have_fortran) FAIL(QKV_ERR_FORMAT, "header has no 'fortran_order' key");
+    if (!have_shape) FAIL(QKV_ERR_FORMAT, "header has no 'shape' key");
+
+    /* Only explicit little-endian: numpy writes '<' for these types on every
+     * host; '=' (native) and '|' never occur for them in a numpy file. */
+    static const struct { const char *code; qkv_dtype dtype; } known[] = {
+        {"f4", QKV_F32}, {"f8", QKV_F64}, {"i4", QKV_I32}, {"i8", QKV_I64}};
+    int found = 0;
+    printable(shown, sizeof shown, descr, descr_len);
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (descr_len != 3 || memcmp(descr + 1, known[i].code, 2) != 0) continue;
+        if (descr[0] == '>') FAIL(QKV_ERR_FORMAT, "big-endian dtype '%s' is not supported", shown);
+        if (descr[0] == '<') {
+            hd->dtype = known[i].dtype;
+            found = 1;
+        }
+        break;
+    }
+    if (!found) FAIL(QKV_ERR_DTYPE, "unsupported dtype '%s' (qkv reads <f4, <f8, <i4, <i8)", shown);
+    if (fortran) FAIL(QKV_ERR_FORMAT, "Fortran order is not supported");
+
+    int64_t count;
+    size_t elem = qkv_dtype_size(hd->dtype);
+    if (!shape_count(hd->ndim, hd->shape, elem, &count))
+        FAIL(QKV_ERR_SIZE_OVERFLOW, "header: 'shape' has too many elements (the size overflows)");
+    hd->nbytes = (size_t)count * elem;
+    return QKV_OK;
+}
+
+/* Give `data` (nbytes of hd's array, from qkv_alloc) to *out. */
+static void adopt(qkv_array *out, const npy_header *hd, void *data) {
+    if (!host_is_little_endian()) swap_bytes(data, hd->nbytes / qkv_dtype_size(hd->dtype), qkv_dtype_size(hd->dtype));
+    out->dtype = hd->dtype;
+    out->ndim = hd->ndim;
+    for (int i = 0; i < hd->ndim; i++) out->shape[i] = hd->shape[i];
+    out->data = data;
+}
+
+qkv_status qkv_npy_parse(const void *bytes, size_t len, qkv_array *out, char *why, size_t why_len) {
+    set_why(why, why_len, "%s", "");
+    if (out) memset(out, 0, sizeof *out);
+    if (!out || !bytes) FAIL(QKV_ERR_NULL_POINTER, "a required pointer is NULL");
+    const unsigned char *b = bytes;
+    int major;
+    size_t start, hlen;
+    npy_header hd;
+    qkv_status s = parse_prefix(b, len, &major, &start, &hlen, why, why_len);
+    if (s != QKV_OK) return s;
+    if (hlen > len - start)
+        FAIL(QKV_ERR_FORMAT, "header length %zu goes past the end of the file (%zu bytes)", hlen, len);
+    s = parse_header(b + start, hlen, major, &hd, why, why_len);
+    if (s != QKV_OK) return s;
+    size_t have = len - start - hlen;
+    if (hd.nbytes > have)
+        FAIL(QKV_ERR_FORMAT, "truncated: header says %zu bytes of data, file has %zu", hd.nbytes, have);
+    void *data = qkv_alloc(hd.nbytes);
+    if (!data) FAIL(QKV_ERR_OUT_OF_MEMORY, "out of memory");
+    memcpy(data, b + start + hlen, hd.nbytes);
+    adopt(out, &hd, data);
+    return QKV_OK;
+}
+
+/* ---- load --------------------------------------------------------------- */
+
+/* Read up to n bytes; *got < n only at end of file. -1 on a read error. */
+static int read_full(int fd, unsigned char *p, size_t n, size_t *got) {
+    *got = 0;
+    while (*got < n) {
+        size_t chunk = n - *got < ((size_t)1 << 30) ? n - *got : ((size_t)1 << 30);
+        ssize_t r = read(fd, p + *got, chunk);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        *got += (size_t)r;
+    }
+    return 0;
+}
+
+/* Read `want` bytes, the first npre of which are already in pre, into a new
+ * buffer; fewer (*got < want) at end of file. The buffer grows as data
+ * arrives, so a header that lies about the size costs at most twice what the
+ * file holds, never what it claims. hint: the size expected (0 = unknown). */
+static qkv_status read_upto(int fd, const unsigned char *pre, size_t npre, size_t want, size_t hint,
+                            unsigned char **buf_out, size_t *got_out, char *why, size_t why_len) {
+    size_t cap = hint ? hint : 65536;
+    if (cap > want) cap = want;
+    if (cap < npre) cap = npre;
+    unsigned char *buf = qkv_alloc(cap);
+    if (!buf) FAIL(QKV_ERR_OUT_OF_MEMORY, "out of memory");
+    if (npre) memcpy(buf, pre, npre);
+    size_t got = npre;
+    for (;;) {
+        if (got == cap) {
+            if (cap == want) break;
+            size_t ncap = cap > want / 2 ? want : 2 * cap;
+            unsigned char *nb = qkv_alloc(ncap);
+            if (!nb) {
+                qkv_free(buf);
+                FAIL(QKV_ERR_OUT_OF_MEMORY, "out of memory");
+            }
+            memcpy(nb, buf, got);
+            qkv_free(buf);
+            buf = nb;
+            cap = ncap;
+        }
+        size_t r;
+        if (read_full(fd, buf + got, cap - got, &r) != 0) {
+            char e[128];
+            errtext(errno, e, sizeof e);
+            qkv_free(buf);
+            FAIL(QKV_ERR_IO, "cannot read: %s", e);
+        }
+        got += r;
+        if (got < cap) break; /* end of file */
+    }
+    *buf_out = buf;
+    *got_out = got;
+    return QKV_OK;
+}
+
+static qkv_status load_fd(int fd, qkv_array *out, char *why, size_t why_len) {
+    char e[128];
+    struct stat st;
+    if (fstat(fd, &st) != 0) FAIL(QKV_ERR_IO, "cannot read: %s", errtext(errno, e, sizeof e));
+    if (S_ISDIR(st.st_mode)) FAIL(QKV_ERR_IO, "cannot read: %s", errtext(EISDIR, e, sizeof e));
+    /* The size of a regular file is a hint only: reads stop at the real end. */
+    size_t size = 0;
+    if (S_ISREG(st.st_mode) && st.st_size > 0 && (uintmax_t)st.st_size <= SIZE_MAX) size = (size_t)st.st_size;
+
+    /* Magic and version, then the 2 or 4 bytes of header length. */
+    unsigned char pre[12];
+    size_t n, more = 0;
+    if (read_full(fd, pre, 8, &n) != 0) FAIL(QKV_ERR_IO, "cannot read: %s", errtext(errno, e, sizeof e));
+    if (n == 8 && read_full(fd, pre + 8, pre[6] == 1 ? 2 : 4, &more) != 0)
+        FAIL(QKV_ERR_IO, "cannot read: %s", errtext(errno, e, sizeof e));
+    n += more;
+    int major;
+    size_t start, hlen;
+    qkv_status s = parse_prefix(pre, n, &major, &start, &hlen, why, why_len);
+    if (s != QKV_OK) return s;
+
+    unsigned char *head;
+    size_t got;
+    if (hlen > SIZE_MAX - start) FAIL(QKV_ERR_FORMAT, "header length %zu goes past the end of the file", hlen);
+    s = read_upto(fd, pre, start, start + hlen, size, &head, &got, why, why_len);
+    if (s != QKV_OK) return s;
+    if (got < start + hlen) {
+        qkv_free(head);
+        FAIL(QKV_ERR_FORMAT, "header length %zu goes past the end of the file (%zu bytes)", hlen, got);
+    }
+    npy_header hd;
+    s = parse_header(head + start, hlen, major, &hd, why, why_len);
+    qkv_free(head);
+    if (s != QKV_OK) return s;
+
+    unsigned char *data;
+    size_t left = size > start + hlen ? size - start - hlen : 0;
+    s = read_upto(fd, NULL, 0, hd.nbytes, left, &data, &got, why, why_len);
+    if (s != QKV_OK) return s;
+    if (got < hd.nbytes) {
+        qkv_free(data);
+        FAIL(QKV_ERR_FORMAT, "truncated: header says %zu bytes of data, file has %zu", hd.nbytes, got);
+    }
+    adopt(out, &hd, data);
+    return QKV_OK;
+}
+
+qkv_status qkv_npy_load(const char *path, qkv_array *out, char *why, size_t why_len) {
+    set_why(why, why_len, "%s", "");
+    if (out) memset(out, 0, sizeof *out);
+    if (!out || !path) FAIL(QKV_ERR_NULL_POINTER, "a required pointer is NULL");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        char e[128];
+        FAIL(QKV_ERR_IO, "cannot open: %s", errtext(errno, e, sizeof e));
+    }
+    qkv_status s = load_fd(fd, out, why, why_len);
+    close(fd); /* read-only: nothing to lose */
+    return s;
+}
+
+/* ---- save --------------------------------------------------------------- */
+
+/* The whole prefix + header as numpy 1.x/2.x writes it (same bytes):
+ * "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", then room to
+ * grow the first axis in place, then spaces and '\n' up to a multiple of 64.
+ * Returns its length. With at most 8 dims it is always far below 65535, so
+ * version 1.0; 2.0 is kept for the rule's sake. */
+static size_t build_header(const qkv_array *a, unsigned char *out, size_t cap) {
+    static const char *const descr[] = {"<f4", "<f8", "<i4", "<i8"};
+    char dict[400];
+    int k = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr[a->dtype]);
+    for (int i = 0; i < a->ndim; i++)
+        k += snprintf(dict + k, sizeof dict - (size_t)k, "%s%" PRId64, i ? ", " : "", a->shape[i]);
+    k += snprintf(dict + k, sizeof dict - (size_t)k, "%s), }", a->ndim == 1 ? "," : "");
+    if (a->ndim > 0) {
+        int digits = snprintf(NULL, 0, "%" PRId64, a->shape[0]);
+        for (int i = digits; i < NPY_GROWTH_DIGITS; i++) dict[k++] = ' ';
+    }
+    size_t hlen = (size_t)k + 1; /* + '\n' */
+    size_t lb = 2;
+    size_t pad = NPY_ALIGN - (8 + lb + hlen) % NPY_ALIGN;
+    if (hlen + pad > 65535) {
+        lb = 4;
+        pad = NPY_ALIGN - (8 + lb + hlen) % NPY_ALIGN;
+    }
+    size_t total = 8 + lb + hlen + pad;
+    if (total > cap) return 0;
+    uint32_t h = (uint32_t)(hlen + pad);
+    memcpy(out, NPY_MAGIC, NPY_MAGIC_LEN);
+    out[6] = lb == 2 ? 1 : 2;
+    out[7] = 0;
+    for (size_t i = 0; i < lb; i++) out[8 + i] = (unsigned char)(h >> (8 * i));
+    memcpy(out + 8 + lb, dict, (size_t)k);
+    memset(out + 8 + lb + (size_t)k, ' ', pad);
+    out[total - 1] = '\n';
+    return total;
+}
+
+static int write_full(int fd, const unsigned char *p, size_t n) {
+    while (n > 0) {
+        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The elements, little-endian whatever the host. */
+static int write_data(int fd, const unsigned char *p, size_t nbytes, size_t elem) {
+    if (host_is_little_endian()) return write_full(fd, p, nbytes);
+    unsigned char buf[4096];
+    while (nbytes > 0) {
+        size_t chunk = nbytes < sizeof buf ? nbytes : sizeof buf;
+        memcpy(buf, p, chunk);
+        swap_bytes(buf, chunk / elem, elem);
+        if (write_full(fd, buf, chunk) != 0) return -1;
+        p += chunk;
+        nbytes -= chunk;
+    }
+    return 0;
+}
+
+static atomic_uint g_tmp_seq;
+
+qkv_status qkv_npy_save(const char *path, const qkv_array *a) {
+    if (!path || !a) return QKV_ERR_NULL_POINTER;
+    if (a->ndim < 0 || a->ndim > QKV_NPY_MAX_DIMS) return QKV_ERR_BAD_SIZE;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] < 0) return QKV_ERR_BAD_SIZE;
+    size_t elem = qkv_dtype_size(a->dtype);
+    if (elem == 0) return QKV_ERR_DTYPE;
+    int64_t count;
+    if (!shape_count(a->ndim, a->shape, elem, &count)) return QKV_ERR_SIZE_OVERFLOW;
+    if (count > 0 && !a->data) return QKV_ERR_NULL_POINTER;
+
+    unsigned char head[640];
+    size_t hn = build_header(a, head, sizeof head);
+    if (hn == 0) return QKV_ERR_UNSUPPORTED; /* cannot happen with <= 8 dims */
+
+    /* A fresh file next to path (O_EXCL: never an existing file or link),
+     * created 0666 less the umask like any new file, then renamed over path. */
+    size_t tcap = strlen(path) + 48;
+    char *tmp = qkv_alloc(tcap);
+    if (!tmp) return QKV_ERR_OUT_OF_MEMORY;
+    int fd = -1;
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        snprintf(tmp, tcap, "%s.tmp%ld.%u", path, (long)getpid(), atomic_fetch_add(&g_tmp_seq, 1u));
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        qkv_free(tmp);
+        return QKV_ERR_IO;
+    }
+    int ok = write_full(fd, head, hn) == 0 && write_data(fd, a->data, (size_t)count * elem, elem) == 0 &&
+             fsync(fd) == 0;
+    if (close(fd) != 0) ok = 0;
+    if (ok && rename(tmp, path) != 0) ok = 0;
+    if (!ok) unlink(tmp);
+    qkv_free(tmp);
+    return ok ? QKV_OK : QKV_ERR_IO;
+}
