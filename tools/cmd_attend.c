@@ -319,6 +319,14 @@ static int parse_args(int argc, char **argv, config *c) {
     cli_args a = {CMD, argc, argv, 1};
     memset(c, 0, sizeof *c);
     qkv_attn_desc_init(&c->desc);
+    if (argc < 2) { /* bare "qkv attend": the synopsis, as a usage error */
+        fprintf(stderr,
+                "Usage: qkv attend --q Q.npy --k K.npy --v V.npy -o OUT.npy [options]\n"
+                "       qkv attend --q Q.npy --k K.npy --v V.npy --grad-out DOUT.npy\n"
+                "                  --dq DQ.npy --dk DK.npy --dv DV.npy [-o OUT.npy] [options]\n");
+        cli_usage_hint(CMD);
+        return CLI_EXIT_USAGE;
+    }
 
     for (;;) {
         const char *name, *value;

@@ -179,6 +179,7 @@ expect 2 "--dbias: needs --bias FILE" attend "${HQ[@]}" --grad-out "$FX/dout2.np
 
 # ---- the program -----------------------------------------------------------
 expect 2 "Usage: qkv" # no arguments at all
+expect 2 "Usage: qkv attend" attend
 expect 2 "unknown command 'frobnicate'" frobnicate
 expect 2 "unknown option '--frobnicate'" --frobnicate
 
