@@ -433,7 +433,8 @@ typedef struct qkv_array {
     void *data;                         /* owned when loaded: free with qkv_array_free */
 } qkv_array;
 
-/* Number of elements (product of the shape; 1 for ndim 0). */
+/* Number of elements (product of the shape; 1 for ndim 0); 0 for NULL or an
+ * invalid array (ndim out of range, negative dim, overflowing product). */
 int64_t qkv_array_count(const qkv_array *a);
 
 /* Parse an in-memory .npy file. On success *out owns a new buffer. On failure
@@ -441,7 +442,8 @@ int64_t qkv_array_count(const qkv_array *a);
  * written into why[why_len]. Errors: QKV_ERR_NULL_POINTER, QKV_ERR_FORMAT
  * (bad magic, version, header, truncated, Fortran order, big-endian),
  * QKV_ERR_DTYPE (any other dtype), QKV_ERR_SIZE_OVERFLOW,
- * QKV_ERR_OUT_OF_MEMORY. */
+ * QKV_ERR_OUT_OF_MEMORY. More than QKV_NPY_MAX_DIMS dims is QKV_ERR_FORMAT.
+ * Bytes after the data are ignored, as numpy.load does. */
 qkv_status qkv_npy_parse(const void *bytes, size_t len, qkv_array *out,
                          char *why, size_t why_len);
 
@@ -452,7 +454,7 @@ qkv_status qkv_npy_load(const char *path, qkv_array *out, char *why, size_t why_
  * Writes to a temporary file in the same folder and renames it over path, so
  * a failure never leaves a partial file. Errors: QKV_ERR_NULL_POINTER,
  * QKV_ERR_BAD_SIZE (ndim out of range, negative dim), QKV_ERR_DTYPE,
- * QKV_ERR_IO. */
+ * QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY, QKV_ERR_IO. */
 qkv_status qkv_npy_save(const char *path, const qkv_array *a);
 
 /* Allocate a zero-filled array of the given dtype and shape (ndim 0..8,
@@ -462,7 +464,9 @@ qkv_status qkv_array_alloc(qkv_array *out, qkv_dtype dtype, int ndim, const int6
 
 /* A new array with the values of `in` converted to dtype `to` (any of the four
  * dtypes; float to integer truncates toward zero, NaN and out-of-range values
- * give QKV_ERR_BAD_PARAMETER). Errors as qkv_array_alloc. */
+ * give QKV_ERR_BAD_PARAMETER, as does an int64 to int32 overflow; float64 to
+ * float32 rounds, overflows to inf and keeps NaN). Errors as
+ * qkv_array_alloc, plus QKV_ERR_BAD_PARAMETER. */
 qkv_status qkv_array_convert(const qkv_array *in, qkv_dtype to, qkv_array *out);
 
 /* Free the data of an array that a load or parse returned, and zero it.
