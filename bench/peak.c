@@ -1,0 +1,259 @@
+/* The FP32 FMA peak of this machine, measured (see peak.h for why). */
+#define _POSIX_C_SOURCE 200809L
+
+#include "peak.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define BENCH_X86 1
+#include <immintrin.h>
+#endif
+
+double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Written at the end of every loop so the compiler must compute the
+ * accumulators; never read. */
+static volatile float bench_sink;
+
+/* acc = acc * a + b with a < 1: the values converge to b / (1 - a) and never
+ * overflow or become subnormal, whatever the iteration count. The constants
+ * and the starting values are read from volatiles: a compiler that could see
+ * them might prove a chain constant (1.0 is a fixed point of these a, b in
+ * float) and drop its FMAs, inflating the "peak" - clang 14 did exactly that. */
+static volatile float peak_a = 0.999999f, peak_b = 1e-6f, peak_seed = 0.1f;
+
+#ifdef BENCH_X86
+/* 16 independent zmm chains: Zen 4 and Intel cores have an FMA latency of 4
+ * and at most 2 FMA ports, so 8 chains already fill them; 16 leave margin and
+ * still fit the 32 registers with the two constants. Flops per iteration:
+ * 16 chains x 16 lanes x 2. */
+__attribute__((target("avx512f"))) static void fma_loop_avx512(uint64_t iters) {
+    const __m512 a = _mm512_set1_ps(peak_a), b = _mm512_set1_ps(peak_b);
+    const __m512 d = _mm512_set1_ps(peak_seed);
+    __m512 c0 = d, c1 = _mm512_add_ps(c0, d), c2 = _mm512_add_ps(c1, d), c3 = _mm512_add_ps(c2, d),
+           c4 = _mm512_add_ps(c3, d), c5 = _mm512_add_ps(c4, d), c6 = _mm512_add_ps(c5, d),
+           c7 = _mm512_add_ps(c6, d), c8 = _mm512_add_ps(c7, d), c9 = _mm512_add_ps(c8, d),
+           c10 = _mm512_add_ps(c9, d), c11 = _mm512_add_ps(c10, d), c12 = _mm512_add_ps(c11, d),
+           c13 = _mm512_add_ps(c12, d), c14 = _mm512_add_ps(c13, d), c15 = _mm512_add_ps(c14, d);
+    for (uint64_t i = 0; i < iters; i++) {
+        c0 = _mm512_fmadd_ps(c0, a, b);
+        c1 = _mm512_fmadd_ps(c1, a, b);
+        c2 = _mm512_fmadd_ps(c2, a, b);
+        c3 = _mm512_fmadd_ps(c3, a, b);
+        c4 = _mm512_fmadd_ps(c4, a, b);
+        c5 = _mm512_fmadd_ps(c5, a, b);
+        c6 = _mm512_fmadd_ps(c6, a, b);
+        c7 = _mm512_fmadd_ps(c7, a, b);
+        c8 = _mm512_fmadd_ps(c8, a, b);
+        c9 = _mm512_fmadd_ps(c9, a, b);
+        c10 = _mm512_fmadd_ps(c10, a, b);
+        c11 = _mm512_fmadd_ps(c11, a, b);
+        c12 = _mm512_fmadd_ps(c12, a, b);
+        c13 = _mm512_fmadd_ps(c13, a, b);
+        c14 = _mm512_fmadd_ps(c14, a, b);
+        c15 = _mm512_fmadd_ps(c15, a, b);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                             _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                                       _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+    float out[16];
+    _mm512_storeu_ps(out, s);
+    bench_sink = out[0];
+}
+
+/* 12 ymm chains (16 registers: 12 + 2 constants). 12 x 8 lanes x 2 flops. */
+__attribute__((target("avx2,fma"))) static void fma_loop_avx2(uint64_t iters) {
+    const __m256 a = _mm256_set1_ps(peak_a), b = _mm256_set1_ps(peak_b);
+    const __m256 d = _mm256_set1_ps(peak_seed);
+    __m256 c0 = d, c1 = _mm256_add_ps(c0, d), c2 = _mm256_add_ps(c1, d), c3 = _mm256_add_ps(c2, d),
+           c4 = _mm256_add_ps(c3, d), c5 = _mm256_add_ps(c4, d), c6 = _mm256_add_ps(c5, d),
+           c7 = _mm256_add_ps(c6, d), c8 = _mm256_add_ps(c7, d), c9 = _mm256_add_ps(c8, d),
+           c10 = _mm256_add_ps(c9, d), c11 = _mm256_add_ps(c10, d);
+    for (uint64_t i = 0; i < iters; i++) {
+        c0 = _mm256_fmadd_ps(c0, a, b);
+        c1 = _mm256_fmadd_ps(c1, a, b);
+        c2 = _mm256_fmadd_ps(c2, a, b);
+        c3 = _mm256_fmadd_ps(c3, a, b);
+        c4 = _mm256_fmadd_ps(c4, a, b);
+        c5 = _mm256_fmadd_ps(c5, a, b);
+        c6 = _mm256_fmadd_ps(c6, a, b);
+        c7 = _mm256_fmadd_ps(c7, a, b);
+        c8 = _mm256_fmadd_ps(c8, a, b);
+        c9 = _mm256_fmadd_ps(c9, a, b);
+        c10 = _mm256_fmadd_ps(c10, a, b);
+        c11 = _mm256_fmadd_ps(c11, a, b);
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+                             _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    bench_sink = out[0];
+}
+#endif
+
+/* Portable: 32 independent scalar chains the compiler may vectorise. Without
+ * FMA contraction (-std=c11 turns it off) this is a multiply and an add, still
+ * counted as 2 flops. */
+#define GENERIC_CHAINS 32
+static void fma_loop_generic(uint64_t iters) {
+    const float a = peak_a, b = peak_b, d = peak_seed;
+    float c[GENERIC_CHAINS];
+    for (int k = 0; k < GENERIC_CHAINS; k++) c[k] = d * (float)(k + 1);
+    for (uint64_t i = 0; i < iters; i++)
+        for (int k = 0; k < GENERIC_CHAINS; k++) c[k] = c[k] * a + b;
+    float s = 0.0f;
+    for (int k = 0; k < GENERIC_CHAINS; k++) s += c[k];
+    bench_sink = s;
+}
+
+static double flops_per_iter(bench_isa isa) {
+    switch (isa) {
+    case BENCH_ISA_AVX512: return 16.0 * 16.0 * 2.0;
+    case BENCH_ISA_AVX2: return 12.0 * 8.0 * 2.0;
+    default: return (double)GENERIC_CHAINS * 2.0;
+    }
+}
+
+static void run_loop(bench_isa isa, uint64_t iters) {
+#ifdef BENCH_X86
+    if (isa == BENCH_ISA_AVX512) {
+        fma_loop_avx512(iters);
+        return;
+    }
+    if (isa == BENCH_ISA_AVX2) {
+        fma_loop_avx2(iters);
+        return;
+    }
+#endif
+    (void)isa;
+    fma_loop_generic(iters);
+}
+
+int bench_isa_supported(bench_isa isa) {
+    switch (isa) {
+    case BENCH_ISA_GENERIC: return 1;
+#ifdef BENCH_X86
+    case BENCH_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case BENCH_ISA_AVX512:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f");
+#endif
+    default: return 0;
+    }
+}
+
+bench_isa bench_isa_best(void) {
+    if (bench_isa_supported(BENCH_ISA_AVX512)) return BENCH_ISA_AVX512;
+    if (bench_isa_supported(BENCH_ISA_AVX2)) return BENCH_ISA_AVX2;
+    return BENCH_ISA_GENERIC;
+}
+
+const char *bench_isa_name(bench_isa isa) {
+    switch (isa) {
+    case BENCH_ISA_AVX512: return "avx512f";
+    case BENCH_ISA_AVX2: return "avx2+fma";
+    default: return "generic";
+    }
+}
+
+typedef struct peak_worker {
+    pthread_t tid;
+    atomic_int *go; /* 0: wait, 1: run, -1: give up */
+    bench_isa isa;
+    uint64_t iters;
+    double t0, t1;
+} peak_worker;
+
+static void *peak_worker_main(void *arg) {
+    peak_worker *w = arg;
+    int go;
+    while ((go = atomic_load(w->go)) == 0) {
+    }
+    if (go < 0) return NULL;
+    w->t0 = bench_now();
+    run_loop(w->isa, w->iters);
+    w->t1 = bench_now();
+    return NULL;
+}
+
+/* One trial: `threads` threads released together; GFLOP/s over the span from
+ * the first start to the last finish. 0 on failure. */
+static double peak_trial(bench_isa isa, int threads, uint64_t iters) {
+    peak_worker *w = calloc((size_t)threads, sizeof *w);
+    if (!w) return 0.0;
+    atomic_int go;
+    atomic_init(&go, 0);
+    for (int t = 0; t < threads; t++) {
+        w[t].go = &go;
+        w[t].isa = isa;
+        w[t].iters = iters;
+    }
+    int started = 0;
+    for (int t = 1; t < threads; t++) {
+        if (pthread_create(&w[t].tid, NULL, peak_worker_main, &w[t]) != 0) break;
+        started++;
+    }
+    int ok = started == threads - 1;
+    atomic_store(&go, ok ? 1 : -1);
+    if (ok) peak_worker_main(&w[0]);
+    for (int t = 1; t <= started; t++) pthread_join(w[t].tid, NULL);
+    double gf = 0.0;
+    if (ok) {
+        double t0 = w[0].t0, t1 = w[0].t1;
+        for (int t = 1; t < threads; t++) {
+            if (w[t].t0 < t0) t0 = w[t].t0;
+            if (w[t].t1 > t1) t1 = w[t].t1;
+        }
+        gf = (double)threads * (double)iters * flops_per_iter(isa) / (t1 - t0) * 1e-9;
+    }
+    free(w);
+    return gf;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials, double *median) {
+    if (median) *median = 0.0;
+    if (!bench_isa_supported(isa) || threads < 1 || trials < 1) return 0.0;
+    if (seconds < 0.01) seconds = 0.01;
+    /* Calibrate the iteration count on one thread, then warm up once. */
+    uint64_t iters = 1u << 16;
+    for (;;) {
+        double t0 = bench_now();
+        run_loop(isa, iters);
+        double dt = bench_now() - t0;
+        if (dt > 0.02 || iters > (UINT64_C(1) << 40)) {
+            iters = (uint64_t)((double)iters * seconds / dt) + 1;
+            break;
+        }
+        iters *= 4;
+    }
+    double *g = calloc((size_t)trials, sizeof *g);
+    if (!g) return 0.0;
+    double best = 0.0;
+    for (int r = 0; r < trials; r++) {
+        g[r] = peak_trial(isa, threads, iters);
+        if (g[r] > best) best = g[r];
+    }
+    qsort(g, (size_t)trials, sizeof *g, cmp_double);
+    if (median) *median = g[trials / 2];
+    free(g);
+    return best;
+}

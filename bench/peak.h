@@ -1,0 +1,45 @@
+/* peak.h - this machine's FP32 FMA peak, measured, for the benchmarks.
+ *
+ * The benchmarks quote every GFLOP/s as a fraction of the peak measured in the
+ * same run (the development machines are shared and noisy, so a datasheet
+ * number or one measured yesterday would flatter or punish by chance).
+ *
+ * The measurement is a dependency-free FMA throughput loop: many independent
+ * accumulators (16 zmm / 12 ymm, more than latency x ports on any current x86
+ * core), each updated by one FMA per iteration, nothing else in the loop but
+ * the counter. The widest ISA the CPU and the OS support is chosen at run time
+ * (__builtin_cpu_supports checks CPUID and, through libgcc/compiler-rt, that
+ * the OS saves the registers); the ISA loops are compiled with target
+ * attributes, so the program itself runs on any x86-64. Elsewhere a portable C
+ * loop stands in (whatever the compiler makes of it at -O2). */
+#ifndef QKV_BENCH_PEAK_H
+#define QKV_BENCH_PEAK_H
+
+typedef enum bench_isa {
+    BENCH_ISA_GENERIC = 0, /* portable C */
+    BENCH_ISA_AVX2 = 1,    /* AVX2 + FMA, 8 floats per FMA */
+    BENCH_ISA_AVX512 = 2   /* AVX-512F, 16 floats per FMA */
+} bench_isa;
+
+/* The widest ISA this CPU and OS support. */
+bench_isa bench_isa_best(void);
+
+/* 1 when this CPU and OS support `isa`. */
+int bench_isa_supported(bench_isa isa);
+
+/* "avx512f", "avx2+fma" or "generic". */
+const char *bench_isa_name(bench_isa isa);
+
+/* FP32 FLOPs (an FMA counts 2) per second, in GFLOP/s, of `threads` threads
+ * each running the FMA loop of `isa` for about `seconds` (at least 0.01) at
+ * the same time; the wall time of the slowest thread counts. Returns the best
+ * of `trials` trials (noise from other processes only ever lowers it, so the
+ * best is the closest to the hardware's ceiling and fractions quoted against
+ * it are conservative) and, when median != NULL, the median in *median.
+ * Returns 0 when isa is not supported or a thread could not be started. */
+double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials, double *median);
+
+/* Monotonic clock in seconds. */
+double bench_now(void);
+
+#endif
