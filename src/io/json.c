@@ -1,0 +1,240 @@
+/* The strict JSON tokenizer of json.h. Each function looks at most at
+ * j->end - 1; an error stops at the first bad byte and records where. */
+#include <string.h>
+
+#include "io/json.h"
+
+void qkv_json_init(qkv_json *j, const void *text, size_t len) {
+    j->begin = j->p = (const unsigned char *)text;
+    j->end = j->begin + len;
+    j->err = NULL;
+    j->err_pos = 0;
+}
+
+static int fail_at(qkv_json *j, const unsigned char *at, const char *msg) {
+    if (!j->err) {
+        j->err = msg;
+        j->err_pos = (size_t)(at - j->begin);
+    }
+    return 0;
+}
+
+int qkv_json_fail(qkv_json *j, const char *msg) { return fail_at(j, j->p, msg); }
+
+static void skip_ws(qkv_json *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
+}
+
+int qkv_json_peek(qkv_json *j) {
+    skip_ws(j);
+    return j->p < j->end ? *j->p : -1;
+}
+
+int qkv_json_expect(qkv_json *j, char c, const char *msg) {
+    if (qkv_json_peek(j) != (unsigned char)c) return qkv_json_fail(j, msg);
+    j->p++;
+    return 1;
+}
+
+int qkv_json_at_end(qkv_json *j) {
+    skip_ws(j);
+    return j->p == j->end;
+}
+
+static int hex4(const unsigned char *p, unsigned *v) {
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned c = p[i], d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else return 0;
+        r = r * 16 + d;
+    }
+    *v = r;
+    return 1;
+}
+
+/* Length of the valid UTF-8 sequence of 2..4 bytes at p (lead byte >= 0x80),
+ * or 0 when it is invalid: overlong forms, surrogates and code points past
+ * U+10FFFF are refused (the Unicode table 3-7 of well-formed sequences). */
+static size_t utf8_seq(const unsigned char *p, const unsigned char *end) {
+    unsigned c = p[0];
+    size_t n;
+    unsigned lo = 0x80, hi = 0xBF; /* range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c == 0xE0) { n = 3; lo = 0xA0; }
+    else if (c >= 0xE1 && c <= 0xEC) n = 3;
+    else if (c == 0xED) { n = 3; hi = 0x9F; }
+    else if (c >= 0xEE && c <= 0xEF) n = 3;
+    else if (c == 0xF0) { n = 4; lo = 0x90; }
+    else if (c >= 0xF1 && c <= 0xF3) n = 4;
+    else if (c == 0xF4) { n = 4; hi = 0x8F; }
+    else return 0;
+    if ((size_t)(end - p) < n) return 0;
+    if (p[1] < lo || p[1] > hi) return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
+    return n;
+}
+
+/* Bytes written so far (*len) grow by n; the first cap - 1 are kept. */
+static void emit(char *buf, size_t cap, size_t *len, const unsigned char *src, size_t n) {
+    for (size_t i = 0; i < n; i++, (*len)++)
+        if (buf && *len + 1 < cap) buf[*len] = (char)src[i];
+}
+
+static size_t utf8_encode(unsigned cp, unsigned char *o) {
+    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
+    if (cp < 0x800) {
+        o[0] = (unsigned char)(0xC0 | (cp >> 6));
+        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (unsigned char)(0xE0 | (cp >> 12));
+        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (unsigned char)(0xF0 | (cp >> 18));
+    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Validate (and decode into buf when given) the string at the cursor.
+ * *after is set past the closing quote. */
+static int scan_string(qkv_json *j, char *buf, size_t cap, size_t *len, int *has_nul,
+                       const unsigned char **after) {
+    if (qkv_json_peek(j) != '"') return qkv_json_fail(j, "expected a string");
+    const unsigned char *p = j->p + 1, *end = j->end;
+    size_t n = 0;
+    int nul = 0;
+    for (;;) {
+        if (p >= end) return fail_at(j, j->p, "unterminated string");
+        unsigned c = *p;
+        if (c == '"') break;
+        if (c < 0x20) return fail_at(j, p, "control character in a string");
+        if (c == '\\') {
+            if (end - p < 2) return fail_at(j, j->p, "unterminated string");
+            unsigned char e = p[1], out[4];
+            switch (e) {
+            case '"': case '\\': case '/': out[0] = e; break;
+            case 'b': out[0] = '\b'; break;
+            case 'f': out[0] = '\f'; break;
+            case 'n': out[0] = '\n'; break;
+            case 'r': out[0] = '\r'; break;
+            case 't': out[0] = '\t'; break;
+            case 'u': {
+                unsigned cp, lo;
+                if (end - p < 6 || !hex4(p + 2, &cp)) return fail_at(j, p, "bad \\u escape");
+                size_t used = 6;
+                if (cp >= 0xDC00 && cp <= 0xDFFF) return fail_at(j, p, "lone low surrogate in \\u escape");
+                if (cp >= 0xD800 && cp <= 0xDBFF) {
+                    if (end - p < 12 || p[6] != '\\' || p[7] != 'u' || !hex4(p + 8, &lo) ||
+                        lo < 0xDC00 || lo > 0xDFFF)
+                        return fail_at(j, p, "high surrogate not followed by a low one");
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                    used = 12;
+                }
+                if (cp == 0) nul = 1;
+                emit(buf, cap, &n, out, utf8_encode(cp, out));
+                p += used;
+                continue;
+            }
+            default:
+                return fail_at(j, p, "bad escape in a string");
+            }
+            emit(buf, cap, &n, out, 1);
+            p += 2;
+            continue;
+        }
+        if (c < 0x80) {
+            emit(buf, cap, &n, p, 1);
+            p++;
+            continue;
+        }
+        size_t k = utf8_seq(p, end);
+        if (!k) return fail_at(j, p, "invalid UTF-8 in a string");
+        emit(buf, cap, &n, p, k);
+        p += k;
+    }
+    if (buf && cap) buf[n < cap ? n : cap - 1] = '\0';
+    *len = n;
+    if (has_nul) *has_nul = nul;
+    *after = p + 1;
+    return 1;
+}
+
+int qkv_json_string_measure(qkv_json *j, size_t *len) {
+    const unsigned char *after;
+    return scan_string(j, NULL, 0, len, NULL, &after);
+}
+
+int qkv_json_string_read(qkv_json *j, char *buf, size_t cap, size_t *len, int *has_nul) {
+    const unsigned char *after;
+    if (!scan_string(j, buf, cap, len, has_nul, &after)) return 0;
+    j->p = after;
+    return 1;
+}
+
+static int is_digit(const unsigned char *p, const unsigned char *end) {
+    return p < end && *p >= '0' && *p <= '9';
+}
+
+qkv_json_uint_kind qkv_json_uint(qkv_json *j, uint64_t *value) {
+    int c = qkv_json_peek(j);
+    if (c != '-' && !(c >= '0' && c <= '9')) {
+        qkv_json_fail(j, "expected a number");
+        return QKV_JSON_UINT_SYNTAX;
+    }
+    const unsigned char *p = j->p, *end = j->end;
+    int neg = 0, frac = 0, big = 0;
+    uint64_t v = 0;
+    if (*p == '-') { neg = 1; p++; }
+    if (!is_digit(p, end)) {
+        fail_at(j, p, "bad number");
+        return QKV_JSON_UINT_SYNTAX;
+    }
+    if (*p == '0') {
+        p++;
+        if (is_digit(p, end)) {
+            fail_at(j, p, "leading zero in a number");
+            return QKV_JSON_UINT_SYNTAX;
+        }
+    } else {
+        while (is_digit(p, end)) {
+            unsigned d = (unsigned)(*p++ - '0');
+            if (v > (UINT64_MAX - d) / 10) big = 1;
+            else v = v * 10 + d;
+        }
+    }
+    if (p < end && *p == '.') {
+        p++;
+        if (!is_digit(p, end)) {
+            fail_at(j, p, "bad fraction in a number");
+            return QKV_JSON_UINT_SYNTAX;
+        }
+        while (is_digit(p, end)) p++;
+        frac = 1;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        if (!is_digit(p, end)) {
+            fail_at(j, p, "bad exponent in a number");
+            return QKV_JSON_UINT_SYNTAX;
+        }
+        while (is_digit(p, end)) p++;
+        frac = 1;
+    }
+    j->p = p;
+    *value = v;
+    if (neg) return QKV_JSON_UINT_NEGATIVE;
+    if (frac) return QKV_JSON_UINT_FRACTION;
+    if (big) return QKV_JSON_UINT_TOO_LARGE;
+    return QKV_JSON_UINT_OK;
+}
