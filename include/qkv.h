@@ -510,7 +510,8 @@ qkv_status qkv_safetensors_create(qkv_safetensors **out);
  * is given, a one-line reason is written there. Errors: QKV_ERR_NULL_POINTER,
  * QKV_ERR_IO (load only), QKV_ERR_FORMAT (bad header length, JSON, offsets
  * out of range or overlapping, shape/size disagreement, duplicate names),
- * QKV_ERR_DTYPE (unknown dtype), QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY. */
+ * QKV_ERR_DTYPE (unknown dtype), QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY.
+ * Data bytes no tensor covers (holes) are accepted; over 8 dims is FORMAT. */
 qkv_status qkv_safetensors_parse(const void *bytes, size_t len, qkv_safetensors **out,
                                  char *why, size_t why_len);
 qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *why, size_t why_len);
