@@ -1,8 +1,15 @@
 /* The public attention entry points: validate once, then hand the plan to an
  * implementation. Every implementation sees the same validated plan, so
  * argument checking lives here and nowhere else. */
+#include "attn/fast.h"
 #include "core/internal.h"
 #include "ref/ref.h"
+
+/* The fast kernels do not compute the in-kernel position biases (ALiBi,
+ * T5 relative) yet: such calls go to the reference. */
+static int fast_ok(const qkv_plan *p) {
+    return !p->d.alibi_slopes && !p->d.rel_table && qkv_fast_supported(p);
+}
 
 qkv_status qkv_attention_forward(const qkv_attn_desc *desc, const void *q, const void *k,
                                  const void *v, void *out, void *attn, void *lse) {
@@ -11,6 +18,12 @@ qkv_status qkv_attention_forward(const qkv_attn_desc *desc, const void *q, const
     if (s != QKV_OK) return s;
     if (!q || !k || !v || !out) return QKV_ERR_NULL_POINTER;
     if (attn && p.n_attn_elems < 0) return QKV_ERR_SIZE_OVERFLOW;
+    /* AUTO: the fast path for F32 when it supports the request (F64 and the
+     * additive score: the reference). */
+    if (p.d.impl != QKV_IMPL_REFERENCE) {
+        if (fast_ok(&p)) return qkv_fast_forward(&p, q, k, v, out, attn, lse);
+        if (p.d.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
+    }
     return qkv_ref_forward(&p, q, k, v, out, attn, lse);
 }
 

@@ -34,7 +34,7 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
     if (d.dtype != QKV_F32 && d.dtype != QKV_F64) return QKV_ERR_BAD_ENUM;
     if ((unsigned)d.score > QKV_SCORE_ADDITIVE || (unsigned)d.norm > QKV_NORM_SIGMOID ||
         (unsigned)d.mask > QKV_MASK_CAUSAL_WINDOW || (unsigned)d.bias_kind > QKV_BIAS_PER_HEAD ||
-        (unsigned)d.impl > QKV_IMPL_REFERENCE)
+        (unsigned)d.impl > QKV_IMPL_FAST)
         return QKV_ERR_BAD_ENUM;
 
     if (d.heads_kv == 0) d.heads_kv = d.heads;

@@ -1,0 +1,212 @@
+/* Shared pieces of the fast attention paths (see fast_common.h). */
+#include <math.h>
+#include <string.h>
+
+#include "attn/fast_common.h"
+#include "core/threads.h"
+
+void *fa_alloc(size_t bytes) {
+    if (bytes > SIZE_MAX - 64 - sizeof(void *)) return NULL;
+    unsigned char *raw = qkv_alloc(bytes + 64 + sizeof(void *));
+    if (!raw) return NULL;
+    uintptr_t at = ((uintptr_t)(raw + sizeof(void *)) + 63) & ~(uintptr_t)63;
+    unsigned char *user = (unsigned char *)at;
+    memcpy(user - sizeof(void *), &raw, sizeof(void *));
+    return user;
+}
+
+void fa_free(void *p) {
+    if (!p) return;
+    void *raw;
+    memcpy(&raw, (unsigned char *)p - sizeof(void *), sizeof(void *));
+    qkv_free(raw);
+}
+
+void fa_ctx_init(fa_ctx *c, const qkv_plan *p, const float *q, const float *k, const float *v) {
+    const qkv_attn_desc *d = &p->d;
+    memset(c, 0, sizeof *c);
+    c->p = p;
+    c->K = qkv_kernels_active();
+    c->threads = qkv_threads_resolve(d->threads);
+    if (c->threads > QKV_MAX_THREADS) c->threads = QKV_MAX_THREADS;
+    c->B = d->batch;
+    c->nq = d->n_q;
+    c->nk = d->n_k;
+    c->H = d->heads;
+    c->Hkv = d->heads_kv;
+    c->G = p->group;
+    c->D = d->dim;
+    c->Dv = d->dim_v;
+    c->norm = d->norm;
+    c->relu_div = d->relu_divide_by_count;
+    c->cap = d->softcap;
+    c->scale_nat = d->score == QKV_SCORE_SCALED_DOT ? d->scale
+                   : d->score == QKV_SCORE_COSINE  ? 1.0 / d->temperature
+                                                   : 1.0;
+    if (d->bias_kind != QKV_BIAS_NONE) {
+        c->bias = d->bias;
+        c->bias_head_stride = d->bias_kind == QKV_BIAS_PER_HEAD ? d->n_q * d->n_k : 0;
+    }
+    c->natural = c->cap > 0.0 || c->bias || !(c->scale_nat > 0.0);
+    c->sc = (float)((c->natural ? 1.0 : c->scale_nat) * FA_LOG2E);
+    c->s2nat = c->natural ? 1.0 : c->scale_nat;
+    c->q = c->q_in = q;
+    c->k = c->k_in = k;
+    c->v = v;
+    c->ldq = c->H * c->D;
+    c->ldk = c->Hkv * c->D;
+    c->ldv = c->Hkv * c->Dv;
+    c->ldo = c->H * c->Dv;
+}
+
+static void normalise_rows(float *dst, const float *src, int64_t rows, int64_t D) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = src + r * D;
+        double ss = 0.0;
+        for (int64_t t = 0; t < D; t++) ss += (double)x[t] * x[t];
+        double n = sqrt(ss);
+        double inv = 1.0 / (n > FA_COSINE_EPS ? n : FA_COSINE_EPS);
+        for (int64_t t = 0; t < D; t++) dst[r * D + t] = (float)(x[t] * inv);
+    }
+}
+
+qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn) {
+    int64_t nqr = c->B * c->nq * c->H, nkr = c->B * c->nk * c->Hkv;
+    *qn = fa_alloc((size_t)(nqr * c->D) * sizeof(float));
+    *kn = fa_alloc((size_t)(nkr * c->D) * sizeof(float));
+    if (!*qn || !*kn) {
+        fa_free(*qn);
+        fa_free(*kn);
+        *qn = *kn = NULL;
+        return QKV_ERR_OUT_OF_MEMORY;
+    }
+    normalise_rows(*qn, c->q_in, nqr, c->D);
+    normalise_rows(*kn, c->k_in, nkr, c->D);
+    c->q = *qn;
+    c->k = *kn;
+    return QKV_OK;
+}
+
+void fa_pack_panels(float *dst, const float *src, int64_t n, int64_t ld, int64_t D, float mul) {
+    int64_t np = (n + QKV_PANEL - 1) / QKV_PANEL;
+    for (int64_t p = 0; p < np; p++) {
+        float *panel = dst + p * D * QKV_PANEL;
+        for (int c = 0; c < QKV_PANEL; c++) {
+            int64_t r = p * QKV_PANEL + c;
+            if (r < n) {
+                const float *row = src + r * ld;
+                for (int64_t d = 0; d < D; d++) panel[d * QKV_PANEL + c] = row[d] * mul;
+            } else {
+                for (int64_t d = 0; d < D; d++) panel[d * QKV_PANEL + c] = 0.0f;
+            }
+        }
+    }
+}
+
+static void pack_k_unit(void *ctx, int64_t u, int t) {
+    (void)t;
+    fa_ctx *c = ctx;
+    int64_t b = u / c->Hkv, kv = u % c->Hkv;
+    fa_pack_panels(c->kt + u * c->kt_stride, c->k + (b * c->nk * c->Hkv + kv) * c->D, c->nk,
+                   c->ldk, c->D, 1.0f);
+}
+
+qkv_status fa_pack_k(fa_ctx *c) {
+    int64_t np = (c->nk + QKV_PANEL - 1) / QKV_PANEL;
+    c->kt_stride = np * QKV_PANEL * c->D;
+    c->kt = fa_alloc((size_t)(c->kt_stride * c->B * c->Hkv) * sizeof(float));
+    if (!c->kt) return QKV_ERR_OUT_OF_MEMORY;
+    qkv_parallel_for(c->threads, c->B * c->Hkv, pack_k_unit, c);
+    return QKV_OK;
+}
+
+int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, int64_t *hi,
+                    int64_t *blo, int64_t *bhi) {
+    int any = 0;
+    int64_t l0 = INT64_MAX, h0 = 0;
+    for (int r = 0; r < n; r++) {
+        qkv_plan_key_range(c->p, b, i0 + r, &lo[r], &hi[r]);
+        if (lo[r] < hi[r]) {
+            any = 1;
+            if (lo[r] < l0) l0 = lo[r];
+            if (hi[r] > h0) h0 = hi[r];
+        }
+    }
+    *blo = any ? l0 : 0;
+    *bhi = any ? h0 : 0;
+    return any;
+}
+
+void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0, int nr,
+                    int64_t kt, int ncols, const int64_t *lo, const int64_t *hi, int *a, int *e,
+                    float *dcap, size_t ldd) {
+    const float ninf = -INFINITY;
+    for (int r = 0; r < nr; r++) {
+        float *row = s + (size_t)r * lds;
+        int64_t x = lo[r] - kt, y = hi[r] - kt;
+        if (x < 0) x = 0;
+        if (y > ncols) y = ncols;
+        if (y < x) y = x = 0;
+        a[r] = (int)x;
+        e[r] = (int)y;
+        if (c->natural) {
+            double sn = c->scale_nat;
+            if (c->cap > 0.0) {
+                float *dr = dcap ? dcap + (size_t)r * ldd : NULL;
+                for (int64_t j = x; j < y; j++) {
+                    double t = tanh((double)row[j] * sn / c->cap);
+                    row[j] = (float)(c->cap * t);
+                    if (dr) dr[j] = (float)(1.0 - t * t);
+                }
+            } else {
+                for (int64_t j = x; j < y; j++) row[j] = (float)((double)row[j] * sn);
+            }
+            if (c->bias) {
+                const float *br = c->bias + h * c->bias_head_stride + (i0 + r) * c->nk + kt;
+                for (int64_t j = x; j < y; j++) row[j] += br[j];
+            }
+        }
+        for (int64_t j = 0; j < x; j++) row[j] = ninf;
+        for (int64_t j = y; j < ncols; j++) row[j] = ninf;
+    }
+}
+
+void fa_pv_ranges(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
+                  size_t ldp, const float *v, size_t ldv, size_t dv, const int *a, const int *e,
+                  int nvalid) {
+    const qkv_kernels *K = c->K;
+    int c0 = 0, c1 = INT32_MAX;
+    for (int r = 0; r < nvalid; r++) {
+        if (a[r] > c0) c0 = a[r];
+        if (e[r] < c1) c1 = e[r];
+    }
+    if (c0 < c1) {
+        K->pv(o, ldo, alpha, p + c0, ldp, v + (size_t)c0 * ldv, ldv, (size_t)(c1 - c0), dv, 8);
+        for (int r = 0; r < nvalid; r++) {
+            if (a[r] < c0)
+                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + a[r], ldp, v + (size_t)a[r] * ldv, ldv,
+                      (size_t)(c0 - a[r]), dv, 1);
+            if (e[r] > c1)
+                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + c1, ldp, v + (size_t)c1 * ldv, ldv,
+                      (size_t)(e[r] - c1), dv, 1);
+        }
+    } else {
+        if (alpha) K->pv(o, ldo, alpha, p, ldp, v, ldv, 0, dv, 8);
+        for (int r = 0; r < nvalid; r++)
+            if (e[r] > a[r])
+                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + a[r], ldp, v + (size_t)a[r] * ldv, ldv,
+                      (size_t)(e[r] - a[r]), dv, 1);
+    }
+}
+
+void fa_normalise_backward(const float *x, float *g, int64_t D) {
+    double ss = 0.0, dot = 0.0;
+    for (int64_t t = 0; t < D; t++) ss += (double)x[t] * x[t];
+    double n = sqrt(ss);
+    if (n <= FA_COSINE_EPS) {
+        for (int64_t t = 0; t < D; t++) g[t] = (float)(g[t] / FA_COSINE_EPS);
+        return;
+    }
+    for (int64_t t = 0; t < D; t++) dot += (double)x[t] * g[t];
+    for (int64_t t = 0; t < D; t++) g[t] = (float)((g[t] - x[t] * dot / ss) / n);
+}

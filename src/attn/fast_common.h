@@ -1,0 +1,98 @@
+/* The fast attention framework (FlashAttention-2 on CPU), shared between the
+ * forward and the backward: the per-call context, packing, the score
+ * transform of one tile (soft-cap, bias, mask) and the masked PV product.
+ * Loops, tiling and masking live here once; the registers are the kernels'
+ * (core/cpu.h).
+ *
+ * Units: a tile of scores holds either the raw dot products q.k ("raw
+ * mode": no soft-cap, no bias, positive scale: the common case, nothing to do
+ * per element) or the final natural logits (soft-cap and bias applied by
+ * fa_scores_rows). Either way c->sc times a tile value is the logit in base 2,
+ * and the softmax kernel applies exp2(fma(sc, s, -sc*m)) directly
+ * (FlashAttention-2's exp2 trick, with the scale folded into one fused
+ * multiply-subtract so that huge logits lose no accuracy near the max). */
+#ifndef QKV_ATTN_FAST_COMMON_H
+#define QKV_ATTN_FAST_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/cpu.h"
+#include "core/internal.h"
+
+#define FA_BQ 64   /* query rows per block */
+#define FA_BK 128  /* keys per tile (4 panels) */
+#define FA_LOG2E 1.4426950408889634
+#define FA_LN2 0.6931471805599453
+#define FA_COSINE_EPS 1e-12 /* as the reference and torch.nn.functional.normalize */
+
+typedef struct fa_ctx {
+    const qkv_plan *p;
+    const qkv_kernels *K;
+    int threads;
+    int64_t B, nq, nk, H, Hkv, G, D, Dv;
+    qkv_norm norm;
+    int relu_div;
+    double cap;            /* soft-cap c, 0 = off */
+    double scale_nat;      /* ds/d(q.k) on the (normalised) vectors: scale, 1 or 1/T */
+    int natural;           /* tiles hold natural logits (else raw q.k) */
+    float sc;              /* tile value -> base-2 logit multiplier (> 0) */
+    double s2nat;          /* tile value -> natural logit multiplier */
+    const float *bias;     /* base of the bias for head 0, or NULL */
+    int64_t bias_head_stride; /* n_q * n_k for PER_HEAD, 0 for SHARED */
+    const float *q, *k, *v;   /* the inputs (normalised copies for cosine) */
+    const float *q_in, *k_in; /* the caller's q, k */
+    int64_t ldq, ldk, ldv, ldo; /* row strides: H*D, Hkv*D, Hkv*Dv, H*Dv */
+    float *kt;             /* K packed in panels per (b, kv head) */
+    int64_t kt_stride;     /* floats per (b, kv head) in kt */
+} fa_ctx;
+
+/* 64-byte aligned allocation through qkv_alloc; fa_free(NULL) is a no-op. */
+void *fa_alloc(size_t bytes);
+void fa_free(void *p);
+/* bytes rounded up to a multiple of 64 (for carving one allocation). */
+static inline size_t fa_round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+static inline int64_t fa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* Fill the context's fields from a plan (no allocation). */
+void fa_ctx_init(fa_ctx *c, const qkv_plan *p, const float *q, const float *k, const float *v);
+
+/* COSINE: *qn, *kn = copies of q, k with every row divided by max(|row|, eps)
+ * (norms in double). Returns QKV_ERR_OUT_OF_MEMORY or QKV_OK; sets c->q, c->k. */
+qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
+
+/* Pack rows [0, n) of a row-major matrix (stride ld) into panels of 32 rows:
+ * dst[(p*D + d)*32 + r%32] = mul * src[(32p + r%32)*ld + d], 0 past row n. */
+void fa_pack_panels(float *dst, const float *src, int64_t n, int64_t ld, int64_t D, float mul);
+
+/* Pack K of every (b, kv head) into c->kt (allocated here; free with fa_free),
+ * in parallel. */
+qkv_status fa_pack_k(fa_ctx *c);
+
+/* The visible range [lo, hi) of the queries i0 .. i0+n-1 of batch b;
+ * returns 1 if any is non-empty and sets *blo, *bhi to the union's bounds. */
+int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, int64_t *hi,
+                    int64_t *blo, int64_t *bhi);
+
+/* Turn a row-major tile of raw scores q.k (rows = queries i0+r, r < nr;
+ * columns = keys kt+col, col < ncols) into tile units (see the top): in
+ * natural mode scale, soft-cap and bias; always -inf outside each row's range. When dcap is given it receives
+ * 1 - tanh^2 (the soft-cap's derivative) at stride ldd. a[r], e[r] receive the
+ * row's visible columns [a, e) within the tile. */
+void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0, int nr,
+                    int64_t kt, int ncols, const int64_t *lo, const int64_t *hi, int *a, int *e,
+                    float *dcap, size_t ldd);
+
+/* o (8 rows) += p . v over a tile where row r may only use columns [a[r], e[r])
+ * (rows >= nvalid are padding and follow the common range): the common range
+ * goes through the 8-row kernel (with the rescale alpha), the rest row by row,
+ * so a masked key's value is never multiplied, not even by 0. */
+void fa_pv_ranges(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
+                  size_t ldp, const float *v, size_t ldv, size_t dv, const int *a, const int *e,
+                  int nvalid);
+
+/* COSINE backward: g <- J(x)^T g for x -> x / max(|x|, eps), in place, with
+ * x the caller's row (float) and g the gradient w.r.t. the normalised row. */
+void fa_normalise_backward(const float *x, float *g, int64_t D);
+
+#endif

@@ -1,0 +1,220 @@
+/* Fast forward (FlashAttention-2, Dao 2023, on CPU). Work unit: one block of
+ * FA_BQ query rows of one (b, h). For each tile of FA_BK keys that some row
+ * of the block can see: S = Q K^T (kernel), soft-cap / bias / mask, one
+ * online-softmax step (running max from -inf, rescale alpha), O = alpha O +
+ * P V (kernel). Tiles outside every row's key range are never touched, so a
+ * causal mask costs about half and a window of width r costs O(n r D).
+ * Memory: K packed once per call (O(n D)), per-thread tiles; the attention
+ * matrix only when the caller passes one, filled block by block from the
+ * saved log-sum-exp in a second sweep over the block's tiles. */
+#include <math.h>
+#include <string.h>
+
+#include "attn/fast.h"
+#include "attn/fast_common.h"
+#include "core/threads.h"
+
+int qkv_fast_supported(const qkv_plan *p) {
+    return p->d.dtype == QKV_F32 && p->d.score != QKV_SCORE_ADDITIVE;
+}
+
+typedef struct fwd_ctx {
+    fa_ctx c;
+    float *out, *attn, *lse;
+    int64_t nqb;          /* query blocks per (b, h) */
+    int64_t ldob;         /* row stride of the O accumulator */
+    unsigned char *ws;    /* per-thread workspace */
+    size_t ws_stride;
+} fwd_ctx;
+
+typedef struct fwd_ws {
+    float *qb, *s, *pw, *o, *m, *l, *alpha, *cnt;
+    int64_t *lo, *hi;
+    int *a, *e;
+} fwd_ws;
+
+static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
+    size_t at = 0;
+#define CARVE(field, type, count)                                   \
+    do {                                                            \
+        if (w) w->field = (type *)(void *)(base + at);              \
+        at += fa_round64((size_t)(count) * sizeof(type));           \
+    } while (0)
+    CARVE(qb, float, FA_BQ * f->c.D);
+    CARVE(s, float, FA_BQ * FA_BK);
+    CARVE(pw, float, FA_BQ * FA_BK);
+    CARVE(o, float, FA_BQ * f->ldob);
+    CARVE(m, float, FA_BQ);
+    CARVE(l, float, FA_BQ);
+    CARVE(alpha, float, FA_BQ);
+    CARVE(cnt, float, FA_BQ);
+    CARVE(lo, int64_t, FA_BQ);
+    CARVE(hi, int64_t, FA_BQ);
+    CARVE(a, int, FA_BQ);
+    CARVE(e, int, FA_BQ);
+#undef CARVE
+    return at;
+}
+
+/* Elementwise weights of the ReLU and sigmoid normalisers from log2-unit
+ * logits (masked = -inf gives exactly 0; NaN propagates as in the reference). */
+static void elementwise_weights(const fa_ctx *c, const float *s, float *w, int a, int e) {
+    for (int j = a; j < e; j++) {
+        float x = s[j];
+        if (x == -INFINITY) {
+            w[j] = 0.0f;
+            continue;
+        }
+        double xn = (double)x * c->s2nat;
+        if (c->norm == QKV_NORM_RELU) w[j] = xn < 0.0 ? 0.0f : (float)xn;
+        else w[j] = (float)(1.0 / (1.0 + exp(-xn)));
+    }
+}
+
+static void fwd_unit(void *vf, int64_t u, int t) {
+    fwd_ctx *f = vf;
+    const fa_ctx *c = &f->c;
+    const qkv_kernels *K = c->K;
+    fwd_ws w;
+    fwd_ws_layout(f, f->ws + (size_t)t * f->ws_stride, &w);
+
+    const int64_t qb = u % f->nqb, bh = u / f->nqb, h = bh % c->H, b = bh / c->H;
+    const int64_t i0 = qb * FA_BQ, D = c->D, Dv = c->Dv, kv = h / c->G;
+    const int nr = (int)(c->nq - i0 < FA_BQ ? c->nq - i0 : FA_BQ);
+    const int rows = (int)fa_round_up(nr, 8);
+    const int softmax = c->norm == QKV_NORM_SOFTMAX, stats = softmax || f->lse;
+    const size_t ldob = (size_t)f->ldob;
+    int64_t blo, bhi;
+    int any = fa_query_ranges(c, b, i0, nr, w.lo, w.hi, &blo, &bhi);
+
+    for (int r = 0; r < rows; r++) {
+        float *dst = w.qb + (size_t)r * D;
+        if (r < nr) {
+            const float *src = c->q + ((b * c->nq + i0 + r) * c->H + h) * D;
+            memcpy(dst, src, (size_t)D * sizeof(float));
+        } else {
+            memset(dst, 0, (size_t)D * sizeof(float));
+        }
+        w.m[r] = -INFINITY;
+        w.l[r] = 0.0f;
+        w.cnt[r] = 0.0f;
+        memset(w.o + (size_t)r * ldob, 0, ldob * sizeof(float));
+    }
+    for (int r = nr; r < rows; r++) {
+        w.a[r] = 0;
+        w.e[r] = 0;
+    }
+
+    const float *ktb = c->kt + (b * c->Hkv + kv) * c->kt_stride;
+    const float *vb = c->v + (b * c->nk * c->Hkv + kv) * Dv;
+    const int64_t kstart = blo / QKV_PANEL * QKV_PANEL;
+    if (any) {
+        for (int64_t kt = kstart; kt < bhi; kt += FA_BK) {
+            int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
+            size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
+            K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
+                  np, w.s, FA_BK);
+            fa_scores_rows(c, w.s, FA_BK, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
+            const float *pw = w.s;
+            if (!softmax) {
+                for (int r = 0; r < rows; r++) {
+                    float *wr = w.pw + (size_t)r * FA_BK;
+                    if (r >= nr) {
+                        memset(wr, 0, FA_BK * sizeof(float));
+                        continue;
+                    }
+                    const float *sr = w.s + (size_t)r * FA_BK;
+                    elementwise_weights(c, sr, wr, w.a[r], w.e[r]);
+                    for (int j = w.a[r]; j < w.e[r]; j++) w.cnt[r] += sr[j] != -INFINITY;
+                }
+                pw = w.pw;
+            }
+            if (stats) K->softmax(w.s, FA_BK, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
+            for (int g = 0; g < rows; g += 8)
+                fa_pv_ranges(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
+                             pw + (size_t)g * FA_BK, FA_BK, vb + kt * c->ldv, (size_t)c->ldv,
+                             (size_t)Dv, w.a + g, w.e + g, nr - g < 8 ? nr - g : 8);
+        }
+    }
+
+    /* Normalise and store. The attention matrix sweep needs the row's shift
+     * b = sc*m (rounded as the kernel rounds it) and 1/l: kept in alpha, cnt. */
+    for (int r = 0; r < nr; r++) {
+        float *orow = w.o + (size_t)r * ldob;
+        float *dst = f->out + ((b * c->nq + i0 + r) * c->H + h) * Dv;
+        int empty = w.m[r] == -INFINITY;
+        float mul = 1.0f;
+        if (softmax) mul = empty ? 0.0f : 1.0f / w.l[r];
+        else if (c->norm == QKV_NORM_RELU && c->relu_div) mul = w.cnt[r] > 0 ? 1.0f / w.cnt[r] : 0.0f;
+        if (softmax && empty) memset(dst, 0, (size_t)Dv * sizeof(float));
+        else for (int64_t d = 0; d < Dv; d++) dst[d] = orow[d] * mul;
+        float shift = c->sc * w.m[r];
+        double l2 = empty ? -INFINITY : (double)shift + log2((double)w.l[r]);
+        if (f->lse) f->lse[(b * c->H + h) * c->nq + i0 + r] = (float)(l2 * FA_LN2);
+        if (softmax) {
+            w.alpha[r] = shift;
+            w.cnt[r] = empty ? 0.0f : 1.0f / w.l[r];
+        }
+    }
+
+    if (!f->attn) return;
+    for (int r = 0; r < nr; r++)
+        memset(f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk, 0, (size_t)c->nk * sizeof(float));
+    if (!any) return;
+    for (int64_t kt = kstart; kt < bhi; kt += FA_BK) {
+        int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
+        size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
+        K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows, np,
+              w.s, FA_BK);
+        fa_scores_rows(c, w.s, FA_BK, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
+        for (int r = 0; r < nr; r++) {
+            int a = w.a[r], e = w.e[r];
+            if (e <= a) continue;
+            float *sr = w.s + (size_t)r * FA_BK;
+            float *dst = f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk + kt;
+            if (softmax) {
+                if (w.m[r] == -INFINITY) continue;
+                double shift = w.alpha[r], sc = c->sc;
+                for (int j = a; j < e; j++) sr[j] = (float)(sc * sr[j] - shift);
+                K->exp2(sr + a, (size_t)(e - a));
+                float invl = w.cnt[r];
+                for (int j = a; j < e; j++) dst[j] = sr[j] * invl;
+            } else {
+                elementwise_weights(c, sr, dst, a, e);
+                if (c->norm == QKV_NORM_RELU && c->relu_div) {
+                    float mul = w.cnt[r] > 0 ? 1.0f / w.cnt[r] : 0.0f;
+                    for (int j = a; j < e; j++) dst[j] *= mul;
+                }
+            }
+        }
+    }
+}
+
+qkv_status qkv_fast_forward(const qkv_plan *p, const float *q, const float *k, const float *v,
+                            float *out, float *attn, float *lse) {
+    fwd_ctx f;
+    memset(&f, 0, sizeof f);
+    fa_ctx_init(&f.c, p, q, k, v);
+    f.out = out;
+    f.attn = attn;
+    f.lse = lse;
+    f.nqb = (f.c.nq + FA_BQ - 1) / FA_BQ;
+    f.ldob = fa_round_up(f.c.Dv, 16);
+    float *qn = NULL, *kn = NULL;
+    qkv_status st = QKV_OK;
+    if (p->d.score == QKV_SCORE_COSINE) st = fa_normalise_inputs(&f.c, &qn, &kn);
+    if (st == QKV_OK) st = fa_pack_k(&f.c);
+    int64_t units = f.c.B * f.c.H * f.nqb;
+    int threads = f.c.threads < units ? f.c.threads : (int)units;
+    if (st == QKV_OK) {
+        f.ws_stride = fwd_ws_layout(&f, NULL, NULL);
+        f.ws = fa_alloc(f.ws_stride * (size_t)threads);
+        if (!f.ws) st = QKV_ERR_OUT_OF_MEMORY;
+    }
+    if (st == QKV_OK) qkv_parallel_for(threads, units, fwd_unit, &f);
+    fa_free(f.ws);
+    fa_free(f.c.kt);
+    fa_free(qn);
+    fa_free(kn);
+    return st;
+}

@@ -1,0 +1,73 @@
+/* CPU detection and the table of attention micro-kernels (internal).
+ *
+ * The fast attention framework (src/attn/) owns loops, tiling, masking,
+ * online-softmax bookkeeping and threading; the kernels below own the
+ * registers. One table per ISA (src/kernels/<isa>/), chosen once at first use
+ * from CPUID + XGETBV, or forced with QKV_ARCH=generic|avx2|avx512 (an
+ * unsupported request falls back to the best the CPU has). */
+#ifndef QKV_CORE_CPU_H
+#define QKV_CORE_CPU_H
+
+#include <stddef.h>
+
+typedef enum qkv_arch {
+    QKV_ARCH_GENERIC = 0,
+    QKV_ARCH_AVX2 = 1,   /* AVX2 + FMA (+ OS saves YMM) */
+    QKV_ARCH_AVX512 = 2, /* AVX-512 F/DQ/BW/VL (+ OS saves ZMM and opmasks) */
+    QKV_ARCH_COUNT = 3
+} qkv_arch;
+
+/* Keys per packed K panel. A packed K holds, for panel p (keys 32p..32p+31)
+ * and dimension d, the 32 keys' values contiguous:
+ *     kp[(p * D + d) * QKV_PANEL + c] = K[32p + c][d]   (0 past the last key). */
+#define QKV_PANEL 32
+
+/* The micro-kernel contract. All pointers are float; "ld" are row strides in
+ * elements. Kernels never allocate and never read outside the ranges given
+ * (tails use masked or scalar accesses). */
+typedef struct qkv_kernels {
+    const char *name;
+    /* s[r*lds + c] = sum_{d<D} q[r*ldq + d] * kp[(p*D + d)*32 + c%32], p = c/32,
+     * for r < rows (a multiple of 8) and c < 32*npanels. */
+    void (*qk)(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
+               size_t npanels, float *s, size_t lds);
+    /* o[r*ldo + c] = a_r * o[r*ldo + c] + sum_{j<nk} p[r*ldp + j] * v[j*ldv + c]
+     * for r < rows (1..8), c < dv; a_r = alpha[r], or 1 when alpha is NULL.
+     * Reads exactly v[j*ldv + c] for j < nk, c < dv. */
+    void (*pv)(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+               const float *v, size_t ldv, size_t nk, size_t dv, size_t rows);
+    /* One online-softmax step over rows r < rows of s (cols entries each,
+     * -inf = masked), whose logits in base 2 are c * s (c > 0):
+     * mn = max(m[r], max_c s); b = c*mn, b_old = c*m[r] (both rounded to
+     * float the same way every time, so the shifts cancel exactly in O/l);
+     * alpha[r] = 2^(b_old - b); s = 2^(fma(c, s, -b)) in place (the fused
+     * multiply-subtract keeps c*s - b accurate near the max even when the
+     * logits are huge); l[r] = l[r]*alpha[r] + sum_c s; m[r] = mn. A row still
+     * all -inf keeps m = -inf, alpha = 1, s = 0 (never exp(-inf - -inf)). */
+    void (*softmax)(float *s, size_t lds, size_t rows, size_t cols, float c, float *m, float *l,
+                    float *alpha);
+    /* x[i] = 2^x[i] in place: exactly 0 for x < -126 (no subnormals), +inf on
+     * overflow, NaN stays NaN. */
+    void (*exp2)(float *x, size_t n);
+} qkv_kernels;
+
+extern const qkv_kernels qkv_kernels_generic;
+extern const qkv_kernels qkv_kernels_avx2;
+extern const qkv_kernels qkv_kernels_avx512;
+
+/* Whether the CPU and OS support an arch and this build has its kernels. */
+int qkv_cpu_has(qkv_arch arch);
+
+/* The kernel table in use: the forced arch if any, else QKV_ARCH (read once),
+ * else the best the CPU has. Thread-safe; never NULL. */
+const qkv_kernels *qkv_kernels_active(void);
+
+/* Internal, for tests: force an arch for later calls (-1 restores the
+ * default). Returns 1 when applied, 0 when the arch is not supported here
+ * (then nothing changes). Not to be called concurrently with attention calls. */
+int qkv_cpu_force_arch(int arch);
+
+/* "generic", "avx2", "avx512". */
+const char *qkv_arch_name(int arch);
+
+#endif

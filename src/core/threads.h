@@ -1,0 +1,24 @@
+/* Threads for the fast paths (internal): per-call worker threads with static,
+ * interleaved partitioning. Which thread runs a unit never changes what the
+ * unit computes, so results are bitwise identical for any thread count. */
+#ifndef QKV_CORE_THREADS_H
+#define QKV_CORE_THREADS_H
+
+#include <stdint.h>
+
+/* Most threads one call uses (callers size per-thread workspace with it). */
+#define QKV_MAX_THREADS 64
+
+/* The thread count for a call: `requested` when > 0, else QKV_NUM_THREADS
+ * when set to a positive integer, else the number of online cores; at least 1. */
+int qkv_threads_resolve(int requested);
+
+/* Calls fn(ctx, unit, t) for every unit in [0, units), thread t handling
+ * units t, t + T, t + 2T, ... (T = nthreads, clamped to
+ * [1, min(units, QKV_MAX_THREADS)]). The
+ * calling thread is thread 0. If a worker cannot be started, the caller runs
+ * that worker's units itself (same t). Returns when all units are done. */
+typedef void (*qkv_unit_fn)(void *ctx, int64_t unit, int thread);
+void qkv_parallel_for(int nthreads, int64_t units, qkv_unit_fn fn, void *ctx);
+
+#endif

@@ -1,0 +1,166 @@
+/* AVX-512F micro-kernels (compiled with -mavx512f/dq/bw/vl -mfma only here).
+ * Register tiles of 8 rows x 32 columns (16 zmm accumulators) for both QK^T
+ * and PV; tails use masked loads and stores, so nothing outside the given
+ * ranges is read or written. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "core/cpu.h"
+
+#define REP8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
+/* 2^x: range reduction x = n + f, |f| <= 1/2, 2^f = 1 + f*P(f) with Cephes'
+ * degree-5 P (relative error ~1e-7), scaled by 2^n with vscalefps. Inputs
+ * below -126 give exactly 0 (the result would be subnormal), NaN stays NaN
+ * (vmaxps/vminps return the second operand when one is NaN). */
+static inline __m512 exp2_ps(__m512 x) {
+    __m512 xc = _mm512_min_ps(_mm512_set1_ps(128.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), x));
+    __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(xc, n);
+    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 r = _mm512_scalef_ps(p, n);
+    __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
+    return _mm512_maskz_mov_ps((__mmask16)~under, r);
+}
+
+static inline __mmask16 tail_mask(size_t rem) {
+    return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
+}
+
+static void qk_avx512(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
+                      size_t npanels, float *s, size_t lds) {
+    for (size_t p = 0; p < npanels; p++) {
+        const float *panel = kp + p * D * QKV_PANEL;
+        for (size_t r0 = 0; r0 < rows; r0 += 8) {
+            const float *q0 = q + r0 * ldq;
+            __m512 a0[8], a1[8];
+#define ZERO(r) a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps();
+            REP8(ZERO)
+#undef ZERO
+            for (size_t d = 0; d < D; d++) {
+                __m512 k0 = _mm512_loadu_ps(panel + d * QKV_PANEL);
+                __m512 k1 = _mm512_loadu_ps(panel + d * QKV_PANEL + 16);
+#define FMA(r)                                                \
+    {                                                         \
+        __m512 x = _mm512_set1_ps(q0[(r) * ldq + d]);         \
+        a0[r] = _mm512_fmadd_ps(x, k0, a0[r]);                \
+        a1[r] = _mm512_fmadd_ps(x, k1, a1[r]);                \
+    }
+                REP8(FMA)
+#undef FMA
+            }
+            float *s0 = s + r0 * lds + p * QKV_PANEL;
+#define STORE(r) _mm512_storeu_ps(s0 + (r) * lds, a0[r]); _mm512_storeu_ps(s0 + (r) * lds + 16, a1[r]);
+            REP8(STORE)
+#undef STORE
+        }
+    }
+}
+
+static void pv8(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+                const float *v, size_t ldv, size_t nk, size_t dv) {
+    for (size_t c = 0; c < dv; c += 32) {
+        __mmask16 m0 = tail_mask(dv - c), m1 = dv - c > 16 ? tail_mask(dv - c - 16) : 0;
+        __m512 a0[8], a1[8];
+        float *oc = o + c;
+#define LOAD(r)                                                             \
+    a0[r] = _mm512_maskz_loadu_ps(m0, oc + (r) * ldo);                      \
+    a1[r] = _mm512_maskz_loadu_ps(m1, oc + (r) * ldo + 16);                 \
+    if (alpha) {                                                            \
+        __m512 al = _mm512_set1_ps(alpha[r]);                               \
+        a0[r] = _mm512_mul_ps(al, a0[r]);                                   \
+        a1[r] = _mm512_mul_ps(al, a1[r]);                                   \
+    }
+        REP8(LOAD)
+#undef LOAD
+        const float *vc = v + c;
+        for (size_t j = 0; j < nk; j++) {
+            __m512 v0 = _mm512_maskz_loadu_ps(m0, vc + j * ldv);
+            __m512 v1 = _mm512_maskz_loadu_ps(m1, vc + j * ldv + 16);
+#define FMA(r)                                                \
+    {                                                         \
+        __m512 x = _mm512_set1_ps(p[(r) * ldp + j]);          \
+        a0[r] = _mm512_fmadd_ps(x, v0, a0[r]);                \
+        a1[r] = _mm512_fmadd_ps(x, v1, a1[r]);                \
+    }
+            REP8(FMA)
+#undef FMA
+        }
+#define STORE(r)                                                            \
+    _mm512_mask_storeu_ps(oc + (r) * ldo, m0, a0[r]);                       \
+    _mm512_mask_storeu_ps(oc + (r) * ldo + 16, m1, a1[r]);
+        REP8(STORE)
+#undef STORE
+    }
+}
+
+static void pv1(float *o, const float *alpha, const float *p, const float *v, size_t ldv,
+                size_t nk, size_t dv) {
+    for (size_t c = 0; c < dv; c += 16) {
+        __mmask16 m0 = tail_mask(dv - c);
+        __m512 a = _mm512_maskz_loadu_ps(m0, o + c);
+        if (alpha) a = _mm512_mul_ps(_mm512_set1_ps(alpha[0]), a);
+        for (size_t j = 0; j < nk; j++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m0, v + j * ldv + c), a);
+        _mm512_mask_storeu_ps(o + c, m0, a);
+    }
+}
+
+static void pv_avx512(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+                      const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
+    if (rows == 8) {
+        pv8(o, ldo, alpha, p, ldp, v, ldv, nk, dv);
+        return;
+    }
+    for (size_t r = 0; r < rows; r++)
+        pv1(o + r * ldo, alpha ? alpha + r : NULL, p + r * ldp, v, ldv, nk, dv);
+}
+
+static void exp2_avx512(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, exp2_ps(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+static float exp2_scalar(float x) { return x < -126.0f ? 0.0f : exp2f(x); }
+
+static void softmax_avx512(float *s, size_t lds, size_t rows, size_t cols, float cm, float *m,
+                           float *l, float *alpha) {
+    const __m512 vc = _mm512_set1_ps(cm);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (size_t r = 0; r < rows; r++) {
+        float *row = s + r * lds;
+        __m512 mx = ninf;
+        for (size_t c = 0; c < cols; c += 16)
+            mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail_mask(cols - c), row + c));
+        float mt = _mm512_reduce_max_ps(mx);
+        float mn = m[r] > mt ? m[r] : mt;
+        float a = 1.0f, base = 0.0f;
+        if (mn != -INFINITY) {
+            base = cm * mn;
+            float bold = cm * m[r]; /* separate statements: never contracted */
+            a = exp2_scalar(bold - base);
+        }
+        __m512 vb = _mm512_set1_ps(base), acc = _mm512_setzero_ps();
+        for (size_t c = 0; c < cols; c += 16) {
+            __mmask16 tm = tail_mask(cols - c);
+            __m512 e = exp2_ps(_mm512_fmsub_ps(vc, _mm512_mask_loadu_ps(ninf, tm, row + c), vb));
+            _mm512_mask_storeu_ps(row + c, tm, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        l[r] = l[r] * a + _mm512_reduce_add_ps(acc);
+        m[r] = mn;
+        alpha[r] = a;
+    }
+}
+
+const qkv_kernels qkv_kernels_avx512 = {
+    "avx512", qk_avx512, pv_avx512, softmax_avx512, exp2_avx512,
+};

@@ -1,0 +1,81 @@
+/* Portable micro-kernels: plain C loops over the contract in core/cpu.h,
+ * written so that a compiler can vectorise them with the baseline ISA. Also
+ * the fallback on non-x86 machines. */
+#include <math.h>
+
+#include "core/cpu.h"
+
+static void qk_generic(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
+                       size_t npanels, float *s, size_t lds) {
+    for (size_t p = 0; p < npanels; p++) {
+        const float *panel = kp + p * D * QKV_PANEL;
+        for (size_t r = 0; r < rows; r++) {
+            float acc[QKV_PANEL];
+            for (int c = 0; c < QKV_PANEL; c++) acc[c] = 0.0f;
+            const float *qr = q + r * ldq;
+            for (size_t d = 0; d < D; d++) {
+                float x = qr[d];
+                const float *kd = panel + d * QKV_PANEL;
+                for (int c = 0; c < QKV_PANEL; c++) acc[c] += x * kd[c];
+            }
+            float *sr = s + r * lds + p * QKV_PANEL;
+            for (int c = 0; c < QKV_PANEL; c++) sr[c] = acc[c];
+        }
+    }
+}
+
+static void pv_generic(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+                       const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
+    for (size_t r = 0; r < rows; r++) {
+        float *orow = o + r * ldo;
+        if (alpha) {
+            float a = alpha[r];
+            for (size_t c = 0; c < dv; c++) orow[c] *= a;
+        }
+        const float *prow = p + r * ldp;
+        for (size_t j = 0; j < nk; j++) {
+            float w = prow[j];
+            const float *vj = v + j * ldv;
+            for (size_t c = 0; c < dv; c++) orow[c] += w * vj[c];
+        }
+    }
+}
+
+static float exp2_one(float x) {
+    /* Below -126 the result would be subnormal: flush to exactly 0. NaN
+     * compares false and goes through exp2f, which keeps it. */
+    return x < -126.0f ? 0.0f : exp2f(x);
+}
+
+static void exp2_generic(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = exp2_one(x[i]);
+}
+
+static void softmax_generic(float *s, size_t lds, size_t rows, size_t cols, float cm, float *m,
+                            float *l, float *alpha) {
+    for (size_t r = 0; r < rows; r++) {
+        float *row = s + r * lds;
+        float mt = -INFINITY;
+        for (size_t c = 0; c < cols; c++) mt = row[c] > mt ? row[c] : mt;
+        float mn = m[r] > mt ? m[r] : mt;
+        float a = 1.0f, base = 0.0f;
+        if (mn != -INFINITY) {
+            base = cm * mn;
+            float bold = cm * m[r]; /* separate statements: never contracted */
+            a = exp2_one(bold - base);
+        }
+        float sum = 0.0f;
+        for (size_t c = 0; c < cols; c++) {
+            float e = exp2_one((float)((double)cm * row[c] - base)); /* exact product */
+            row[c] = e;
+            sum += e;
+        }
+        l[r] = l[r] * a + sum;
+        m[r] = mn;
+        alpha[r] = a;
+    }
+}
+
+const qkv_kernels qkv_kernels_generic = {
+    "generic", qk_generic, pv_generic, softmax_generic, exp2_generic,
+};

@@ -1,0 +1,346 @@
+/* The fast forward path against the double reference, on every ISA path
+ * this machine has: shape sweeps, every score x normaliser x mask, soft-cap,
+ * bias, GQA, n_q != n_k, D_v != D, packed sequences, key lengths, fully
+ * masked rows, huge logits, NaN planted in masked keys, the attention matrix
+ * and log-sum-exp outputs, guard bytes, and bitwise identity across thread
+ * counts 1, 2, 3. Tolerance: see test_fast_common.h (k = 2). */
+#include <stdio.h>
+
+#include "test_fast_common.h"
+
+static int g_arch;
+/* Extra absolute tolerance for huge logits (test_large_logits only): a float
+ * logit of magnitude L carries a rounding error ~L * 2^-24 that no float
+ * implementation avoids, and which moves the output by up to that times
+ * max|v|; naive32 may be luckier or unluckier on a given row. */
+static double g_extra_tol;
+
+/* Run the fast forward with `threads`; outputs in guarded buffers. */
+typedef struct fwd_out { float *o, *lse, *attn; qkv_status st; } fwd_out;
+
+static fwd_out run_fast(const fprob *p, int threads, int want_attn) {
+    fwd_out r;
+    qkv_attn_desc d = p->d;
+    d.impl = QKV_IMPL_FAST;
+    d.threads = threads;
+    r.o = tu_guarded_alloc((size_t)p->no_el * sizeof(float));
+    r.lse = tu_guarded_alloc((size_t)p->nl_el * sizeof(float));
+    r.attn = want_attn ? tu_guarded_alloc((size_t)p->na_el * sizeof(float)) : NULL;
+    r.st = qkv_attention_forward(&d, p->q, p->k, p->v, r.o, r.attn, r.lse);
+    return r;
+}
+
+static void free_out(fwd_out *r) {
+    tu_guarded_free(r->o);
+    tu_guarded_free(r->lse);
+    tu_guarded_free(r->attn);
+}
+
+static void describe(const fprob *p, char *buf, size_t len) {
+    const qkv_attn_desc *d = &p->d;
+    snprintf(buf, len,
+             "[%s] B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld score=%d norm=%d%s mask=%d(%lld,%lld) "
+             "cap=%g bias=%d kl=%d packed=%lld",
+             qkv_arch_name(g_arch), (long long)d->batch, (long long)d->n_q, (long long)d->n_k,
+             (long long)d->heads, (long long)d->heads_kv, (long long)d->dim, (long long)d->dim_v,
+             d->score, d->norm, d->relu_divide_by_count ? "/cnt" : "", d->mask,
+             (long long)d->window_left, (long long)d->window_right, d->softcap, d->bias_kind,
+             d->key_lengths != NULL, (long long)d->num_seqs);
+}
+
+/* Compare fast vs ref64 vs naive32 for one problem. */
+static void check_problem(fprob *p, int want_attn, int check_threads) {
+    char what[400];
+    describe(p, what, sizeof what);
+    fp_sync(p);
+    qkv_attn_desc d64 = fp_desc64(p);
+    double *ro = malloc((size_t)p->no_el * sizeof(double)), *rl = malloc((size_t)p->nl_el * sizeof(double));
+    double *ra = want_attn ? malloc((size_t)p->na_el * sizeof(double)) : NULL;
+    qkv_status st = qkv_attention_forward(&d64, p->qd, p->kd, p->vd, ro, ra, rl);
+    CHECK(st == QKV_OK, "reference failed %d %s", st, what);
+
+    float *no = malloc((size_t)p->no_el * sizeof(float)), *nl = malloc((size_t)p->nl_el * sizeof(float));
+    float *na = want_attn ? malloc((size_t)p->na_el * sizeof(float)) : NULL;
+    n32_forward(p, no, nl, na);
+
+    fwd_out f = run_fast(p, 1, want_attn);
+    CHECK(f.st == QKV_OK, "fast failed %d %s", f.st, what);
+    CHECK(tu_guarded_ok(f.o) && tu_guarded_ok(f.lse) && (!f.attn || tu_guarded_ok(f.attn)),
+          "guard bytes overwritten %s", what);
+
+    double eo = fp_err(f.o, ro, p->no_el), bo = fp_err(no, ro, p->no_el);
+    double el = fp_err(f.lse, rl, p->nl_el), bl = fp_err(nl, rl, p->nl_el);
+    CHECK(eo <= 2 * bo + 1e-5 + g_extra_tol, "out err %.3g > 2 * naive %.3g + 1e-5 %s", eo, bo, what);
+    CHECK(el <= 2 * bl + 1e-5, "lse err %.3g > 2 * naive %.3g + 1e-5 %s", el, bl, what);
+    CHECK(!fp_any_nan(f.o, p->no_el) || tu_has_nan_f64(ro, (size_t)p->no_el), "NaN in out %s", what);
+    if (want_attn) {
+        double ea = fp_err(f.attn, ra, p->na_el), ba = fp_err(na, ra, p->na_el);
+        CHECK(ea <= 2 * ba + 1e-5, "attn err %.3g > 2 * naive %.3g + 1e-5 %s", ea, ba, what);
+    }
+    if (check_threads) {
+        for (int t = 2; t <= 3; t++) {
+            fwd_out g = run_fast(p, t, want_attn);
+            CHECK(g.st == QKV_OK, "fast failed threads=%d %s", t, what);
+            CHECK(memcmp(g.o, f.o, (size_t)p->no_el * sizeof(float)) == 0 &&
+                      memcmp(g.lse, f.lse, (size_t)p->nl_el * sizeof(float)) == 0 &&
+                      (!want_attn || memcmp(g.attn, f.attn, (size_t)p->na_el * sizeof(float)) == 0),
+                  "threads=%d not bitwise identical to threads=1 %s", t, what);
+            free_out(&g);
+        }
+    }
+    free_out(&f);
+    free(ro); free(rl); free(ra); free(no); free(nl); free(na);
+}
+
+static void base_desc(qkv_attn_desc *d, int64_t B, int64_t nq, int64_t nk, int64_t H, int64_t Hkv,
+                      int64_t D, int64_t Dv) {
+    qkv_attn_desc_init(d);
+    d->batch = B;
+    d->n_q = nq;
+    d->n_k = nk;
+    d->heads = H;
+    d->heads_kv = Hkv;
+    d->dim = D;
+    d->dim_v = Dv;
+}
+
+static void set_mask(qkv_attn_desc *d, int mask, int64_t wl, int64_t wr) {
+    d->mask = mask;
+    if (mask == QKV_MASK_WINDOW) { d->window_left = wl; d->window_right = wr; }
+    if (mask == QKV_MASK_CAUSAL_WINDOW) d->window_left = wl;
+}
+
+static void run_case(fprob *p, uint64_t seed, double sd, int attn, int thr) {
+    if (!fp_make(p, seed, sd)) {
+        CHECK(0, "bad test descriptor (seed %llu)", (unsigned long long)seed);
+        return;
+    }
+    check_problem(p, attn, thr);
+    fp_free(p);
+}
+
+/* 1. Shapes: n x D sweep, scaled dot softmax, GQA, masks rotating. */
+static void test_shapes(void) {
+    static const int64_t ns[] = {1, 2, 7, 63, 64, 65, 129, 1000};
+    static const int64_t Ds[] = {1, 3, 8, 16, 31, 64, 80, 128, 256};
+    int idx = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof Ds / sizeof *Ds; b++, idx++) {
+            int64_t n = ns[a], D = Ds[b];
+            if (n == 1000 && D != 64 && D != 80 && D != 3) continue;
+            fprob p;
+            memset(&p, 0, sizeof p);
+            base_desc(&p.d, 1, n, n, 2, 1, D, D);
+            set_mask(&p.d, idx % 4, 17, 5);
+            run_case(&p, 1000 + (uint64_t)idx, 1.0, n <= 129, n >= 63 && D <= 64);
+        }
+}
+
+/* 2. Every score x normaliser x mask x bias x soft-cap, with key lengths. */
+static void test_features(void) {
+    int idx = 0;
+    for (int score = 0; score <= 2; score++)
+        for (int norm = 0; norm <= 2; norm++)
+            for (int mask = 0; mask <= 3; mask++)
+                for (int bias = 0; bias <= 2; bias++)
+                    for (int cap = 0; cap <= 1; cap++, idx++) {
+                        fprob p;
+                        memset(&p, 0, sizeof p);
+                        base_desc(&p.d, 2, 70, 70, 2, idx % 2 ? 1 : 2, 19, 21);
+                        p.d.score = score;
+                        p.d.norm = norm;
+                        p.d.relu_divide_by_count = idx % 3 == 0;
+                        p.d.temperature = 0.3;
+                        if (score == QKV_SCORE_SCALED_DOT && idx % 5 == 0) p.d.scale = 0.7;
+                        set_mask(&p.d, mask, 9, 12);
+                        p.d.bias_kind = bias;
+                        p.d.softcap = cap ? 2.5 : 0.0;
+                        if (idx % 2) {
+                            p.key_lengths[0] = 70;
+                            p.key_lengths[1] = 33;
+                            p.d.key_lengths = p.key_lengths;
+                        }
+                        run_case(&p, 2000 + (uint64_t)idx, 1.0, 1, idx % 7 == 0);
+                    }
+}
+
+/* 3. n_q != n_k both ways, D_v != D, windows of 0, 1, tile-1, tile, >= n. */
+static void test_cross(void) {
+    static const int64_t pairs[][2] = {{7, 129}, {129, 7}, {65, 200}, {200, 65}, {1, 300}, {300, 1}};
+    int idx = 0;
+    for (size_t a = 0; a < sizeof pairs / sizeof *pairs; a++)
+        for (int mask = 0; mask <= 3; mask++, idx++) {
+            fprob p;
+            memset(&p, 0, sizeof p);
+            base_desc(&p.d, 2, pairs[a][0], pairs[a][1], 4, 2, 16, idx % 2 ? 40 : 8);
+            set_mask(&p.d, mask, 20, 3);
+            run_case(&p, 3000 + (uint64_t)idx, 1.0, 1, idx % 3 == 0);
+        }
+    static const int64_t widths[] = {0, 1, 127, 128, 129, 400};
+    for (size_t a = 0; a < sizeof widths / sizeof *widths; a++)
+        for (int mask = 2; mask <= 3; mask++, idx++) {
+            fprob p;
+            memset(&p, 0, sizeof p);
+            base_desc(&p.d, 1, 300, 300, 1, 1, 8, 8);
+            set_mask(&p.d, mask, widths[a], mask == 2 ? widths[a] : 0);
+            run_case(&p, 3000 + (uint64_t)idx, 1.0, 0, a == 2);
+        }
+}
+
+/* 4. Packed variable-length sequences (with an empty one; different key
+ * offsets), causal and not. */
+static void test_packed(void) {
+    int idx = 0;
+    for (int mask = 0; mask <= 3; mask++)
+        for (int same = 0; same <= 1; same++, idx++) {
+            fprob p;
+            memset(&p, 0, sizeof p);
+            if (same) {
+                base_desc(&p.d, 1, 150, 150, 2, 1, 16, 16);
+                int64_t o[] = {0, 10, 10, 90, 150};
+                memcpy(p.offq, o, sizeof o);
+                p.d.num_seqs = 4;
+                p.d.seq_offsets_q = p.offq;
+            } else {
+                base_desc(&p.d, 1, 100, 170, 2, 2, 16, 24);
+                int64_t oq[] = {0, 30, 100}, ok[] = {0, 50, 170};
+                memcpy(p.offq, oq, sizeof oq);
+                memcpy(p.offk, ok, sizeof ok);
+                p.d.num_seqs = 2;
+                p.d.seq_offsets_q = p.offq;
+                p.d.seq_offsets_k = p.offk;
+            }
+            set_mask(&p.d, mask, 7, 2);
+            p.d.bias_kind = idx % 3 == 1 ? QKV_BIAS_SHARED : QKV_BIAS_NONE;
+            run_case(&p, 4000 + (uint64_t)idx, 1.0, 1, idx % 2 == 0);
+        }
+}
+
+/* 5. Fully masked rows give 0 and lse -inf, never NaN: key length 0, causal
+ * with n_q > n_k (early rows see nothing), a -inf bias row. */
+static void test_fully_masked(void) {
+    for (int v = 0; v < 3; v++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        base_desc(&p.d, 2, v == 1 ? 90 : 40, 40, 2, 2, 8, 8);
+        if (v == 0) {
+            p.key_lengths[0] = 0;
+            p.key_lengths[1] = 13;
+            p.d.key_lengths = p.key_lengths;
+        }
+        if (v == 1) p.d.mask = QKV_MASK_CAUSAL;
+        if (v == 2) p.d.bias_kind = QKV_BIAS_PER_HEAD;
+        if (!fp_make(&p, 5000 + (uint64_t)v, 1.0)) continue;
+        if (v == 2)
+            for (int64_t j = 0; j < 40; j++) p.bias[(1 * 40 + 5) * 40 + j] = -INFINITY; /* h 1, row 5 */
+        check_problem(&p, 1, 1);
+        fwd_out f = run_fast(&p, 2, 0);
+        CHECK(!fp_any_nan(f.o, p.no_el) && !fp_any_nan(f.lse, p.nl_el), "NaN with masked rows v=%d", v);
+        if (v == 0) {
+            for (int64_t x = 0; x < 40 * 2 * 8; x++) CHECK(f.o[x] == 0.0f, "masked row out != 0");
+            CHECK(f.lse[0] == -INFINITY && f.lse[79] == -INFINITY, "masked row lse != -inf");
+        }
+        if (v == 1) CHECK(f.o[0] == 0.0f && f.lse[0] == -INFINITY, "early causal row not 0 / -inf");
+        if (v == 2) CHECK(f.o[(5 * 2 + 1) * 8] == 0.0f && f.lse[40 + 5] == -INFINITY, "bias-masked row");
+        free_out(&f);
+        fp_free(&p);
+    }
+}
+
+/* 6. Huge logits (+-1e4 and more): no overflow, the row is not lost. */
+static void test_large_logits(void) {
+    static const double sds[] = {8.0, 30.0, 100.0};
+    for (int a = 0; a < 3; a++)
+        for (int mask = 0; mask <= 1; mask++) {
+            fprob p;
+            memset(&p, 0, sizeof p);
+            base_desc(&p.d, 1, 130, 130, 1, 1, 16, 16);
+            p.d.mask = mask;
+            if (!fp_make(&p, 6000 + (uint64_t)(a * 2 + mask), sds[a])) continue;
+            fp_sync(&p);
+            {
+                qkv_attn_desc d64 = fp_desc64(&p);
+                double *ro = malloc((size_t)p.no_el * sizeof(double)), *rl = malloc((size_t)p.nl_el * sizeof(double));
+                qkv_attention_forward(&d64, p.qd, p.kd, p.vd, ro, NULL, rl);
+                double L = 0.0, vmax = 0.0;
+                for (int64_t x = 0; x < p.nl_el; x++) L = fabs(rl[x]) > L ? fabs(rl[x]) : L;
+                for (int64_t x = 0; x < p.nv_el; x++) vmax = fabs(p.v[x]) > vmax ? fabs(p.v[x]) : vmax;
+                g_extra_tol = 4.0 * L * 0x1p-24 * vmax;
+                free(ro);
+                free(rl);
+            }
+            check_problem(&p, 0, 0);
+            g_extra_tol = 0.0;
+            fwd_out f = run_fast(&p, 1, 0);
+            CHECK(!fp_any_nan(f.o, p.no_el) && !fp_any_nan(f.lse, p.nl_el), "NaN at large logits");
+            int finite = 1;
+            for (int64_t x = 0; x < p.nl_el; x++) finite &= isfinite(f.lse[x]) != 0;
+            CHECK(finite, "lse not finite at large logits sd=%g", sds[a]);
+            free_out(&f);
+            fp_free(&p);
+        }
+}
+
+/* 7. NaN planted in masked keys/values changes nothing (key lengths,
+ * causal future positions, packed other sequences). */
+static void test_nan_masked(void) {
+    for (int v = 0; v < 3; v++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        base_desc(&p.d, 1, 200, 200, 1, 1, 16, 16);
+        if (v == 0) { p.key_lengths[0] = 77; p.d.key_lengths = p.key_lengths; }
+        if (v == 1) p.d.mask = QKV_MASK_CAUSAL;
+        if (v == 2) { int64_t o[] = {0, 64, 101, 200}; memcpy(p.offq, o, sizeof o); p.d.num_seqs = 3; p.d.seq_offsets_q = p.offq; p.d.mask = QKV_MASK_CAUSAL; }
+        if (!fp_make(&p, 7000 + (uint64_t)v, 1.0)) continue;
+        fwd_out clean = run_fast(&p, 1, 0);
+        int64_t j = v == 0 ? 150 : v == 1 ? 100 : 101; /* a key masked for the rows checked */
+        for (int64_t t = 0; t < 16; t++) { p.k[j * 16 + t] = NAN; p.v[j * 16 + t] = NAN; }
+        fwd_out dirty = run_fast(&p, 1, 0);
+        int64_t rows = v == 0 ? 200 : 100; /* rows that cannot see key j */
+        if (v == 2) rows = 101;
+        CHECK(memcmp(clean.o, dirty.o, (size_t)(rows * 16) * sizeof(float)) == 0,
+              "NaN in a masked key changed the output (v=%d)", v);
+        free_out(&clean);
+        free_out(&dirty);
+        fp_free(&p);
+    }
+}
+
+/* 8. Bigger problems for thread determinism (several units per thread). */
+static void test_threads(void) {
+    for (int mask = 0; mask <= 3; mask++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        base_desc(&p.d, 2, 333, 301, 3, 1, 32, 48);
+        set_mask(&p.d, mask, 50, 40);
+        p.d.bias_kind = mask == 2 ? QKV_BIAS_PER_HEAD : QKV_BIAS_NONE;
+        run_case(&p, 8000 + (uint64_t)mask, 1.0, mask == 1, 1);
+    }
+}
+
+int main(void) {
+    int ran = 0;
+    for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
+        if (!qkv_cpu_has((qkv_arch)arch)) {
+            printf("arch %s: not available here, skipped\n", qkv_arch_name(arch));
+            continue;
+        }
+        CHECK(qkv_cpu_force_arch(arch) == 1, "cannot force %s", qkv_arch_name(arch));
+        CHECK(strcmp(qkv_kernels_active()->name, qkv_arch_name(arch)) == 0, "forced arch not active");
+        g_arch = arch;
+        long before = tu_failed;
+        test_shapes();
+        test_features();
+        test_cross();
+        test_packed();
+        test_fully_masked();
+        test_large_logits();
+        test_nan_masked();
+        test_threads();
+        printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");
+        ran++;
+    }
+    qkv_cpu_force_arch(-1);
+    CHECK(ran >= 1, "no arch ran");
+    return tu_finish();
+}
