@@ -600,14 +600,16 @@ static qkv_status parse_metadata(st_ctx *c) {
             qkv_free(v);
             return c->status;
         }
-        if (find_meta(c->set, k) >= 0) {
-            char nm[64];
-            st_fail(c, QKV_ERR_FORMAT, "\"__metadata__\" key '%s' appears twice", show(k, nm));
+        /* appended as is: duplicates are found by check_set, in O(n log n) */
+        qkv_safetensors *set = c->set;
+        if (!grow((void **)&set->m, &set->capm, set->nm + 1, sizeof *set->m)) {
             qkv_free(k);
             qkv_free(v);
-            return c->status;
+            return st_fail(c, QKV_ERR_OUT_OF_MEMORY, "out of memory");
         }
-        if (meta_add(c->set, k, v) != QKV_OK) return st_fail(c, QKV_ERR_OUT_OF_MEMORY, "out of memory");
+        set->m[set->nm].key = k;
+        set->m[set->nm].value = v;
+        set->nm++;
         int ch = qkv_json_peek(&c->j);
         if (ch == '}') {
             c->j.p++;
@@ -670,6 +672,10 @@ static int cmp_entry_name(const void *a, const void *b) {
     return strcmp((*(const st_entry *const *)a)->name, (*(const st_entry *const *)b)->name);
 }
 
+static int cmp_str_ptr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 static int cmp_entry_range(const void *a, const void *b) {
     const st_entry *x = *(const st_entry *const *)a, *y = *(const st_entry *const *)b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
@@ -680,10 +686,22 @@ static int cmp_entry_range(const void *a, const void *b) {
 /* Duplicate names and overlapping byte ranges, in O(n log n) so that a
  * header of a million tensors cannot stall the loader. */
 static qkv_status check_set(st_ctx *c) {
+    char a[64], b[64];
+    const qkv_safetensors *set = c->set;
+    if (set->nm > 1) {
+        const char **k = qkv_alloc((size_t)set->nm * sizeof *k);
+        if (!k) return st_fail(c, QKV_ERR_OUT_OF_MEMORY, "out of memory");
+        for (int64_t i = 0; i < set->nm; i++) k[i] = set->m[i].key;
+        qsort((void *)k, (size_t)set->nm, sizeof *k, cmp_str_ptr);
+        for (int64_t i = 1; i < set->nm && c->status == QKV_OK; i++)
+            if (strcmp(k[i - 1], k[i]) == 0)
+                st_fail(c, QKV_ERR_FORMAT, "\"__metadata__\" key '%s' appears twice", show(k[i], a));
+        qkv_free((void *)k);
+        if (c->status != QKV_OK) return c->status;
+    }
     if (c->ne < 2) return QKV_OK;
     const st_entry **v = qkv_alloc((size_t)c->ne * sizeof *v);
     if (!v) return st_fail(c, QKV_ERR_OUT_OF_MEMORY, "out of memory");
-    char a[64], b[64];
     for (int64_t i = 0; i < c->ne; i++) v[i] = &c->e[i];
     qsort(v, (size_t)c->ne, sizeof *v, cmp_entry_name);
     for (int64_t i = 1; i < c->ne && c->status == QKV_OK; i++)
