@@ -1,0 +1,237 @@
+/* bench_gemm - qkv_sgemm against OpenBLAS's cblas_sgemm, in the same run, at
+ * the shapes of the multi-head attention layer's projections:
+ *     C[M, N] = X[M, K] . W^T    X: activations (M = B * n tokens, K = E),
+ *                                W: [N, K] torch-style weight (trans_b = 1)
+ * with E = 512, M in {512, 2048, 4096, 8192}, N = 512 (one projection) and
+ * N = 1536 (the fused QKV projection), on 1 and 2 threads.
+ *
+ * OpenBLAS is loaded with dlopen at run time, so this builds and runs without
+ * it (its columns then read "-"). Debian's OpenBLAS 0.3.21 does not recognise
+ * every AVX-512 CPU and then falls back to slower kernels, which would flatter
+ * us: unless OPENBLAS_CORETYPE is already set, this program sets it to
+ * SkylakeX (when the CPU has AVX-512F) before loading the library, and prints
+ * the core OpenBLAS reports. Threads: openblas_set_num_threads per run.
+ *
+ * Each configuration first checks that both results agree (max relative
+ * difference against a double-precision product on sampled entries), then
+ * alternates ours / OpenBLAS `reps` times and reports medians (a shared,
+ * noisy machine: alternating spreads the noise over both columns).
+ *
+ * Usage: bench_gemm [--reps R] [--quick] [--shape M N K] [--nn]
+ *                   [--threads T] [--no-peak] [--settle MS]
+ * --settle: pause after each OpenBLAS call (default 250 ms, see settle()). */
+#define _POSIX_C_SOURCE 200809L
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "peak.h"
+#include "qkv.h"
+
+/* cblas enums as in every cblas.h (values fixed by the standard). */
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
+typedef void (*cblas_sgemm_fn)(int order, int ta, int tb, int M, int N, int K, float alpha,
+                               const float *A, int lda, const float *B, int ldb, float beta,
+                               float *C, int ldc);
+typedef void (*set_threads_fn)(int);
+typedef char *(*get_str_fn)(void);
+
+static cblas_sgemm_fn ob_sgemm;
+static set_threads_fn ob_set_threads;
+
+static void load_openblas(void) {
+    if (!getenv("OPENBLAS_CORETYPE") && bench_isa_supported(BENCH_ISA_AVX512))
+        setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+    static const char *names[] = {"libopenblas.so.0", "libopenblas.so",
+                                  "libopenblasp.so.0", "libopenblas64_.so.0"};
+    void *h = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !h; i++) h = dlopen(names[i], RTLD_NOW);
+    if (!h) {
+        printf("OpenBLAS: not found (dlopen libopenblas.so.0); its columns are skipped\n");
+        return;
+    }
+    /* dlsym returns void *; the memcpy avoids the object-to-function pointer
+     * cast that ISO C leaves undefined (and -Wpedantic flags). */
+    void *p = dlsym(h, "cblas_sgemm");
+    if (p) memcpy(&ob_sgemm, &p, sizeof p);
+    p = dlsym(h, "openblas_set_num_threads");
+    if (p) memcpy(&ob_set_threads, &p, sizeof p);
+    get_str_fn corename = NULL, config = NULL;
+    p = dlsym(h, "openblas_get_corename");
+    if (p) memcpy(&corename, &p, sizeof p);
+    p = dlsym(h, "openblas_get_config");
+    if (p) memcpy(&config, &p, sizeof p);
+    printf("OpenBLAS: %s, core %s (OPENBLAS_CORETYPE=%s)\n", config ? config() : "?",
+           corename ? corename() : "?", getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "");
+    if (!ob_sgemm) printf("OpenBLAS: no cblas_sgemm symbol; its columns are skipped\n");
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static unsigned long long g_rng = 0x2545F4914F6CDD1Dull;
+static float frand(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((double)(g_rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+/* Max over sampled entries of |C - C64| / (|A||B|)_ij. */
+static double sampled_error(int tb, long M, long N, long K, const float *A, const float *B,
+                            const float *C) {
+    double worst = 0.0;
+    for (int s = 0; s < 256; s++) {
+        long i = (long)((unsigned long)(s * 2654435761u) % (unsigned long)M);
+        long j = (long)((unsigned long)(s * 40503u + 7u) % (unsigned long)N);
+        double sum = 0.0, mag = 0.0;
+        for (long p = 0; p < K; p++) {
+            double a = A[i * K + p], b = tb ? B[j * K + p] : B[p * N + j];
+            sum += a * b;
+            mag += fabs(a * b);
+        }
+        double e = fabs((double)C[i * N + j] - sum) / (mag > 0 ? mag : 1.0);
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+/* OpenBLAS's idle worker threads keep spinning for a while after a call
+ * (about 2^28 cycles, 0.1 s, by default); measured right after, our threads
+ * would share their cores with them. Sleep them off before the next timing. */
+static double g_settle_s = 0.25;
+static void settle(void) {
+    if (g_settle_s <= 0) return;
+    struct timespec ts;
+    ts.tv_sec = (time_t)g_settle_s;
+    ts.tv_nsec = (long)((g_settle_s - (double)ts.tv_sec) * 1e9);
+    nanosleep(&ts, NULL);
+}
+
+typedef struct result {
+    double ours, blas; /* median GFLOP/s; blas < 0 when absent */
+} result;
+
+static result bench_one(int tb, long M, long N, long K, int threads, int reps) {
+    float *A = malloc(sizeof(float) * (size_t)(M * K));
+    float *B = malloc(sizeof(float) * (size_t)(K * N));
+    float *C = malloc(sizeof(float) * (size_t)(M * N));
+    result r = {0.0, -1.0};
+    if (!A || !B || !C) {
+        free(A);
+        free(B);
+        free(C);
+        printf("out of memory\n");
+        return r;
+    }
+    for (long i = 0; i < M * K; i++) A[i] = frand();
+    for (long i = 0; i < K * N; i++) B[i] = frand();
+    long ldb = tb ? K : N;
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    /* Correctness first, then timing. */
+    qkv_status st = qkv_sgemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N, threads);
+    if (st != QKV_OK) {
+        printf("qkv_sgemm failed: %s\n", qkv_status_string(st));
+        free(A);
+        free(B);
+        free(C);
+        return r;
+    }
+    double e_ours = sampled_error(tb, M, N, K, A, B, C), e_blas = -1.0;
+    if (ob_sgemm) {
+        if (ob_set_threads) ob_set_threads(threads);
+        ob_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)M,
+                 (int)N, (int)K, 1.0f, A, (int)K, B, (int)ldb, 0.0f, C, (int)N);
+        e_blas = sampled_error(tb, M, N, K, A, B, C);
+        settle();
+    }
+    double *t_ours = malloc(sizeof(double) * (size_t)reps), *t_blas = malloc(sizeof(double) * (size_t)reps);
+    for (int rep = 0; rep < reps; rep++) {
+        double t0 = bench_now();
+        qkv_sgemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N, threads);
+        t_ours[rep] = bench_now() - t0;
+        if (ob_sgemm) {
+            t0 = bench_now();
+            ob_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)M,
+                     (int)N, (int)K, 1.0f, A, (int)K, B, (int)ldb, 0.0f, C, (int)N);
+            t_blas[rep] = bench_now() - t0;
+            settle();
+        }
+    }
+    r.ours = flops / median(t_ours, reps) * 1e-9;
+    if (ob_sgemm) r.blas = flops / median(t_blas, reps) * 1e-9;
+    printf("%6ld %5ld %4ld %s %3d  %8.1f  ", M, N, K, tb ? "NT" : "NN", threads, r.ours);
+    if (r.blas >= 0)
+        printf("%8.1f  %5.1f%%", r.blas, 100.0 * r.ours / r.blas);
+    else
+        printf("%8s  %6s", "-", "-");
+    printf("   %.1e / %.1e\n", e_ours, e_blas);
+    fflush(stdout);
+    free(t_ours);
+    free(t_blas);
+    free(A);
+    free(B);
+    free(C);
+    return r;
+}
+
+int main(int argc, char **argv) {
+    int reps = 11, quick = 0, nn = 0, peak = 1, only_threads = 0;
+    long sm = 0, sn = 0, sk = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--nn")) nn = 1;
+        else if (!strcmp(argv[i], "--no-peak")) peak = 0;
+        else if (!strcmp(argv[i], "--settle") && i + 1 < argc) g_settle_s = atof(argv[++i]) * 1e-3;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--shape") && i + 3 < argc) {
+            sm = atol(argv[++i]);
+            sn = atol(argv[++i]);
+            sk = atol(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: %s [--reps R] [--quick] [--shape M N K] [--nn] [--threads T] [--no-peak] [--settle MS]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    load_openblas();
+    printf("qkv %s, reps %d (medians)\n", qkv_version(), reps);
+    if (peak) {
+        bench_isa isa = bench_isa_best();
+        for (int t = 1; t <= 2; t++) {
+            double med = 0.0, best = bench_peak_gflops(isa, t, 0.2, 5, &med);
+            printf("FP32 FMA peak (%s, %d thread%s): best %.1f, median %.1f GFLOP/s\n",
+                   bench_isa_name(isa), t, t > 1 ? "s" : "", best, med);
+        }
+    }
+    printf("%6s %5s %4s %s %3s  %8s  %8s  %6s   %s\n", "M", "N", "K", "op", "thr",
+           "qkv", "OpenBLAS", "ratio", "max rel. err qkv / OpenBLAS");
+    static const long Ms[] = {512, 2048, 4096, 8192};
+    static const long Ns[] = {512, 1536};
+    for (int t = 1; t <= 2; t++) {
+        if (only_threads && t != only_threads) continue;
+        if (sm) {
+            bench_one(!nn, sm, sn, sk, t, reps);
+            continue;
+        }
+        for (int in = 0; in < 2; in++)
+            for (int im = 0; im < 4; im++) {
+                if (quick && (Ms[im] != 4096 || Ns[in] != 512)) continue;
+                bench_one(!nn, Ms[im], Ns[in], 512, t, reps);
+            }
+        if (!quick) bench_one(0, 4096, 512, 512, t, reps); /* NN at the target shape */
+    }
+    return 0;
+}

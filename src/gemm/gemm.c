@@ -1,0 +1,249 @@
+/* qkv_sgemm: argument checks, the thread partition and the BLIS loop nest
+ * (Van Zee & van de Geijn, "BLIS: A Framework for Rapidly Instantiating BLAS
+ * Functionality", ACM TOMS 2015; Goto & van de Geijn, "Anatomy of
+ * High-Performance Matrix Multiplication", ACM TOMS 2008).
+ *
+ * Per thread, over its own rectangle of C:
+ *     for jc in steps of NC          columns of C and B
+ *       for pc in steps of KC        the shared dimension, in order
+ *         pack B[pc.., jc..] into NR-column panels     (kc x nc, L3-resident)
+ *         for ic in steps of MC      rows of C and A
+ *           pack A[ic.., pc..] into MR-row panels      (mc x kc, L2-resident)
+ *           for jr in steps of NR    one B panel stays in L1 ...
+ *             for ir in steps of MR  ... while the A panels stream past it
+ *               micro-kernel: C tile = alpha * A panel . B panel + beta' * C tile
+ * with beta' = beta for the first KC block and 1 after it.
+ *
+ * Determinism: threads own disjoint rectangles of C whose borders are
+ * multiples of MR and NR, and K is never split, so every element of C is
+ * computed by the same kernel with the same KC blocks in the same order
+ * whatever the thread count: results are bitwise identical for any count. */
+#include <stdint.h>
+#include <string.h>
+
+#include "core/cpu.h"
+#include "core/internal.h"
+#include "core/threads.h"
+#include "gemm/gemm.h"
+
+#ifdef QKV_USE_CBLAS
+#include <cblas.h>
+#include <limits.h>
+#endif
+
+const qkv_gemm_kernel *qkv_gemm_kernel_active(void) {
+    const qkv_kernels *k = qkv_kernels_active();
+#ifdef QKV_HAVE_X86
+    if (k == &qkv_kernels_avx512) return &qkv_gemm_kernel_avx512;
+    if (k == &qkv_kernels_avx2) return &qkv_gemm_kernel_avx2;
+#endif
+    (void)k;
+    return &qkv_gemm_kernel_generic;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Floats per buffer are rounded up to a whole 64-byte line so that every
+ * thread's buffers start aligned. */
+#define ALIGN_FLOATS 16
+#define PACK_WEIGHT 8
+
+typedef struct gemm_job {
+    const qkv_gemm_kernel *k;
+    int trans_a, trans_b;
+    int64_t M, N, K;
+    float alpha, beta;
+    const float *A, *B;
+    int64_t lda, ldb, ldc;
+    float *C;
+    int tm, tn;              /* thread grid: tm row bands x tn column bands */
+    int64_t mtiles, ntiles;  /* MR-row / NR-column tiles of C */
+    float *buf;              /* per thread: ap_len floats, then bp_len floats */
+    int64_t ap_len, bp_len;
+} gemm_job;
+
+/* Tiles [lo, hi) of `tiles` for part `idx` of `parts` (sizes differ by <= 1). */
+static void split(int64_t tiles, int parts, int idx, int64_t *lo, int64_t *hi) {
+    int64_t base = tiles / parts, rem = tiles % parts;
+    *lo = idx * base + min64(idx, rem);
+    *hi = *lo + base + (idx < rem ? 1 : 0);
+}
+
+static void gemm_thread(void *ctx, int64_t unit, int t) {
+    const gemm_job *j = ctx;
+    const qkv_gemm_kernel *k = j->k;
+    const int64_t MR = k->mr, NR = k->nr;
+    int64_t lo, hi, m0, m1, n0, n1;
+    split(j->mtiles, j->tm, (int)(unit / j->tn), &lo, &hi);
+    m0 = lo * MR;
+    m1 = min64(hi * MR, j->M);
+    split(j->ntiles, j->tn, (int)(unit % j->tn), &lo, &hi);
+    n0 = lo * NR;
+    n1 = min64(hi * NR, j->N);
+    if (m0 >= m1 || n0 >= n1) return;
+
+    float *ap = j->buf + (int64_t)t * (j->ap_len + j->bp_len);
+    float *bp = ap + j->ap_len;
+    for (int64_t jc = n0; jc < n1; jc += k->nc) {
+        int64_t nc = min64(k->nc, n1 - jc);
+        for (int64_t pc = 0; pc < j->K; pc += k->kc) {
+            int64_t kc = min64(k->kc, j->K - pc);
+            float beta = pc == 0 ? j->beta : 1.0f;
+            qkv_gemm_pack_b(j->trans_b, j->B, j->ldb, pc, jc, kc, nc, k->nr, bp);
+            for (int64_t ic = m0; ic < m1; ic += k->mc) {
+                int64_t mc = min64(k->mc, m1 - ic);
+                qkv_gemm_pack_a(j->trans_a, j->A, j->lda, ic, pc, mc, kc, k->mr, ap);
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                    int n = (int)min64(NR, nc - jr);
+                    const float *b = bp + jr * kc;
+                    float *c = j->C + ic * j->ldc + jc + jr;
+                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                        int m = (int)min64(MR, mc - ir);
+                        k->ukr(kc, ap + ir * kc, b, c + ir * j->ldc, j->ldc, j->alpha, beta, m, n);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* C = beta * C (K == 0 or alpha == 0: op(A) and op(B) are not read, as in
+ * the reference BLAS; beta == 0 writes zeros without reading C). */
+static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
+    for (int64_t i = 0; i < M; i++) {
+        float *c = C + i * ldc;
+        if (beta == 0.0f)
+            memset(c, 0, (size_t)N * sizeof(float));
+        else if (beta != 1.0f)
+            for (int64_t jj = 0; jj < N; jj++) c[jj] *= beta;
+    }
+}
+
+qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t N,
+                        int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                        int64_t ldb, float beta, float *C, int64_t ldc, int threads) {
+    if (M == 0 || N == 0) return QKV_OK;
+    if (K == 0 || alpha == 0.0f) {
+        scale_c(M, N, beta, C, ldc);
+        return QKV_OK;
+    }
+    gemm_job j;
+    j.k = k;
+    j.trans_a = trans_a != 0;
+    j.trans_b = trans_b != 0;
+    j.M = M;
+    j.N = N;
+    j.K = K;
+    j.alpha = alpha;
+    j.beta = beta;
+    j.A = A;
+    j.B = B;
+    j.C = C;
+    j.lda = lda;
+    j.ldb = ldb;
+    j.ldc = ldc;
+    j.mtiles = ceil_div(M, k->mr);
+    j.ntiles = ceil_div(N, k->nr);
+
+    /* The thread grid tm x tn <= threads with the least work on its busiest
+     * thread, per unit of K: its tile area (multiply-adds) plus its packing
+     * (each thread packs its rows of A once per NC block and its columns of B
+     * once), a packed element weighted as PACK_WEIGHT multiply-adds. Ties go
+     * to more row bands. */
+    if (threads < 1) threads = 1;
+    if (threads > QKV_MAX_THREADS) threads = QKV_MAX_THREADS;
+    int best_tm = 1, best_tn = 1;
+    double best_cost = 0.0;
+    for (int tm = threads; tm >= 1; tm--) {
+        int tn = threads / tm;
+        int64_t rm = tm > j.mtiles ? j.mtiles : tm, rn = tn > j.ntiles ? j.ntiles : tn;
+        int64_t rows = ceil_div(j.mtiles, rm) * k->mr, cols = ceil_div(j.ntiles, rn) * k->nr;
+        double cost = (double)rows * (double)cols +
+                      PACK_WEIGHT * ((double)rows * (double)ceil_div(cols, k->nc) + (double)cols);
+        if (tm == threads || cost < best_cost) {
+            best_cost = cost;
+            best_tm = (int)rm;
+            best_tn = (int)rn;
+        }
+    }
+    j.tm = best_tm;
+    j.tn = best_tn;
+    int nthreads = best_tm * best_tn;
+
+    /* Pack buffers, all taken up front (one allocation) so that running out
+     * of memory is reported before C is touched. */
+    int64_t rows = ceil_div(j.mtiles, j.tm) * k->mr, cols = ceil_div(j.ntiles, j.tn) * k->nr;
+    int64_t kc = min64(k->kc, K);
+    j.ap_len = ceil_div(min64(k->mc, rows) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
+    j.bp_len = ceil_div(min64(k->nc, cols) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
+    size_t bytes = ((size_t)nthreads * (size_t)(j.ap_len + j.bp_len) + ALIGN_FLOATS) * sizeof(float);
+    void *raw = qkv_alloc(bytes);
+    if (!raw) return QKV_ERR_OUT_OF_MEMORY;
+    uintptr_t addr = (uintptr_t)raw, mask = ALIGN_FLOATS * sizeof(float) - 1;
+    j.buf = (float *)((addr + mask) & ~mask);
+
+    if (nthreads == 1)
+        gemm_thread(&j, 0, 0);
+    else
+        qkv_parallel_for(nthreads, nthreads, gemm_thread, &j);
+    qkv_free(raw);
+    return QKV_OK;
+}
+
+/* Extent of a rows x cols matrix with row stride ld, in elements, must fit
+ * in int64 and in size_t bytes: (rows - 1) * ld + cols. */
+static int extent_ok(int64_t rows, int64_t cols, int64_t ld) {
+    if (rows == 0 || cols == 0) return 1;
+    int64_t e;
+    if (!qkv_mul_ok(rows - 1, ld, &e) || e > INT64_MAX - cols) return 0;
+    e += cols;
+    return (uint64_t)e <= (uint64_t)(SIZE_MAX / sizeof(float));
+}
+
+/* Smallest problem (in multiply-adds) worth one more thread: starting and
+ * joining a thread costs some tens of microseconds. */
+#define GEMM_MIN_WORK_PER_THREAD ((int64_t)1 << 20)
+
+qkv_status qkv_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                     float *C, int64_t ldc, int threads) {
+    if (M < 0 || N < 0 || K < 0 || threads < 0) return QKV_ERR_BAD_SIZE;
+    /* op(A) is M x K: stored M x K (row stride lda >= K) or K x M (>= M). */
+    int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    /* A pointer is required when its matrix has an element to read or write
+     * (A and B are not read when alpha == 0, but are still asked for). */
+    if ((M > 0 && N > 0 && !C) || (M > 0 && K > 0 && !A) || (K > 0 && N > 0 && !B))
+        return QKV_ERR_NULL_POINTER;
+    if (lda < a_cols || ldb < b_cols || ldc < N) return QKV_ERR_BAD_SIZE;
+    if (!extent_ok(a_rows, a_cols, lda) || !extent_ok(b_rows, b_cols, ldb) ||
+        !extent_ok(M, N, ldc))
+        return QKV_ERR_SIZE_OVERFLOW;
+    if (M == 0 || N == 0) return QKV_OK;
+
+#ifdef QKV_USE_CBLAS
+    /* The system BLAS, when the build asked for it (QKV_USE_CBLAS) and the
+     * sizes fit its int; its own threading applies (`threads` is ignored). */
+    if (M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+        ldc <= INT_MAX) {
+        if (K == 0 || alpha == 0.0f) {
+            scale_c(M, N, beta, C, ldc);
+            return QKV_OK;
+        }
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A,
+                    (int)(lda ? lda : 1), B, (int)(ldb ? ldb : 1), beta, C, (int)ldc);
+        return QKV_OK;
+    }
+#endif
+
+    int t = qkv_threads_resolve(threads);
+    int64_t work = 0; /* M * N * K, saturating */
+    if (!qkv_mul_ok(M, N, &work) || !qkv_mul_ok(work, K, &work)) work = INT64_MAX;
+    int64_t useful = work / GEMM_MIN_WORK_PER_THREAD;
+    if (useful < 1) useful = 1;
+    if ((int64_t)t > useful) t = (int)useful;
+    return qkv_gemm_run(qkv_gemm_kernel_active(), trans_a, trans_b, M, N, K, alpha, A, lda, B,
+                        ldb, beta, C, ldc, t);
+}

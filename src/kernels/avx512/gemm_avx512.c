@@ -1,0 +1,80 @@
+/* AVX-512F matmul micro-kernel: a 14 x 32 register tile (28 zmm accumulators,
+ * two zmm of B and one broadcast of A per step: 31 of the 32 registers; 28
+ * FMAs per 16 loads keeps the FMA pipes, not the load ports, the limit).
+ * Edge tiles use masked loads and stores on columns and stop at row m. */
+#include <immintrin.h>
+
+#include "gemm/gemm.h"
+
+#ifndef QKV_GEMM_AVX512_MR
+#define QKV_GEMM_AVX512_MR 14
+#endif
+#define MR QKV_GEMM_AVX512_MR
+#define NR 32
+
+#if MR == 14
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+#elif MR == 12
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#elif MR == 8
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#else
+#error "unsupported QKV_GEMM_AVX512_MR"
+#endif
+
+static void ukr_avx512(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
+                       float alpha, float beta, int m, int n) {
+#define DECL(r) __m512 c0_##r = _mm512_setzero_ps(), c1_##r = _mm512_setzero_ps();
+    ROWS(DECL)
+#undef DECL
+    for (int64_t p = 0; p < kc; p++) {
+        __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+#define FMA(r)                                                 \
+    {                                                          \
+        __m512 x = _mm512_set1_ps(ap[r]);                      \
+        c0_##r = _mm512_fmadd_ps(x, b0, c0_##r);               \
+        c1_##r = _mm512_fmadd_ps(x, b1, c1_##r);               \
+    }
+        ROWS(FMA)
+#undef FMA
+        ap += MR;
+        bp += NR;
+    }
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 k0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+    __mmask16 k1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1u) : 0;
+    /* (alpha * ab) + (beta * c): two roundings, no FMA, same as the other ISAs. */
+    if (beta == 0.0f) {
+#define ST(r)                                                                  \
+    if ((r) < m) {                                                             \
+        _mm512_mask_storeu_ps(c + (r) * ldc, k0, _mm512_mul_ps(va, c0_##r));   \
+        _mm512_mask_storeu_ps(c + (r) * ldc + 16, k1, _mm512_mul_ps(va, c1_##r)); \
+    }
+        ROWS(ST)
+#undef ST
+    } else {
+#define ST(r)                                                                          \
+    if ((r) < m) {                                                                     \
+        float *cr = c + (r) * ldc;                                                     \
+        __m512 u0 = _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(k0, cr));                  \
+        __m512 u1 = _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(k1, cr + 16));            \
+        _mm512_mask_storeu_ps(cr, k0, _mm512_add_ps(_mm512_mul_ps(va, c0_##r), u0));   \
+        _mm512_mask_storeu_ps(cr + 16, k1, _mm512_add_ps(_mm512_mul_ps(va, c1_##r), u1)); \
+    }
+        ROWS(ST)
+#undef ST
+    }
+}
+
+/* Blocking, tuned on the development machine (AMD EPYC Zen 4: 32 KB L1d and
+ * 1 MB L2 per core, 32 MB L3; the sweep is in docs/BENCHMARKS.md):
+ * KC = 512 takes the layer's K = E = 512 in one block, so C is written once
+ * instead of read back and rewritten per K block (measured: KC = 256 costs
+ * about 10% at M = 4096, N = K = 512, KC = 128 about 20%), and the 14-row A
+ * panel (28 KB) streams from L2 while the 64 KB B panel is reused from L1/L2.
+ * MC = 112 (8 panels): a 112 x 512 A block (224 KB) stays in L2 next to the
+ * B panel; MC mattered little (within noise from 56 to 504). NC = 4096: a
+ * 512 x 4096 B block (8 MB) stays in L3; the layer's N (512, 1536) is one
+ * block. */
+const qkv_gemm_kernel qkv_gemm_kernel_avx512 = {"avx512 14x32", MR, NR, MR * 8, 512, 4096,
+                                                ukr_avx512};

@@ -1,0 +1,449 @@
+/* qkv_sgemm against a double-precision naive product: random shapes drawn
+ * from awkward sizes (0, 1, 2, around the register tiles and around powers of
+ * two), all four transpose combinations, strides larger than needed, several
+ * alpha / beta (beta = 0 on a NaN-filled C must not leak NaN), every kernel
+ * the CPU has (forced through qkv_cpu_force_arch, plus small cache blocks so
+ * that every blocking loop runs several times), bitwise-identical results on
+ * 1, 2 and 3 threads, canaries around C and untouched stride padding,
+ * argument errors, and a failing allocator.
+ *
+ * Tolerance: |C - C64|_ij <= 2 (K + 4) u (|alpha| |op(A)| |op(B)| + |beta| |C0|)_ij,
+ * u = 2^-24 (float unit roundoff). Why: each element is a float dot product
+ * accumulated in order over its KC blocks (one rounding per step, FMA or
+ * multiply-add: at most K roundings, the classic gamma_K bound, Higham,
+ * "Accuracy and Stability of Numerical Algorithms", 3.1), then merged per KC
+ * block as (alpha * ab) + (beta' * c): three more roundings per block, each
+ * relative to a partial sum bounded by the same magnitude. With at most
+ * ceil(K / KC) <= K / 8 + 1 blocks in these tests (the smallest KC used is 8
+ * for K >= 8) that is <= K + 3 (K / 8 + 1) <= 2 (K + 4) roundings' worth. The
+ * oracle's own error (double) is negligible. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu.h"
+#include "gemm/gemm.h"
+#include "test_util.h"
+
+static const int64_t SIZES[] = {0, 1, 2, 7, 15, 16, 17, 31, 33, 63, 65, 129, 257};
+#define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
+static const float ALPHAS[] = {1.0f, -0.5f, 2.25f, 0.0f};
+static const float BETAS[] = {0.0f, 1.0f, -1.5f, 0.5f};
+
+typedef struct problem {
+    int ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    float *A, *B, *C0; /* C0: C before the call (NaN when beta == 0) */
+    size_t a_len, b_len, c_len;
+} problem;
+
+static void problem_free(problem *p) {
+    free(p->A);
+    free(p->B);
+    free(p->C0);
+    memset(p, 0, sizeof *p);
+}
+
+/* Random operands with strides padded by 0..pad elements. */
+static int problem_make(problem *p, tu_rng *r, int ta, int tb, int64_t M, int64_t N,
+                        int64_t K, float alpha, float beta, int pad) {
+    memset(p, 0, sizeof *p);
+    p->ta = ta;
+    p->tb = tb;
+    p->M = M;
+    p->N = N;
+    p->K = K;
+    p->alpha = alpha;
+    p->beta = beta;
+    int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
+    int64_t b_rows = tb ? N : K, b_cols = tb ? K : N;
+    p->lda = a_cols + (pad ? (int64_t)(tu_rng_u64(r) % (uint64_t)(pad + 1)) : 0);
+    p->ldb = b_cols + (pad ? (int64_t)(tu_rng_u64(r) % (uint64_t)(pad + 1)) : 0);
+    p->ldc = N + (pad ? (int64_t)(tu_rng_u64(r) % (uint64_t)(pad + 1)) : 0);
+    p->a_len = (size_t)(a_rows * p->lda);
+    p->b_len = (size_t)(b_rows * p->ldb);
+    p->c_len = (size_t)(M * p->ldc);
+    p->A = malloc((p->a_len + 1) * sizeof(float));
+    p->B = malloc((p->b_len + 1) * sizeof(float));
+    p->C0 = malloc((p->c_len + 1) * sizeof(float));
+    if (!p->A || !p->B || !p->C0) return 0;
+    tu_fill_normal_f32(r, p->A, p->a_len, 1.0);
+    tu_fill_normal_f32(r, p->B, p->b_len, 1.0);
+    if (beta == 0.0f)
+        for (size_t i = 0; i < p->c_len; i++) p->C0[i] = NAN;
+    else
+        tu_fill_normal_f32(r, p->C0, p->c_len, 1.0);
+    return 1;
+}
+
+static double opa(const problem *p, int64_t i, int64_t k) {
+    return p->ta ? p->A[k * p->lda + i] : p->A[i * p->lda + k];
+}
+static double opb(const problem *p, int64_t k, int64_t j) {
+    return p->tb ? p->B[j * p->ldb + k] : p->B[k * p->ldb + j];
+}
+
+/* Compare C (M x N inside ldc, padding must keep C0's values) with the
+ * double oracle. Returns 1 when within tolerance; reports the worst entry. */
+static int check_result(const problem *p, const float *C, const char *what) {
+    const double u = 0x1.0p-24;
+    double worst = 0.0;
+    int64_t wi = -1, wj = -1;
+    int ok = 1;
+    for (int64_t i = 0; i < p->M; i++) {
+        for (int64_t j = 0; j < p->ldc; j++) {
+            float got = C[i * p->ldc + j];
+            if (j >= p->N) { /* stride padding: untouched */
+                float was = p->C0[i * p->ldc + j];
+                if (memcmp(&got, &was, sizeof got) != 0) {
+                    CHECK(0, "%s: padding C[%lld][%lld] written", what, (long long)i, (long long)j);
+                    return 0;
+                }
+                continue;
+            }
+            double sum = 0.0, mag = 0.0;
+            if (p->alpha != 0.0f)
+                for (int64_t k = 0; k < p->K; k++) {
+                    double t = opa(p, i, k) * opb(p, k, j);
+                    sum += t;
+                    mag += fabs(t);
+                }
+            double want = p->alpha * sum, m = fabs((double)p->alpha) * mag;
+            if (p->beta != 0.0f) {
+                want += (double)p->beta * p->C0[i * p->ldc + j];
+                m += fabs((double)p->beta * p->C0[i * p->ldc + j]);
+            }
+            double tol = 2.0 * (double)(p->K + 4) * u * m;
+            double err = isnan(got) ? INFINITY : fabs((double)got - want);
+            if (err > tol) ok = 0;
+            double rel = err / (tol > 0 ? tol : 1e-300);
+            if (err > 0 && rel > worst) {
+                worst = rel;
+                wi = i;
+                wj = j;
+            }
+        }
+    }
+    CHECK(ok, "%s: worst C[%lld][%lld] at %.3g x tolerance", what, (long long)wi, (long long)wj,
+          worst);
+    return ok;
+}
+
+/* Run qkv_sgemm (kernel == NULL) or qkv_gemm_run on a guarded copy of C0;
+ * check canaries, that A and B are unchanged, and the values. The result is
+ * left in out (c_len floats) when out != NULL. */
+static void run_and_check(const problem *p, const qkv_gemm_kernel *kernel, int threads,
+                          const char *what, float *out) {
+    float *C = tu_guarded_alloc(p->c_len * sizeof(float));
+    float *A0 = malloc((p->a_len + 1) * sizeof(float)), *B0 = malloc((p->b_len + 1) * sizeof(float));
+    if (!C || !A0 || !B0) {
+        CHECK(0, "test out of memory");
+        tu_guarded_free(C);
+        free(A0);
+        free(B0);
+        return;
+    }
+    memcpy(C, p->C0, p->c_len * sizeof(float));
+    memcpy(A0, p->A, p->a_len * sizeof(float));
+    memcpy(B0, p->B, p->b_len * sizeof(float));
+    qkv_status st;
+    if (kernel)
+        st = qkv_gemm_run(kernel, p->ta, p->tb, p->M, p->N, p->K, p->alpha, p->A, p->lda, p->B,
+                          p->ldb, p->beta, C, p->ldc, threads);
+    else
+        st = qkv_sgemm(p->ta, p->tb, p->M, p->N, p->K, p->alpha, p->A, p->lda, p->B, p->ldb,
+                       p->beta, C, p->ldc, threads);
+    CHECK(st == QKV_OK, "%s: status %d", what, (int)st);
+    CHECK(tu_guarded_ok(C), "%s: canaries around C overwritten", what);
+    CHECK(memcmp(A0, p->A, p->a_len * sizeof(float)) == 0 &&
+              memcmp(B0, p->B, p->b_len * sizeof(float)) == 0,
+          "%s: A or B modified", what);
+    if (st == QKV_OK) check_result(p, C, what);
+    if (out) memcpy(out, C, p->c_len * sizeof(float));
+    tu_guarded_free(C);
+    free(A0);
+    free(B0);
+}
+
+/* The kernel table of an arch (NULL when this build/CPU has none). */
+static const qkv_gemm_kernel *kernel_of(int arch) {
+    if (!qkv_cpu_force_arch(arch)) return NULL;
+    const qkv_gemm_kernel *k = qkv_gemm_kernel_active();
+    qkv_cpu_force_arch(-1);
+    return k;
+}
+
+static void describe(char *buf, size_t len, const char *tag, const problem *p, int threads) {
+    snprintf(buf, len, "%s %c%c M=%lld N=%lld K=%lld ld=%lld,%lld,%lld alpha=%g beta=%g thr=%d",
+             tag, p->ta ? 'T' : 'N', p->tb ? 'T' : 'N', (long long)p->M, (long long)p->N,
+             (long long)p->K, (long long)p->lda, (long long)p->ldb, (long long)p->ldc,
+             (double)p->alpha, (double)p->beta, threads);
+}
+
+/* Random shapes from SIZES through the public API, per arch. Every size
+ * appears in every position (the first cases walk the list), the rest are
+ * random triples, each with random transposes, strides, alpha and beta. */
+static void test_random_shapes(int arch, int cases, uint64_t seed) {
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    char what[256], tag[64];
+    snprintf(tag, sizeof tag, "%s", qkv_arch_name(arch));
+    for (int c = 0; c < cases; c++) {
+        int64_t M, N, K;
+        if (c < NSIZES) {
+            M = SIZES[c];
+            N = SIZES[(c + 5) % NSIZES];
+            K = SIZES[(c + 9) % NSIZES];
+        } else {
+            M = SIZES[tu_rng_u64(&r) % NSIZES];
+            N = SIZES[tu_rng_u64(&r) % NSIZES];
+            K = SIZES[tu_rng_u64(&r) % NSIZES];
+        }
+        int ta = (int)(tu_rng_u64(&r) & 1), tb = (int)(tu_rng_u64(&r) & 1);
+        float alpha = ALPHAS[tu_rng_u64(&r) % 4], beta = BETAS[tu_rng_u64(&r) % 4];
+        int threads = 1 + (int)(tu_rng_u64(&r) % 3);
+        problem p;
+        if (!problem_make(&p, &r, ta, tb, M, N, K, alpha, beta, 5)) {
+            CHECK(0, "test out of memory");
+            problem_free(&p);
+            return;
+        }
+        describe(what, sizeof what, tag, &p, threads);
+        CHECK(qkv_cpu_force_arch(arch) == 1, "cannot force %s", tag);
+        run_and_check(&p, NULL, threads, what, NULL);
+        qkv_cpu_force_arch(-1);
+        problem_free(&p);
+    }
+}
+
+/* A copy of a kernel table with tiny cache blocks, so that the NC, KC and MC
+ * loops (and the beta' = 1 merges of later K blocks) run many times. */
+static qkv_gemm_kernel small_blocks(const qkv_gemm_kernel *k, int kc) {
+    qkv_gemm_kernel s = *k;
+    s.mc = 2 * k->mr;
+    s.kc = kc;
+    s.nc = 2 * k->nr;
+    return s;
+}
+
+/* Bitwise identical on 1, 2 and 3 threads (through qkv_gemm_run, which uses
+ * exactly the count given, with real and small blockings), each also checked
+ * against the oracle; and through the public API on a problem big enough to
+ * use every thread. */
+static void test_threads(const qkv_gemm_kernel *k, uint64_t seed) {
+    static const int64_t SHAPES[][3] = {{129, 257, 65}, {257, 63, 129}, {65, 129, 257},
+                                        {33, 31, 17},   {7, 257, 33},   {257, 7, 16}};
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    char what[256];
+    for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++) {
+        for (int blocking = 0; blocking < 2; blocking++) {
+            qkv_gemm_kernel small = small_blocks(k, 8 + 8 * (int)(s % 3));
+            const qkv_gemm_kernel *use = blocking ? &small : k;
+            problem p;
+            int ta = (int)(s & 1), tb = (int)((s >> 1) & 1);
+            if (!problem_make(&p, &r, ta, tb, SHAPES[s][0], SHAPES[s][1], SHAPES[s][2], -0.5f,
+                              blocking ? 0.0f : 1.0f, 3)) {
+                CHECK(0, "test out of memory");
+                problem_free(&p);
+                return;
+            }
+            float *out[3];
+            for (int t = 0; t < 3; t++) out[t] = malloc((p.c_len + 1) * sizeof(float));
+            if (out[0] && out[1] && out[2]) {
+                for (int t = 0; t < 3; t++) {
+                    char tag[96];
+                    snprintf(tag, sizeof tag, "%s%s", k->name, blocking ? " small blocks" : "");
+                    describe(what, sizeof what, tag, &p, t + 1);
+                    run_and_check(&p, use, t + 1, what, out[t]);
+                }
+                CHECK(memcmp(out[0], out[1], p.c_len * sizeof(float)) == 0 &&
+                          memcmp(out[0], out[2], p.c_len * sizeof(float)) == 0,
+                      "%s: results differ between 1, 2 and 3 threads", what);
+            } else {
+                CHECK(0, "test out of memory");
+            }
+            for (int t = 0; t < 3; t++) free(out[t]);
+            problem_free(&p);
+        }
+    }
+}
+
+static void test_threads_public(int arch) {
+    tu_rng r;
+    tu_rng_seed(&r, 99);
+    problem p;
+    if (!problem_make(&p, &r, 0, 1, 300, 200, 100, 1.0f, 0.0f, 2)) {
+        CHECK(0, "test out of memory");
+        problem_free(&p);
+        return;
+    }
+    CHECK(qkv_cpu_force_arch(arch) == 1, "cannot force %s", qkv_arch_name(arch));
+    float *out[3];
+    char what[256];
+    for (int t = 0; t < 3; t++) {
+        out[t] = malloc((p.c_len + 1) * sizeof(float));
+        describe(what, sizeof what, qkv_arch_name(arch), &p, t + 1);
+        if (out[t]) run_and_check(&p, NULL, t + 1, what, out[t]);
+    }
+    CHECK(out[0] && out[1] && out[2] && memcmp(out[0], out[1], p.c_len * sizeof(float)) == 0 &&
+              memcmp(out[0], out[2], p.c_len * sizeof(float)) == 0,
+          "%s: public API results differ between 1, 2 and 3 threads", qkv_arch_name(arch));
+    qkv_cpu_force_arch(-1);
+    for (int t = 0; t < 3; t++) free(out[t]);
+    problem_free(&p);
+}
+
+/* Every kernel with small blocks over the random shapes (all the blocking
+ * loops and edge tiles at once). */
+static void test_small_blocks(const qkv_gemm_kernel *k, int cases, uint64_t seed) {
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    char what[256], tag[96];
+    snprintf(tag, sizeof tag, "%s small blocks", k->name);
+    for (int c = 0; c < cases; c++) {
+        int64_t M = SIZES[tu_rng_u64(&r) % NSIZES], N = SIZES[tu_rng_u64(&r) % NSIZES];
+        int64_t K = SIZES[tu_rng_u64(&r) % NSIZES];
+        qkv_gemm_kernel small = small_blocks(k, K >= 8 ? 8 : 1 + (int)(tu_rng_u64(&r) % 8));
+        problem p;
+        if (!problem_make(&p, &r, (int)(tu_rng_u64(&r) & 1), (int)(tu_rng_u64(&r) & 1), M, N, K,
+                          ALPHAS[tu_rng_u64(&r) % 4], BETAS[tu_rng_u64(&r) % 4], 4)) {
+            CHECK(0, "test out of memory");
+            problem_free(&p);
+            return;
+        }
+        int threads = 1 + (int)(tu_rng_u64(&r) % 3);
+        describe(what, sizeof what, tag, &p, threads);
+        run_and_check(&p, &small, threads, what, NULL);
+        problem_free(&p);
+    }
+}
+
+/* K = 0 and alpha = 0: C = beta * C without reading A or B (NaN there must
+ * not leak); M = 0 or N = 0: nothing happens, NULL pointers allowed. */
+static void test_degenerate(void) {
+    float C[6] = {1, 2, 3, NAN, 5, 6}, A[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 3, 0, 1.0f, NULL, 0, NULL, 3, 0.0f, C, 3, 1), QKV_OK);
+    int zeros = 1;
+    for (int i = 0; i < 6; i++) zeros &= C[i] == 0.0f && !signbit(C[i]);
+    CHECK(zeros, "K = 0, beta = 0 must give zeros");
+    for (int i = 0; i < 6; i++) C[i] = (float)i;
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 3, 0, 1.0f, NULL, 0, NULL, 3, 2.0f, C, 3, 1), QKV_OK);
+    CHECK(C[0] == 0 && C[1] == 2 && C[5] == 10, "K = 0, beta = 2 must double C");
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 3, 0, 1.0f, NULL, 0, NULL, 3, 1.0f, C, 3, 1), QKV_OK);
+    CHECK(C[1] == 2 && C[5] == 10, "K = 0, beta = 1 leaves C");
+    CHECK_STATUS(qkv_sgemm(0, 1, 2, 3, 1, 0.0f, A, 1, A, 1, 0.5f, C, 3, 1), QKV_OK);
+    CHECK(C[1] == 1 && C[5] == 5, "alpha = 0 must give beta * C without reading A, B");
+    CHECK_STATUS(qkv_sgemm(0, 0, 0, 3, 4, 1.0f, NULL, 4, A, 3, 0.0f, NULL, 3, 1), QKV_OK);
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 0, 3, 1.0f, A, 3, NULL, 0, 0.0f, NULL, 0, 0), QKV_OK);
+    CHECK_STATUS(qkv_sgemm(1, 1, 0, 0, 0, 1.0f, NULL, 0, NULL, 0, 0.0f, NULL, 0, 2), QKV_OK);
+}
+
+static void test_errors(void) {
+    float A[64] = {0}, B[64] = {0}, C[64] = {0};
+    /* negative sizes and threads */
+    CHECK_STATUS(qkv_sgemm(0, 0, -1, 2, 2, 1, A, 2, B, 2, 0, C, 2, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, -1, 2, 1, A, 2, B, 2, 0, C, 2, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 2, -1, 1, A, 2, B, 2, 0, C, 2, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 2, 2, 1, A, 2, B, 2, 0, C, 2, -1), QKV_ERR_BAD_SIZE);
+    /* NULL pointers of non-empty matrices */
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 2, 2, 1, NULL, 2, B, 2, 0, C, 2, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 2, 2, 1, A, 2, NULL, 2, 0, C, 2, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 2, 2, 1, A, 2, B, 2, 0, NULL, 2, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, 2, 0, 1, A, 0, B, 2, 0, NULL, 2, 1), QKV_ERR_NULL_POINTER);
+    /* strides: A [M, K] needs lda >= K, transposed [K, M] lda >= M; likewise B */
+    CHECK_STATUS(qkv_sgemm(0, 0, 3, 2, 4, 1, A, 3, B, 2, 0, C, 2, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_sgemm(0, 0, 3, 2, 4, 1, A, 4, B, 2, 0, C, 2, 1), QKV_OK);
+    CHECK_STATUS(qkv_sgemm(1, 0, 3, 2, 4, 1, A, 2, B, 2, 0, C, 2, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_sgemm(1, 0, 3, 2, 4, 1, A, 3, B, 2, 0, C, 2, 1), QKV_OK);
+    CHECK_STATUS(qkv_sgemm(0, 0, 3, 5, 4, 1, A, 4, B, 4, 0, C, 5, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_sgemm(0, 1, 3, 5, 4, 1, A, 4, B, 3, 0, C, 5, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_sgemm(0, 1, 3, 5, 4, 1, A, 4, B, 4, 0, C, 5, 1), QKV_OK);
+    CHECK_STATUS(qkv_sgemm(0, 0, 3, 5, 4, 1, A, 4, B, 5, 0, C, 4, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_sgemm(0, 0, 3, 5, 4, 1, A, 4, B, -5, 0, C, 5, 1), QKV_ERR_BAD_SIZE);
+    /* extents that do not fit in int64 / size_t (nothing is read: checked first) */
+    int64_t big = (int64_t)1 << 40;
+    CHECK_STATUS(qkv_sgemm(0, 0, big, 2, big, 1, A, big, B, 2, 0, C, 2, 1), QKV_ERR_SIZE_OVERFLOW);
+    CHECK_STATUS(qkv_sgemm(0, 0, 2, big, 2, 1, A, 2, B, big, 0, C, INT64_MAX, 1),
+                 QKV_ERR_SIZE_OVERFLOW);
+    CHECK_STATUS(qkv_sgemm(0, 1, 2, big, big, 1, A, big, B, big, 0, C, big, 1),
+                 QKV_ERR_SIZE_OVERFLOW);
+}
+
+/* A counting allocator that fails from the n-th call on (n < 0: never). */
+static long g_allocs, g_frees, g_fail_at = -1;
+static void *count_alloc(size_t n, void *user) {
+    (void)user;
+    if (g_fail_at >= 0 && g_allocs >= g_fail_at) return NULL;
+    g_allocs++;
+    return malloc(n);
+}
+static void count_free(void *p, void *user) {
+    (void)user;
+    if (p) g_frees++;
+    free(p);
+}
+
+static void test_allocator(void) {
+    tu_rng r;
+    tu_rng_seed(&r, 7);
+    problem p;
+    if (!problem_make(&p, &r, 0, 1, 65, 33, 17, 1.0f, 0.5f, 0)) {
+        CHECK(0, "test out of memory");
+        problem_free(&p);
+        return;
+    }
+    float *C = malloc(p.c_len * sizeof(float));
+    if (!C) {
+        problem_free(&p);
+        CHECK(0, "test out of memory");
+        return;
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        memcpy(C, p.C0, p.c_len * sizeof(float));
+        g_allocs = g_frees = 0;
+        g_fail_at = 0;
+        CHECK_STATUS(qkv_set_allocator(count_alloc, count_free, NULL), QKV_OK);
+        CHECK_STATUS(qkv_sgemm(p.ta, p.tb, p.M, p.N, p.K, p.alpha, p.A, p.lda, p.B, p.ldb, p.beta,
+                               C, p.ldc, threads),
+                     QKV_ERR_OUT_OF_MEMORY);
+        CHECK(g_allocs == g_frees, "leak after a failed allocation: %ld allocs, %ld frees",
+              g_allocs, g_frees);
+        CHECK(memcmp(C, p.C0, p.c_len * sizeof(float)) == 0, "C written although out of memory");
+        g_fail_at = -1;
+        CHECK_STATUS(qkv_sgemm(p.ta, p.tb, p.M, p.N, p.K, p.alpha, p.A, p.lda, p.B, p.ldb, p.beta,
+                               C, p.ldc, threads),
+                     QKV_OK);
+        CHECK(g_allocs >= 1 && g_allocs == g_frees,
+              "allocations through the hooks, all freed: %ld allocs, %ld frees", g_allocs, g_frees);
+        CHECK_STATUS(qkv_set_allocator(NULL, NULL, NULL), QKV_OK);
+        check_result(&p, C, "after the allocator test");
+    }
+    free(C);
+    problem_free(&p);
+}
+
+int main(void) {
+    int archs = 0;
+    for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
+        const qkv_gemm_kernel *k = kernel_of(arch);
+        if (!k) {
+            printf("arch %s: not available here, skipped\n", qkv_arch_name(arch));
+            continue;
+        }
+        archs++;
+        long before = tu_failed;
+        test_random_shapes(arch, 120, 1000 + (uint64_t)arch);
+        test_small_blocks(k, 60, 2000 + (uint64_t)arch);
+        test_threads(k, 3000 + (uint64_t)arch);
+        test_threads_public(arch);
+        printf("arch %s (kernel %s, MC %d KC %d NC %d): %s\n", qkv_arch_name(arch), k->name, k->mc,
+               k->kc, k->nc, tu_failed == before ? "ok" : "FAILED");
+    }
+    CHECK(archs >= 1, "no arch ran");
+    test_degenerate();
+    test_errors();
+    test_allocator();
+    return tu_finish();
+}
