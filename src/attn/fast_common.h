@@ -8,9 +8,9 @@
  * mode": no soft-cap, no bias, positive scale: the common case, nothing to do
  * per element) or the final natural logits (soft-cap and bias applied by
  * fa_scores_rows). Either way c->sc times a tile value is the logit in base 2,
- * and the softmax kernel applies exp2(fma(sc, s, -sc*m)) directly
- * (FlashAttention-2's exp2 trick, with the scale folded into one fused
- * multiply-subtract so that huge logits lose no accuracy near the max). */
+ * and the softmax kernel applies exp2(sc * (s - m)) directly
+ * (FlashAttention-2's exp2 trick; the difference is taken first, exact near
+ * the max, so huge logits lose no accuracy where the weights are). */
 #ifndef QKV_ATTN_FAST_COMMON_H
 #define QKV_ATTN_FAST_COMMON_H
 

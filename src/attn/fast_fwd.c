@@ -137,8 +137,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
         }
     }
 
-    /* Normalise and store. The attention matrix sweep needs the row's shift
-     * b = sc*m (rounded as the kernel rounds it) and 1/l: kept in alpha, cnt. */
+    /* Normalise and store. The attention matrix sweep needs 1/l: kept in cnt. */
     for (int r = 0; r < nr; r++) {
         float *orow = w.o + (size_t)r * ldob;
         float *dst = f->out + ((b * c->nq + i0 + r) * c->H + h) * Dv;
@@ -148,13 +147,9 @@ static void fwd_unit(void *vf, int64_t u, int t) {
         else if (c->norm == QKV_NORM_RELU && c->relu_div) mul = w.cnt[r] > 0 ? 1.0f / w.cnt[r] : 0.0f;
         if (softmax && empty) memset(dst, 0, (size_t)Dv * sizeof(float));
         else for (int64_t d = 0; d < Dv; d++) dst[d] = orow[d] * mul;
-        float shift = c->sc * w.m[r];
-        double l2 = empty ? -INFINITY : (double)shift + log2((double)w.l[r]);
+        double l2 = empty ? -INFINITY : (double)c->sc * w.m[r] + log2((double)w.l[r]);
         if (f->lse) f->lse[(b * c->H + h) * c->nq + i0 + r] = (float)(l2 * FA_LN2);
-        if (softmax) {
-            w.alpha[r] = shift;
-            w.cnt[r] = empty ? 0.0f : 1.0f / w.l[r];
-        }
+        if (softmax) w.cnt[r] = empty ? 0.0f : 1.0f / w.l[r];
     }
 
     if (!f->attn) return;
@@ -174,8 +169,8 @@ static void fwd_unit(void *vf, int64_t u, int t) {
             float *dst = f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk + kt;
             if (softmax) {
                 if (w.m[r] == -INFINITY) continue;
-                double shift = w.alpha[r], sc = c->sc;
-                for (int j = a; j < e; j++) sr[j] = (float)(sc * sr[j] - shift);
+                float mr = w.m[r], sc = c->sc;
+                for (int j = a; j < e; j++) sr[j] = (sr[j] - mr) * sc;
                 K->exp2(sr + a, (size_t)(e - a));
                 float invl = w.cnt[r];
                 for (int j = a; j < e; j++) dst[j] = sr[j] * invl;

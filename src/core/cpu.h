@@ -38,12 +38,11 @@ typedef struct qkv_kernels {
                const float *v, size_t ldv, size_t nk, size_t dv, size_t rows);
     /* One online-softmax step over rows r < rows of s (cols entries each,
      * -inf = masked), whose logits in base 2 are c * s (c > 0):
-     * mn = max(m[r], max_c s); b = c*mn, b_old = c*m[r] (both rounded to
-     * float the same way every time, so the shifts cancel exactly in O/l);
-     * alpha[r] = 2^(b_old - b); s = 2^(fma(c, s, -b)) in place (the fused
-     * multiply-subtract keeps c*s - b accurate near the max even when the
-     * logits are huge); l[r] = l[r]*alpha[r] + sum_c s; m[r] = mn. A row still
-     * all -inf keeps m = -inf, alpha = 1, s = 0 (never exp(-inf - -inf)). */
+     * mn = max(m[r], max_c s); alpha[r] = 2^(c (m[r] - mn));
+     * s = 2^(c (s - mn)) in place (the difference first: exact near the max,
+     * so the max itself gives exactly 1 and huge logits lose nothing);
+     * l[r] = l[r]*alpha[r] + sum_c s; m[r] = mn. A row still all -inf keeps
+     * m = -inf, alpha = 1, s = 0 (never exp(-inf - -inf)). */
     void (*softmax)(float *s, size_t lds, size_t rows, size_t cols, float c, float *m, float *l,
                     float *alpha);
     /* x[i] = 2^x[i] in place: exactly 0 for x < -126 (no subnormals), +inf on

@@ -164,15 +164,14 @@ static void softmax_avx2(float *s, size_t lds, size_t rows, size_t cols, float c
         float mn = m[r] > mt ? m[r] : mt;
         float a = 1.0f, base = 0.0f;
         if (mn != -INFINITY) {
-            base = cm * mn;
-            float bold = cm * m[r]; /* separate statements: never contracted */
-            a = exp2_scalar(bold - base);
+            base = mn;
+            a = exp2_scalar((m[r] - mn) * cm);
         }
         __m256 vb = _mm256_set1_ps(base), acc = _mm256_setzero_ps();
         for (size_t c = 0; c < cols; c += 8) {
             __m256i tm = tail_mask(cols - c);
             __m256 x = _mm256_blendv_ps(ninf, _mm256_maskload_ps(row + c, tm), _mm256_castsi256_ps(tm));
-            __m256 e = exp2_ps(_mm256_fmsub_ps(vc, x, vb));
+            __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(x, vb), vc));
             _mm256_maskstore_ps(row + c, tm, e);
             acc = _mm256_add_ps(acc, e);
         }

@@ -144,14 +144,13 @@ static void softmax_avx512(float *s, size_t lds, size_t rows, size_t cols, float
         float mn = m[r] > mt ? m[r] : mt;
         float a = 1.0f, base = 0.0f;
         if (mn != -INFINITY) {
-            base = cm * mn;
-            float bold = cm * m[r]; /* separate statements: never contracted */
-            a = exp2_scalar(bold - base);
+            base = mn;
+            a = exp2_scalar((m[r] - mn) * cm);
         }
         __m512 vb = _mm512_set1_ps(base), acc = _mm512_setzero_ps();
         for (size_t c = 0; c < cols; c += 16) {
             __mmask16 tm = tail_mask(cols - c);
-            __m512 e = exp2_ps(_mm512_fmsub_ps(vc, _mm512_mask_loadu_ps(ninf, tm, row + c), vb));
+            __m512 e = exp2_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, tm, row + c), vb), vc));
             _mm512_mask_storeu_ps(row + c, tm, e);
             acc = _mm512_add_ps(acc, e);
         }

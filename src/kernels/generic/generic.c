@@ -60,13 +60,12 @@ static void softmax_generic(float *s, size_t lds, size_t rows, size_t cols, floa
         float mn = m[r] > mt ? m[r] : mt;
         float a = 1.0f, base = 0.0f;
         if (mn != -INFINITY) {
-            base = cm * mn;
-            float bold = cm * m[r]; /* separate statements: never contracted */
-            a = exp2_one(bold - base);
+            base = mn;
+            a = exp2_one((m[r] - mn) * cm);
         }
         float sum = 0.0f;
         for (size_t c = 0; c < cols; c++) {
-            float e = exp2_one((float)((double)cm * row[c] - base)); /* exact product */
+            float e = exp2_one((row[c] - base) * cm);
             row[c] = e;
             sum += e;
         }
