@@ -48,13 +48,13 @@ typedef enum qkv_status {
     QKV_ERR_WINDOW = 5,           /* window extents negative or mask kind needs none */
     QKV_ERR_KEY_LENGTHS = 6,      /* a key length is < 0 or > n_k */
     QKV_ERR_SEQ_OFFSETS = 7,      /* packed offsets not 0 = o_0 <= ... <= o_S = n, or B != 1 */
-    QKV_ERR_BAD_ENUM = 8,         /* unknown score, normaliser, mask, dtype, bias kind, impl */
+    QKV_ERR_BAD_ENUM = 8,         /* unknown score, normaliser, mask, dtype, bias kind, impl value */
     QKV_ERR_BAD_PARAMETER = 9,    /* scale, temperature or softcap not finite / out of range */
     QKV_ERR_OUT_OF_MEMORY = 10,   /* an allocation failed; nothing leaked, outputs unspecified */
     QKV_ERR_UNSUPPORTED = 11,     /* valid request this build/implementation cannot do */
     QKV_ERR_IO = 12,              /* a file could not be opened, read or written */
     QKV_ERR_FORMAT = 13,          /* a file is malformed (bad magic, header, truncated) */
-    QKV_ERR_DTYPE = 14,           /* an array has a dtype the call does not accept */
+    QKV_ERR_DTYPE = 14,           /* a dtype the call does not accept (e.g. I32 for attention) */
     QKV_ERR_SHAPE = 15,           /* array shapes do not fit together */
     QKV_ERR_POSITION = 16         /* a position is past the end of a learned table or cache */
 } qkv_status;

@@ -249,7 +249,7 @@ static void test_round_trips(void) {
             CHECK_STATUS(qkv_npy_save(path, &a), QKV_OK);
             CHECK_STATUS(qkv_npy_load(path, &b, why, sizeof why), QKV_OK);
             CHECK(same_array(&a, &b), "dtype %d shape #%zu differs after load (%s)", (int)dtypes[d], k, why);
-            size_t len;
+            size_t len = 0;
             unsigned char *bytes = read_file(path, &len);
             CHECK(bytes != NULL, "read back");
             if (bytes) {

@@ -31,6 +31,7 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
     qkv_attn_desc d = *desc;
     memset(plan, 0, sizeof *plan);
 
+    if (d.dtype == QKV_I32 || d.dtype == QKV_I64) return QKV_ERR_DTYPE; /* a dtype, not for attention */
     if (d.dtype != QKV_F32 && d.dtype != QKV_F64) return QKV_ERR_BAD_ENUM;
     if ((unsigned)d.score > QKV_SCORE_ADDITIVE || (unsigned)d.norm > QKV_NORM_SIGMOID ||
         (unsigned)d.mask > QKV_MASK_CAUSAL_WINDOW || (unsigned)d.bias_kind > QKV_BIAS_PER_HEAD ||
@@ -107,7 +108,6 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
         if (!d.seq_offsets_q) return QKV_ERR_NULL_POINTER;
         if (d.num_seqs <= 0 || d.batch != 1) return QKV_ERR_SEQ_OFFSETS;
         if (!d.seq_offsets_k && d.n_q != d.n_k) return QKV_ERR_SEQ_OFFSETS;
-        if (d.num_seqs > d.n_q + 1 || d.num_seqs > d.n_k + 1) return QKV_ERR_SEQ_OFFSETS;
         qkv_status s = check_offsets(d.seq_offsets_q, d.num_seqs, d.n_q);
         if (s == QKV_OK && d.seq_offsets_k) s = check_offsets(d.seq_offsets_k, d.num_seqs, d.n_k);
         if (s != QKV_OK) return s;
@@ -136,11 +136,12 @@ qkv_status qkv_attn_desc_check(const qkv_attn_desc *desc) {
     return qkv_plan_make(desc, &p);
 }
 
-/* Clamp a + b into [lo, hi] without overflow (b may be +-UNBOUNDED). */
+/* Clamp a + sign * b into [lo, hi] without overflow: b >= 0 may be as large
+ * as INT64_MAX (a window wider than any sequence); |a|, |lo|, |hi| are
+ * sequence positions, far from the int64 limits. */
 static int64_t clamp_add(int64_t a, int64_t b, int sign, int64_t lo, int64_t hi) {
-    if (b == QKV_UNBOUNDED) return sign > 0 ? hi : lo;
-    int64_t r = sign > 0 ? a + b : a - b; /* |a|, b <= ~2^62 in practice: sizes fit memory */
-    return r < lo ? lo : (r > hi ? hi : r);
+    if (sign > 0) return b >= hi - a ? hi : (a + b < lo ? lo : a + b);
+    return b >= a - lo ? lo : (a - b > hi ? hi : a - b);
 }
 
 /* The sequence of query i: its first query q0, length nq, first key k0 and

@@ -144,12 +144,15 @@ void ref_row_normalise(const qkv_plan *p, ref_inputs *in, int64_t lo, int64_t hi
     /* Two-pass log-sum-exp: subtract the max so that exp never overflows.
      * NaN logits are skipped by the max and propagate through the sum. */
     double m = -INFINITY;
-    for (int64_t j = lo; j < hi; j++)
+    int has_nan = 0;
+    for (int64_t j = lo; j < hi; j++) {
         if (s[j] > m) m = s[j];
+        has_nan |= isnan(s[j]);
+    }
     double sum = 0.0;
     if (m != -INFINITY)
         for (int64_t j = lo; j < hi; j++) sum += exp(s[j] - m);
-    *lse = m == -INFINITY ? -INFINITY : m + log(sum);
+    *lse = has_nan ? NAN : (m == -INFINITY ? -INFINITY : m + log(sum));
 
     for (int64_t j = lo; j < hi; j++) {
         double x = s[j];
