@@ -41,6 +41,14 @@ const qkv_gemm_kernel *qkv_gemm_kernel_active(void) {
     return &qkv_gemm_kernel_generic;
 }
 
+int qkv_gemm_uses_cblas(void) {
+#ifdef QKV_USE_CBLAS
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

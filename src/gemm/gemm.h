@@ -57,6 +57,11 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
                         int64_t K, float alpha, const float *A, int64_t lda, const float *B,
                         int64_t ldb, float beta, float *C, int64_t ldc, int threads);
 
+/* 1 when this build forwards qkv_sgemm to a system CBLAS (CMake option
+ * QKV_USE_CBLAS found one): then the `threads` argument and the allocator
+ * hooks do not apply to it (the BLAS threads and allocates on its own). */
+int qkv_gemm_uses_cblas(void);
+
 /* Packing (pack.c). A: op(A) rows [i0, i0 + mc), columns [p0, p0 + kc) into
  * ceil(mc / mr) panels of mr x kc (panel r starts at ap + r*mr*kc). trans:
  * A is stored [K, M] (op(A)[i][p] = a[p*lda + i]), else [M, K]. */
