@@ -158,6 +158,76 @@ void ao_forward(const qkv_attn_desc *d, double *const x[AO_NT]) {
     free(w);
 }
 
+void ao_forward_naive32(const qkv_attn_desc *d, double *const x[AO_NT]) {
+    int64_t B = d->batch, nq = d->n_q, nk = d->n_k, H = d->heads, Hkv = heads_kv_of(d);
+    int64_t D = d->dim, Dv = dim_v_of(d), group = H / Hkv, A = d->additive_dim;
+    float *S = malloc((size_t)nk * sizeof *S), *w = malloc((size_t)nk * sizeof *w);
+    if (!S || !w) abort();
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < nq; i++) {
+                const double *q = x[AO_Q] + ((b * nq + i) * H + h) * D;
+                int64_t count = 0;
+                float m = -INFINITY;
+                for (int64_t j = 0; j < nk; j++) {
+                    S[j] = -INFINITY;
+                    if (!ao_visible(d, x[AO_BIAS], b, h, i, j)) continue;
+                    count++;
+                    const double *k = x[AO_K] + ((b * nk + j) * Hkv + h / group) * D;
+                    float s = 0.0f;
+                    if (d->score == QKV_SCORE_SCALED_DOT || d->score == QKV_SCORE_DOT) {
+                        for (int64_t t = 0; t < D; t++) s += (float)q[t] * (float)k[t];
+                        if (d->score == QKV_SCORE_SCALED_DOT)
+                            s *= (float)(d->scale != 0.0 ? d->scale : 1.0 / sqrt((double)D));
+                    } else if (d->score == QKV_SCORE_COSINE) {
+                        float qq = 0.0f, kk = 0.0f;
+                        for (int64_t t = 0; t < D; t++) {
+                            qq += (float)q[t] * (float)q[t];
+                            kk += (float)k[t] * (float)k[t];
+                            s += (float)q[t] * (float)k[t];
+                        }
+                        s = s / (fmaxf(sqrtf(qq), 1e-12f) * fmaxf(sqrtf(kk), 1e-12f)) / (float)d->temperature;
+                    } else {
+                        for (int64_t a = 0; a < A; a++) {
+                            float u = 0.0f;
+                            for (int64_t t = 0; t < D; t++)
+                                u += (float)x[AO_W1][(h * A + a) * D + t] * (float)q[t] +
+                                     (float)x[AO_W2][(h * A + a) * D + t] * (float)k[t];
+                            s += (float)x[AO_W][h * A + a] * tanhf(u);
+                        }
+                    }
+                    if (d->softcap > 0.0) s = (float)d->softcap * tanhf(s / (float)d->softcap);
+                    if (d->bias_kind != QKV_BIAS_NONE) s += (float)bias_at(d, x[AO_BIAS], h, i, j);
+                    S[j] = s;
+                    if (s > m) m = s;
+                }
+                float sum = 0.0f;
+                for (int64_t j = 0; j < nk; j++)
+                    if (S[j] != -INFINITY) sum += expf(S[j] - m);
+                for (int64_t j = 0; j < nk; j++) {
+                    float a = 0.0f, s = S[j];
+                    if (s != -INFINITY) {
+                        if (d->norm == QKV_NORM_SOFTMAX) a = expf(s - m) / sum;
+                        else if (d->norm == QKV_NORM_RELU)
+                            a = (isnan(s) ? s : (s > 0.0f ? s : 0.0f)) /
+                                (d->relu_divide_by_count ? (float)count : 1.0f);
+                        else a = 1.0f / (1.0f + expf(-s));
+                    }
+                    w[j] = a;
+                    if (x[AO_ATTN]) x[AO_ATTN][((b * H + h) * nq + i) * nk + j] = a;
+                }
+                if (x[AO_LSE]) x[AO_LSE][(b * H + h) * nq + i] = count ? (double)(m + logf(sum)) : -INFINITY;
+                for (int64_t e = 0; e < Dv; e++) {
+                    float acc = 0.0f;
+                    for (int64_t j = 0; j < nk; j++)
+                        if (S[j] != -INFINITY) acc += w[j] * (float)x[AO_V][((b * nk + j) * Hkv + h / group) * Dv + e];
+                    x[AO_O][((b * nq + i) * H + h) * Dv + e] = acc;
+                }
+            }
+    free(S);
+    free(w);
+}
+
 static double *alloc_d(size_t n) {
     double *p = calloc(n ? n : 1, sizeof *p);
     if (!p) abort();
