@@ -620,8 +620,10 @@ static void test_bad_json(void) {
     expect_bad("{\"t\\", 0, QKV_ERR_FORMAT, "unterminated");
     expect_bad("{\"t\" {}}", 0, QKV_ERR_FORMAT, "':'");
     expect_bad("{\"t\":{\"dtype\" \"F32\"}}", 0, QKV_ERR_FORMAT, "':'");
-    expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}", 4, QKV_ERR_FORMAT, "string");
-    expect_bad(T1("F32", "[1,]", "[0,4]"), 4, QKV_ERR_FORMAT, NULL);
+    expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}", 4, QKV_ERR_FORMAT, "trailing comma");
+    expect_bad(T1("F32", "[1,]", "[0,4]"), 4, QKV_ERR_FORMAT, "trailing comma");
+    expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],}}", 4, QKV_ERR_FORMAT, "trailing comma");
+    expect_bad("{\"__metadata__\":{\"a\":\"b\",}}", 0, QKV_ERR_FORMAT, "trailing comma");
     expect_bad(T1("F32", "[1]", "[0,4,]"), 4, QKV_ERR_FORMAT, NULL);
     expect_bad(T1("F32", "[1]", "[0,4]") "x", 4, QKV_ERR_FORMAT, "after the header");
     expect_bad(T1("F32", "[1]", "[0,4]") "}", 4, QKV_ERR_FORMAT, "after the header");

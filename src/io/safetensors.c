@@ -384,6 +384,14 @@ static qkv_status json_error(st_ctx *c) {
                    c->j.err ? c->j.err : "syntax error");
 }
 
+/* The ',' between members or elements, not followed by the closing `close`
+ * (JSON has no trailing commas). */
+static int comma(st_ctx *c, char close, const char *msg) {
+    if (!qkv_json_expect(&c->j, ',', msg)) return 0;
+    if (qkv_json_peek(&c->j) == (unsigned char)close) return qkv_json_fail(&c->j, "trailing comma");
+    return 1;
+}
+
 /* Read the string at the cursor into a new buffer. *has_nul tells whether
  * it holds a NUL byte (from \u0000). */
 static qkv_status read_string(st_ctx *c, char **out, size_t *len, int *has_nul) {
@@ -443,7 +451,7 @@ static qkv_status parse_shape(st_ctx *c, st_entry *e, const char *nm) {
             c->j.p++;
             return QKV_OK;
         }
-        if (!qkv_json_expect(&c->j, ',', "expected ',' or ']' in \"shape\"")) return json_error(c);
+        if (!comma(c, ']', "expected ',' or ']' in \"shape\"")) return json_error(c);
     }
 }
 
@@ -553,7 +561,7 @@ static qkv_status parse_tensor(st_ctx *c, st_entry *e) {
                 c->j.p++;
                 break;
             }
-            if (!qkv_json_expect(&c->j, ',', "expected ',' or '}' in a tensor object")) return json_error(c);
+            if (!comma(c, '}', "expected ',' or '}' in a tensor object")) return json_error(c);
         }
     }
     for (int k = 0; k < 3; k++)
@@ -615,7 +623,7 @@ static qkv_status parse_metadata(st_ctx *c) {
             c->j.p++;
             return QKV_OK;
         }
-        if (!qkv_json_expect(&c->j, ',', "expected ',' or '}' in \"__metadata__\"")) return json_error(c);
+        if (!comma(c, '}', "expected ',' or '}' in \"__metadata__\"")) return json_error(c);
     }
 }
 
@@ -658,7 +666,7 @@ static qkv_status parse_header(st_ctx *c) {
                 c->j.p++;
                 break;
             }
-            if (!qkv_json_expect(&c->j, ',', "expected ',' or '}' after a tensor")) return json_error(c);
+            if (!comma(c, '}', "expected ',' or '}' after a tensor")) return json_error(c);
         }
     }
     if (!qkv_json_at_end(&c->j)) {
@@ -859,7 +867,7 @@ qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *w
         return QKV_ERR_NULL_POINTER;
     }
     int fd;
-    do fd = open(path, O_RDONLY);
+    do fd = open(path, O_RDONLY | O_CLOEXEC);
     while (fd < 0 && errno == EINTR);
     if (fd < 0) {
         if (why && why_len) snprintf(why, why_len, "cannot open: %s", strerror(errno));
