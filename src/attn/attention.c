@@ -35,6 +35,10 @@ qkv_status qkv_attention_backward(const qkv_attn_desc *desc, const void *q, cons
     if (s != QKV_OK) return s;
     if (!q || !k || !v || !dout || !grads || !grads->dq || !grads->dk || !grads->dv)
         return QKV_ERR_NULL_POINTER;
+    if (p.d.impl != QKV_IMPL_REFERENCE) {
+        if (fast_ok(&p)) return qkv_fast_backward(&p, q, k, v, out, lse, dout, grads);
+        if (p.d.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
+    }
     (void)out; /* the reference recomputes the forward in double */
     (void)lse;
     return qkv_ref_backward(&p, q, k, v, dout, grads);

@@ -171,6 +171,42 @@ void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
     }
 }
 
+void fa_scores_cols(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0, int nqc,
+                    int64_t j0, int nkr, const int64_t *lo, const int64_t *hi, int interior,
+                    int *a, int *e, float *dcap, size_t ldd) {
+    const float ninf = -INFINITY;
+    for (int r = 0; r < nkr; r++) {
+        float *row = s + (size_t)r * lds;
+        int64_t j = j0 + r;
+        int x = 0, y = nqc;
+        if (!interior) {
+            while (x < nqc && !(lo[x] <= j && j < hi[x])) x++;
+            y = x;
+            while (y < nqc && lo[y] <= j && j < hi[y]) y++;
+            for (int i = 0; i < x; i++) row[i] = ninf;
+            for (int i = y; i < nqc; i++) row[i] = ninf;
+        }
+        a[r] = x;
+        e[r] = y;
+        if (!c->natural) continue;
+        double sn = c->scale_nat;
+        if (c->cap > 0.0) {
+            float *dr = dcap ? dcap + (size_t)r * ldd : NULL;
+            for (int i = x; i < y; i++) {
+                double t = tanh((double)row[i] * sn / c->cap);
+                row[i] = (float)(c->cap * t);
+                if (dr) dr[i] = (float)(1.0 - t * t);
+            }
+        } else {
+            for (int i = x; i < y; i++) row[i] = (float)((double)row[i] * sn);
+        }
+        if (c->bias) {
+            const float *bc = c->bias + h * c->bias_head_stride + i0 * c->nk + j;
+            for (int i = x; i < y; i++) row[i] += bc[(int64_t)i * c->nk];
+        }
+    }
+}
+
 void fa_pv_ranges(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
                   size_t ldp, const float *v, size_t ldv, size_t dv, const int *a, const int *e,
                   int nvalid) {

@@ -83,6 +83,16 @@ void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
                     int64_t kt, int ncols, const int64_t *lo, const int64_t *hi, int *a, int *e,
                     float *dcap, size_t ldd);
 
+/* The transposed tile of the backward's key-block pass: rows = keys j0+r,
+ * r < nkr; columns = queries i0+col, col < nqc, with the queries' ranges in
+ * lo[col], hi[col]. Same transform as fa_scores_rows; a[r], e[r] receive the
+ * key's visible queries [a, e) (contiguous: every mask's lo and hi are
+ * nondecreasing in the query index). interior != 0 promises that every
+ * (key, query) of the tile is visible (no masking work). */
+void fa_scores_cols(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0, int nqc,
+                    int64_t j0, int nkr, const int64_t *lo, const int64_t *hi, int interior,
+                    int *a, int *e, float *dcap, size_t ldd);
+
 /* o (8 rows) += p . v over a tile where row r may only use columns [a[r], e[r])
  * (rows >= nvalid are padding and follow the common range): the common range
  * goes through the 8-row kernel (with the rescale alpha), the rest row by row,

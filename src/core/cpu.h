@@ -45,6 +45,12 @@ typedef struct qkv_kernels {
      * m = -inf, alpha = 1, s = 0 (never exp(-inf - -inf)). */
     void (*softmax)(float *s, size_t lds, size_t rows, size_t cols, float c, float *m, float *l,
                     float *alpha);
+    /* Backward softmax tile: for r < rows, c < cols, with x, y = L[r], Dd[r]
+     * (percol = 0) or L[c], Dd[c] (percol = 1): p = 2^(fma(cm, s, -x)) (0 for
+     * s = -inf or x = +inf), ds = (p == 0 ? 0 : p * (dp - y)); s <- p, dp <- ds.
+     * Rows have stride ld in both s and dp. */
+    void (*bwd_softmax)(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
+                        const float *L, const float *Dd, int percol);
     /* x[i] = 2^x[i] in place: exactly 0 for x < -126 (no subnormals), +inf on
      * overflow, NaN stays NaN. */
     void (*exp2)(float *x, size_t n);

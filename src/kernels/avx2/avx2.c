@@ -181,6 +181,27 @@ static void softmax_avx2(float *s, size_t lds, size_t rows, size_t cols, float c
     }
 }
 
+static void bwd_softmax_avx2(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
+                             const float *L, const float *Dd, int percol) {
+    const __m256 vc = _mm256_set1_ps(cm);
+    for (size_t r = 0; r < rows; r++) {
+        float *sr = s + r * ld, *dr = dp + r * ld;
+        __m256 x = _mm256_set1_ps(percol ? 0.0f : L[r]), y = _mm256_set1_ps(percol ? 0.0f : Dd[r]);
+        for (size_t c = 0; c < cols; c += 8) {
+            __m256i tm = tail_mask(cols - c);
+            if (percol) {
+                x = _mm256_maskload_ps(L + c, tm);
+                y = _mm256_maskload_ps(Dd + c, tm);
+            }
+            __m256 p = exp2_ps(_mm256_fmsub_ps(vc, _mm256_maskload_ps(sr + c, tm), x));
+            __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dr + c, tm), y));
+            __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+            _mm256_maskstore_ps(sr + c, tm, p);
+            _mm256_maskstore_ps(dr + c, tm, _mm256_and_ps(nz, d));
+        }
+    }
+}
+
 const qkv_kernels qkv_kernels_avx2 = {
-    "avx2", qk_avx2, pv_avx2, softmax_avx2, exp2_avx2,
+    "avx2", qk_avx2, pv_avx2, softmax_avx2, bwd_softmax_avx2, exp2_avx2,
 };

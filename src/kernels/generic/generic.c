@@ -75,6 +75,19 @@ static void softmax_generic(float *s, size_t lds, size_t rows, size_t cols, floa
     }
 }
 
+static void bwd_softmax_generic(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
+                                const float *L, const float *Dd, int percol) {
+    for (size_t r = 0; r < rows; r++) {
+        float *sr = s + r * ld, *dr = dp + r * ld;
+        for (size_t c = 0; c < cols; c++) {
+            float x = percol ? L[c] : L[r], y = percol ? Dd[c] : Dd[r];
+            float p = exp2_one((float)((double)cm * sr[c] - x)); /* exact product, as an fma */
+            sr[c] = p;
+            dr[c] = p == 0.0f ? 0.0f : p * (dr[c] - y);
+        }
+    }
+}
+
 const qkv_kernels qkv_kernels_generic = {
-    "generic", qk_generic, pv_generic, softmax_generic, exp2_generic,
+    "generic", qk_generic, pv_generic, softmax_generic, bwd_softmax_generic, exp2_generic,
 };
