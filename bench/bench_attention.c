@@ -71,6 +71,7 @@ typedef struct options {
     int pass_count;
     int reps;
     double max_seconds;   /* per row: fewer repetitions (at least 3) beyond this */
+    double max_row_seconds; /* skip a row predicted (from a smaller n) to take longer */
     int64_t ref_max_n;    /* reference skipped above this n */
     double naive_max_mib; /* naive skipped when its n x n buffers exceed this */
     int check;            /* the error table */
@@ -97,6 +98,8 @@ static void usage(FILE *f) {
             "  --pass LIST         fwd,bwd (default fwd,bwd)\n"
             "  --reps R            timed repetitions after one warm-up (default 5)\n"
             "  --max-seconds S     per row; fewer repetitions (never under 3) beyond (default 30)\n"
+            "  --max-row-seconds S skip a row that the same impl's time at a smaller n predicts\n"
+            "                      (x n^2) to take longer than S, warm-up and 3 runs (default 300)\n"
             "  --ref-max-n N       skip the reference above n = N (default 1024)\n"
             "  --naive-max-mib M   skip the naive version when its n x n buffers exceed M MiB\n"
             "                      (default 1024)\n"
@@ -183,6 +186,7 @@ static int parse_options(int argc, char **argv, options *o) {
     o->pass_count = 2;
     o->reps = 5;
     o->max_seconds = 30.0;
+    o->max_row_seconds = 300.0;
     o->ref_max_n = 1024;
     o->naive_max_mib = 1024.0;
     o->check = 1;
@@ -262,6 +266,8 @@ static int parse_options(int argc, char **argv, options *o) {
             ok = ok && o->reps >= 1 && o->reps <= 1000;
         } else if (strcmp(a, "--max-seconds") == 0) {
             o->max_seconds = atof(v);
+        } else if (strcmp(a, "--max-row-seconds") == 0) {
+            o->max_row_seconds = atof(v);
         } else if (strcmp(a, "--ref-max-n") == 0) {
             o->ref_max_n = parse_i64(v, &ok);
         } else if (strcmp(a, "--naive-max-mib") == 0) {
@@ -910,6 +916,24 @@ static void run_table(const options *o) {
                                      naive_mib(n, threads, o), o->naive_max_mib);
                             skip(e, why);
                             continue;
+                        }
+                        const entry *smaller = NULL;
+                        for (int k = 0; k < g_table_count - 1; k++) {
+                            const entry *c = &g_table[k];
+                            if (c->impl == impl && c->backward == bwd && c->causal == causal && c->ti == ti &&
+                                c->n < n && c->r.status == JOB_OK && (!smaller || c->n > smaller->n))
+                                smaller = c;
+                        }
+                        if (smaller) {
+                            double ratio = (double)n / (double)smaller->n;
+                            double predicted = smaller->r.median_s * ratio * ratio * (bwd ? 5.0 : 4.0);
+                            if (predicted > o->max_row_seconds) {
+                                snprintf(why, sizeof why,
+                                         "skipped: predicted %.0f s from n = %lld (> --max-row-seconds %.0f)",
+                                         predicted, (long long)smaller->n, o->max_row_seconds);
+                                skip(e, why);
+                                continue;
+                            }
                         }
                         job jb = {o, impl, bwd, causal, o->batch, o->heads, n, o->dim, threads, 0};
                         measure(o, &jb, e, &prev);
