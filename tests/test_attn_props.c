@@ -193,6 +193,109 @@ static void set_mode(qkv_dtype dt, qkv_impl impl) {
     g_tol_sum = dt == QKV_F64 ? 1e-12 : 1e-5;
 }
 
+/* Long rows against the oracle, in F32 (REFERENCE and AUTO: a tiled fast
+ * path's block edges: 64-query blocks, 128-key tiles) and F64 AUTO: sizes
+ * one off the tile sizes, several tiles, odd D; every mask configuration;
+ * then rows of steadily increasing logits (a rescale at every tile),
+ * windows of tile - 1, tile and tile + 1, and a whole key tile masked by a
+ * -inf bias while its row is not. */
+static void check_long(ao_prob *p, const char *what) {
+    ao_forward(&p->d, p->x);
+    check_against_oracle(p, QKV_F64, QKV_IMPL_AUTO, 0, 1e-10, 1e-10, NULL, what);
+    ao_prob_round_f32(p);
+    ao_forward(&p->d, p->x);
+    check_against_oracle(p, QKV_F32, QKV_IMPL_REFERENCE, 3, 1e-7, 1e-6, NULL, what);
+    naive32 nv;
+    naive32_make(&nv, p);
+    check_against_oracle(p, QKV_F32, QKV_IMPL_AUTO, 0, 0.0, 0.0, &nv, what);
+    naive32_free(&nv);
+}
+
+static void test_long_rows(void) {
+    static const shape LS[] = {
+        {1, 65, 129, 2, 1, 17, 9}, {2, 63, 257, 2, 2, 8, 8}, {1, 130, 127, 4, 2, 33, 16}, {1, 203, 203, 1, 1, 64, 64}};
+    for (int si = 0; si < 4; si++)
+        for (int sc = 0; sc < 2; sc++)
+            for (int m = 0; m < AO_NUM_MASKS; m++) {
+                int score = sc ? QKV_SCORE_COSINE : QKV_SCORE_SCALED_DOT, norm4 = (m + si + sc) % 4;
+                qkv_attn_desc d;
+                ao_mask_store st;
+                desc_from(&d, &LS[si], score, norm4);
+                ao_mask_config(&d, m, &st);
+                if (m % 3 == 1) d.softcap = 3.0;
+                ao_prob p;
+                uint64_t seed = 9000u + (uint64_t)((si * 2 + sc) * 16 + m);
+                tu_rng r;
+                tu_rng_seed(&r, seed);
+                ao_prob_init(&p, &d, &r, 1.0);
+                ao_bias_plant_inf(&p, &r);
+                char what[96];
+                snprintf(what, sizeof what, "long rows seed=%llu %s", (unsigned long long)seed, NORM_NAMES[norm4]);
+                check_long(&p, what);
+                ao_prob_free(&p);
+            }
+    /* Steadily increasing logits along every row: key j = (1 + j / 8) * u
+     * with q = u, so the running max grows at every tile. */
+    for (int norm4 = 0; norm4 < 4; norm4 += 3)
+        for (int mask = 0; mask < 2; mask++) {
+            shape s = {1, 70, 300, 2, 1, 8, 4};
+            qkv_attn_desc d;
+            desc_from(&d, &s, QKV_SCORE_DOT, norm4);
+            d.mask = mask ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+            ao_prob p;
+            tu_rng r;
+            tu_rng_seed(&r, 9500u + (uint64_t)(norm4 + mask));
+            ao_prob_init(&p, &d, &r, 1.0);
+            for (int64_t i = 0; i < s.nq * s.H; i++)
+                for (int64_t t = 0; t < s.D; t++) p.x[AO_Q][i * s.D + t] = t == 0 ? 1.0 : 0.0;
+            for (int64_t j = 0; j < s.nk; j++)
+                for (int64_t t = 0; t < s.D; t++) p.x[AO_K][j * s.D + t] = t == 0 ? 1.0 + (double)j / 8.0 : 0.0;
+            check_long(&p, "increasing logits");
+            ao_prob_free(&p);
+        }
+    /* Windows around the tile size (keys >= 2 tiles). */
+    static const int64_t wl[] = {0, 1, 63, 64, 65, 127, 128, 129, 255, 256};
+    for (size_t w = 0; w < sizeof wl / sizeof wl[0]; w++)
+        for (int two_sided = 0; two_sided < 2; two_sided++) {
+            shape s = {1, 66, 260, 2, 1, 5, 3};
+            qkv_attn_desc d;
+            desc_from(&d, &s, QKV_SCORE_SCALED_DOT, (int)(w % 4));
+            d.mask = two_sided ? QKV_MASK_WINDOW : QKV_MASK_CAUSAL_WINDOW;
+            d.window_left = wl[w];
+            d.window_right = two_sided ? wl[(w + 3) % 10] : 0;
+            ao_prob p;
+            tu_rng r;
+            tu_rng_seed(&r, 9600u + (uint64_t)(w * 2 + (size_t)two_sided));
+            ao_prob_init(&p, &d, &r, 1.0);
+            char what[96];
+            snprintf(what, sizeof what, "window (%lld, %lld)", (long long)d.window_left, (long long)d.window_right);
+            check_long(&p, what);
+            ao_prob_free(&p);
+        }
+    /* A whole key tile (keys 0..127) masked by -inf bias, rows not empty;
+     * and random 16-key blocks of -inf. */
+    for (int blocks = 0; blocks < 2; blocks++) {
+        shape s = {1, 20, 300, 2, 2, 6, 5};
+        qkv_attn_desc d;
+        desc_from(&d, &s, QKV_SCORE_SCALED_DOT, 0);
+        d.bias_kind = QKV_BIAS_PER_HEAD;
+        ao_prob p;
+        tu_rng r;
+        tu_rng_seed(&r, 9700u + (uint64_t)blocks);
+        ao_prob_init(&p, &d, &r, 1.0);
+        for (int64_t h = 0; h < s.H; h++)
+            for (int64_t i = 0; i < s.nq; i++)
+                for (int64_t j0 = 0; j0 < s.nk; j0 += 16) {
+                    int kill = blocks ? tu_rng_uniform(&r) < 0.5 : j0 < 128;
+                    if (kill)
+                        for (int64_t j = j0; j < j0 + 16 && j < s.nk; j++)
+                            p.x[AO_BIAS][(h * s.nq + i) * s.nk + j] = -INFINITY;
+                }
+        check_long(&p, blocks ? "random -inf blocks" : "first key tile all -inf");
+        ao_prob_free(&p);
+    }
+}
+
 /* A problem for the property tests (inputs rounded to float in F32 mode). */
 static void make_prob(ao_prob *p, const qkv_attn_desc *d, uint64_t seed, double sd) {
     tu_rng r;
@@ -897,6 +1000,7 @@ int main(void) {
                     g_impl == QKV_IMPL_REFERENCE ? "REFERENCE" : "AUTO");
     }
     set_mode(QKV_F64, QKV_IMPL_REFERENCE);
+    test_long_rows();
     test_huge_logits();
     test_threads_deterministic();
     /* Last: it probes window extents near INT64_MAX (signed overflow in the
