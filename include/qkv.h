@@ -456,6 +456,107 @@ int64_t qkv_kv_cache_length(const qkv_kv_cache *c);
 qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *c, int64_t t, const float *x, float *y);
 
 /* ------------------------------------------------------------------------- */
+/* Transformer models and their training (decoder or encoder, pre-LayerNorm):
+ *
+ *   h = embed(tokens) [+ absolute positions]
+ *   per block:  h = h + MHA(LN1(h));  h = h + W2 GELU(W1 LN2(h) + b1) + b2
+ *   logits = LN_f(h) W_headᵀ        (W_head tied to the embedding or not)
+ *
+ * Every part has a backward pass; parameters are float, kept in the model,
+ * exposed as named segments for optimisers and checkpoints. */
+
+typedef enum qkv_posenc {
+    QKV_POSENC_NONE = 0,
+    QKV_POSENC_SINUSOIDAL = 1,   /* added to the embeddings */
+    QKV_POSENC_LEARNED = 2,      /* a trainable [max_seq, E] table */
+    QKV_POSENC_ROPE = 3,         /* inside every attention layer */
+    QKV_POSENC_ALIBI = 4,        /* inside every attention kernel */
+    QKV_POSENC_RELATIVE = 5,     /* T5 buckets, a table per layer */
+    QKV_POSENC_FLOATER = 6       /* a neural ODE, added before every block */
+} qkv_posenc;
+
+typedef struct qkv_model_config {
+    int64_t vocab;               /* V >= 2 */
+    int64_t dim;                 /* E */
+    int64_t heads;               /* H, divides E */
+    int64_t layers;              /* L >= 1 */
+    int64_t mlp_dim;             /* 0 means 4E */
+    int64_t max_seq;             /* the longest sequence (learned table size) */
+    int causal;                  /* 1: decoder, 0: encoder */
+    int tie_embeddings;          /* output head = embedding matrix */
+    qkv_posenc pos;
+    double dropout;              /* on the residual branches and the MLP, in [0, 1) */
+    int threads;                 /* 0 = default */
+} qkv_model_config;
+
+typedef struct qkv_model qkv_model;
+
+/* Defaults: E 128, H 4, L 2, 4E MLP, causal, tied, sinusoidal, no dropout. */
+void qkv_model_config_init(qkv_model_config *cfg, int64_t vocab, int64_t max_seq);
+
+/* Errors: QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE, QKV_ERR_HEADS,
+ * QKV_ERR_BAD_ENUM, QKV_ERR_BAD_PARAMETER, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_model_create(const qkv_model_config *cfg, uint64_t seed, qkv_model **out);
+void qkv_model_free(qkv_model *m);
+const qkv_model_config *qkv_model_get_config(const qkv_model *m);
+
+/* Forward over tokens [B, n] (0 <= token < V, n <= max_seq). logits
+ * [B, n, V] optional (NULL: kept inside). With targets [B, n] (-1 = no loss
+ * at that position), *loss receives the mean cross-entropy over the targeted
+ * positions. train != 0 applies dropout (from the seed given to
+ * qkv_model_set_step). Keeps activations for qkv_model_backward. Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE, QKV_ERR_POSITION (n > max_seq),
+ * QKV_ERR_BAD_PARAMETER (a token or target out of range),
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32_t *tokens,
+                             const int32_t *targets, int train, float *logits, double *loss);
+
+/* Backward of the most recent forward (which had targets): accumulates
+ * gradients of every parameter. Errors: QKV_ERR_UNSUPPORTED (no forward with
+ * targets before), QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_model_backward(qkv_model *m);
+
+/* Attention weights of layer l from the most recent forward, for
+ * inspection: attn [B, H, n, n] (written only when the forward ran with
+ * qkv_model_keep_attention(m, 1)). Errors: QKV_ERR_UNSUPPORTED, bad l. */
+qkv_status qkv_model_keep_attention(qkv_model *m, int keep);
+const float *qkv_model_attention(const qkv_model *m, int64_t layer);
+
+/* Parameter segments (each a named float array with its gradient), for
+ * optimisers and checkpoints. i in 0 .. count-1. */
+int64_t qkv_model_segment_count(const qkv_model *m);
+qkv_status qkv_model_segment(qkv_model *m, int64_t i, const char **name, float **param, float **grad,
+                             int64_t *count);
+int64_t qkv_model_param_count(const qkv_model *m);
+void qkv_model_zero_grad(qkv_model *m);
+/* Dropout masks are a pure function of (seed, step, position): set the step
+ * before each training forward so runs are reproducible bit for bit. */
+void qkv_model_set_step(qkv_model *m, uint64_t seed, int64_t step);
+
+/* Save / load parameters and configuration (as "__metadata__") in a
+ * safetensors set; load needs a model of the same configuration. */
+qkv_status qkv_model_save(const qkv_model *m, qkv_safetensors *st);
+qkv_status qkv_model_load(qkv_model *m, const qkv_safetensors *st, char *why, size_t why_len);
+/* The configuration stored in a set by qkv_model_save. */
+qkv_status qkv_model_config_from(const qkv_safetensors *st, qkv_model_config *cfg, char *why, size_t why_len);
+
+/* AdamW (Loshchilov & Hutter) over all segments, with global-norm gradient
+ * clipping (clip <= 0: off); weight decay is not applied to biases, norms
+ * and position tables. State (moments) inside the optimiser. */
+typedef struct qkv_adamw qkv_adamw;
+qkv_status qkv_adamw_create(qkv_model *m, double beta1, double beta2, double eps, double weight_decay,
+                            qkv_adamw **out);
+void qkv_adamw_free(qkv_adamw *o);
+/* One step at learning rate lr; returns the gradient norm before clipping. */
+qkv_status qkv_adamw_step(qkv_adamw *o, double lr, double clip, double *grad_norm);
+/* Moments and step count, for checkpoints (resume exactly). */
+qkv_status qkv_adamw_save(const qkv_adamw *o, qkv_safetensors *st);
+qkv_status qkv_adamw_load(qkv_adamw *o, const qkv_safetensors *st, char *why, size_t why_len);
+
+/* Warm-up (linear from 0) then cosine decay to min_lr at total_steps. */
+double qkv_lr_schedule(int64_t step, int64_t warmup, int64_t total_steps, double lr, double min_lr);
+
+/* ------------------------------------------------------------------------- */
 /* NumPy .npy arrays (format versions 1.0, 2.0 and 3.0; little-endian; C order;
  * dtypes <f4, <f8, <i4, <i8). Untrusted input: every header field is checked
  * and sizes are checked for overflow before anything is allocated. */
@@ -577,6 +678,211 @@ const char *qkv_safetensors_get_meta(const qkv_safetensors *st, const char *key)
 
 /* Free a set and everything in it; NULL is fine. */
 void qkv_safetensors_free(qkv_safetensors *st);
+
+/* ------------------------------------------------------------------------- */
+/* Images and 2-D self-attention.
+ *
+ * An image (or a feature map) of H x W pixels with C channels is stored
+ * [H, W, C] row-major: it *is* H*W vectors of dimension C, the sequence the
+ * attention core takes (pixel p = y*W + x). Loaded images hold floats in
+ * [0, 1]. */
+
+typedef struct qkv_image {
+    int64_t height, width, channels;    /* H, W, C */
+    float *data;                        /* [H, W, C]; owned: free with qkv_image_free */
+} qkv_image;
+
+/* H*W*C, or 0 for NULL, a negative size or an overflowing product. */
+int64_t qkv_image_count(const qkv_image *img);
+
+/* A zero-filled image (H, W, C >= 1). Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_SIZE, QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY (then *out
+ * is zeroed). */
+qkv_status qkv_image_alloc(qkv_image *out, int64_t height, int64_t width, int64_t channels);
+
+/* Free an image's data and zero it; NULL and zeroed images are fine. */
+void qkv_image_free(qkv_image *img);
+
+/* Decode an in-memory image, the format told by its first bytes:
+ *   PNG (libpng): 8-bit gray (C 1), gray+alpha (2), RGB (3), RGBA (4);
+ *     palettes become RGB (RGBA with transparency), 1/2/4-bit gray becomes
+ *     8-bit, 16-bit samples are scaled to 8 bits; interlaced files work.
+ *   binary PGM (P5, C 1) and PPM (P6, C 3), maxval 1..65535 (2-byte
+ *     big-endian samples above 255); samples above maxval are clamped.
+ * Values are sample / maxval (255 for PNG). Untrusted input: dimensions are
+ * checked for overflow and against the bytes present before allocating (a
+ * PNG cannot claim more pixels than deflate's 1032:1 ratio allows), and
+ * a truncated or corrupt stream is an error. On failure *out is zeroed and a
+ * one-line reason (no file name) goes to why[why_len] when why != NULL.
+ * Errors: QKV_ERR_NULL_POINTER, QKV_ERR_FORMAT (unknown magic, bad header,
+ * truncated or corrupt data, ASCII netpbm), QKV_ERR_SIZE_OVERFLOW,
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_image_parse(const void *bytes, size_t len, qkv_image *out, char *why, size_t why_len);
+
+/* As qkv_image_parse on the contents of a file; also QKV_ERR_IO. */
+qkv_status qkv_image_load(const char *path, qkv_image *out, char *why, size_t why_len);
+
+/* Write an 8-bit PNG (C 1..4: gray, gray+alpha, RGB, RGBA) or a binary
+ * PGM/PPM (C 1 or 3, maxval 255). Values are clamped to [0, 1] and rounded
+ * to v*255 (NaN writes 0). Atomic like qkv_npy_save: a temporary file in the
+ * same folder, renamed over path when complete. Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE, QKV_ERR_SHAPE (a channel count the
+ * format cannot hold), QKV_ERR_SIZE_OVERFLOW (a side over 2^31 - 1),
+ * QKV_ERR_OUT_OF_MEMORY, QKV_ERR_IO. */
+qkv_status qkv_image_save_png(const char *path, const qkv_image *img);
+qkv_status qkv_image_save_pnm(const char *path, const qkv_image *img);
+
+/* 2-D sinusoidal positional encoding as DETR adds it to queries and keys
+ * (Carion et al. 2020, PositionEmbeddingSine): the first dim/2 channels
+ * encode the row y, the last dim/2 the column x, each half interleaved as
+ * sin(pos / T^(2i/(dim/2))), cos(...) with T = 10000 and pos = y + 1 (resp.
+ * x + 1); normalize != 0 rescales pos to pos / (H or W) * 2 pi as DETR does.
+ * out [H*W, dim] float (pixel-major). Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_SIZE (a size <= 0, dim not a multiple of 4),
+ * QKV_ERR_SIZE_OVERFLOW. */
+qkv_status qkv_posenc_sinusoidal2d(int64_t height, int64_t width, int64_t dim, int normalize,
+                                   float *out);
+
+/* 2-D neighbourhood (truncated) self-attention: pixel (y, x) attends only to
+ * the pixels of the K x K window centred on it (K odd; keys outside the
+ * image do not exist, so border windows are smaller), with scaled-dot
+ * softmax scores (scale 0 means 1/sqrt(D)). Cost O(H W K^2 heads (D + D_v))
+ * and memory linear in the pixels: the keys of each window are gathered and
+ * the attention core (fast path) runs on blocks of pixels with n_q = 1; no
+ * (HW) x (HW) buffer exists.
+ *   q [H*W, heads, D], k [H*W, heads, D], v [H*W, heads, D_v]  (pixel-major)
+ *   out  [H*W, heads, D_v]   written
+ *   attn [H*W, heads, K*K]   optional: the weight of window slot
+ *                            (dy + K/2) * K + (dx + K/2) for the key at
+ *                            (y + dy, x + dx); 0 for slots outside the image.
+ * threads as in qkv_attn_desc. Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_SIZE (a size <= 0, K even, threads < 0),
+ * QKV_ERR_BAD_PARAMETER (scale not finite), QKV_ERR_SIZE_OVERFLOW,
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_neighborhood2d_forward(int64_t height, int64_t width, int64_t heads, int64_t dim,
+                                      int64_t dim_v, int64_t kernel, double scale, int threads,
+                                      const float *q, const float *k, const float *v, float *out,
+                                      float *attn);
+
+/* Backward of qkv_neighborhood2d_forward: dout [H*W, heads, D_v] given,
+ * dq, dk, dv (shaped as q, k, v) written (overwritten, not accumulated).
+ * Errors as the forward. */
+qkv_status qkv_neighborhood2d_backward(int64_t height, int64_t width, int64_t heads, int64_t dim,
+                                       int64_t dim_v, int64_t kernel, double scale, int threads,
+                                       const float *q, const float *k, const float *v,
+                                       const float *dout, float *dq, float *dk, float *dv);
+
+/* Direct 2-D convolution as torch.nn.Conv2d (cross-correlation), stride 1,
+ * zero padding K/2, K odd, accumulated in double:
+ *   y[o, i, j] = bias[o] + sum_{c, a, b} w[o, c, a, b] x[c, i + a - K/2, j + b - K/2]
+ * x [C_in, H, W], weight [C_out, C_in, K, K], bias [C_out] or NULL,
+ * y [C_out, H, W] written. Errors: QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE
+ * (a size <= 0 or K even), QKV_ERR_SIZE_OVERFLOW. */
+qkv_status qkv_conv2d_forward(int64_t c_in, int64_t height, int64_t width, const float *x,
+                              int64_t c_out, int64_t kernel, const float *weight, const float *bias,
+                              float *y);
+
+/* The same convolution computed as multi-head self-attention, after the
+ * constructive proof of Cordonnier, Loukas & Jaggi (ICLR 2020, "On the
+ * Relationship between Self-Attention and Convolutional Layers", Thm 1):
+ * K^2 heads, head h = (a, b) having the shift Delta_h = (a - K/2, b - K/2)
+ * and the quadratic relative positional score
+ *     s_h(q, k) = -alpha * |delta - Delta_h|^2,   delta = pos(k) - pos(q),
+ * so that as alpha grows head h attends only to the pixel at offset
+ * Delta_h. Values are the inputs (W_v = I), the output projection holds the
+ * kernel: W_o[:, h block] = w[:, :, a, b]; plus the bias. The keys are the
+ * pixels of the zero-padded image ((H + 2p) x (W + 2p), p = K/2): padded
+ * keys have value 0, so a head whose offset leaves the image attends to a
+ * zero exactly as the convolution reads one. The error against
+ * qkv_conv2d_forward falls as about 4 exp(-alpha) |w| |x| and is float32
+ * rounding for alpha >~ 20 (docs/IMAGES.md). Cost O(K^2 (HW)^2 C_in) through
+ * the attention core (scores as a 3-dimensional dot product, one shared
+ * key/value head). Shapes as qkv_conv2d_forward. Errors: as
+ * qkv_conv2d_forward, QKV_ERR_BAD_PARAMETER (alpha not finite or <= 0),
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_conv2d_as_attention(int64_t c_in, int64_t height, int64_t width, const float *x,
+                                   int64_t c_out, int64_t kernel, const float *weight,
+                                   const float *bias, double alpha, float *y);
+
+/* A SAGAN self-attention block (Zhang, Goodfellow, Metaxas & Odena, ICML
+ * 2019) over a feature map x [H*W, C] (pixel-major):
+ *     f = x W_fᵀ + b_f,  g = x W_gᵀ + b_g   [H*W, C_k]   (1x1 convolutions)
+ *     h = x W_hᵀ + b_h                      [H*W, C]
+ *     beta = softmax_rows(f gᵀ)             attention over all positions
+ *     o = beta h;   y = gamma o + x
+ * Parameters, flat: W_f [C_k, C], b_f [C_k], W_g [C_k, C], b_g [C_k],
+ * W_h [C, C], b_h [C], gamma [1] (initialised 0, as in the paper, so the
+ * block starts as the identity; the projections are xavier-uniform from the
+ * seed). The block keeps the activations of its last forward (O(HW C),
+ * never HW x HW). */
+typedef struct qkv_sagan qkv_sagan;
+
+/* channels C >= 1; key_channels C_k >= 1 (the paper uses C / 8). Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_sagan_create(int64_t channels, int64_t key_channels, uint64_t seed, qkv_sagan **out);
+void qkv_sagan_free(qkv_sagan *s);
+float *qkv_sagan_params(qkv_sagan *s, int64_t *count);
+float *qkv_sagan_grads(qkv_sagan *s, int64_t *count);
+void qkv_sagan_zero_grad(qkv_sagan *s);
+
+/* x, y [H*W, C]; attn [H*W, H*W] optional (beta). Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE, QKV_ERR_SIZE_OVERFLOW,
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_sagan_forward(qkv_sagan *s, int64_t height, int64_t width, const float *x, float *y,
+                             float *attn);
+
+/* Backward of the last forward (same x): accumulates the parameter
+ * gradients, writes dx [H*W, C] (may be NULL). Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_UNSUPPORTED (no forward before),
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_sagan_backward(qkv_sagan *s, const float *x, const float *dy, float *dx);
+
+/* ------------------------------------------------------------------------- */
+/* The layers of the complexity comparison (Vaswani et al. 2017, Table 1):
+ * plain forward/backward pairs over caller-owned buffers, one sequence of n
+ * vectors of dimension d, accumulating in float. Backward functions
+ * *accumulate* into the parameter gradients and *overwrite* dx. */
+
+/* Elman RNN: h_t = tanh(W_x x_t + W_h h_{t-1} + b), h_{-1} = 0.
+ * x [n, d_in], W_x [d, d_in], W_h [d, d], b [d] (or NULL), h [n, d] written.
+ * n sequential steps: the dependency chain has length n. Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE, QKV_ERR_SIZE_OVERFLOW. */
+qkv_status qkv_rnn_forward(int64_t n, int64_t d_in, int64_t d, const float *w_x, const float *w_h,
+                           const float *b, const float *x, float *h);
+
+/* Backpropagation through time: dh [n, d] = dL/dh given (h from the
+ * forward); dx [n, d_in] written (may be NULL); dW_x, dW_h, db accumulated
+ * (db may be NULL). Errors as the forward, QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_rnn_backward(int64_t n, int64_t d_in, int64_t d, const float *w_x, const float *w_h,
+                            const float *x, const float *h, const float *dh, float *dx, float *dw_x,
+                            float *dw_h, float *db);
+
+/* LSTM (Hochreiter & Schmidhuber 1997, gates in torch's order i, f, g, o):
+ *   [i f g o] = W_x x_t + W_h h_{t-1} + b;  c_t = s(f) c_{t-1} + s(i) tanh(g);
+ *   h_t = s(o) tanh(c_t),  h_{-1} = c_{-1} = 0.
+ * W_x [4d, d_in], W_h [4d, d], b [4d] (or NULL), h [n, d] written,
+ * cache [n, 6d] written (gate activations and cell state, for the backward).
+ * Errors as qkv_rnn_forward. */
+qkv_status qkv_lstm_forward(int64_t n, int64_t d_in, int64_t d, const float *w_x, const float *w_h,
+                            const float *b, const float *x, float *h, float *cache);
+qkv_status qkv_lstm_backward(int64_t n, int64_t d_in, int64_t d, const float *w_x, const float *w_h,
+                             const float *x, const float *h, const float *cache, const float *dh,
+                             float *dx, float *dw_x, float *dw_h, float *db);
+
+/* 1-D convolution over a sequence, "same" length: kernel k (odd), dilation
+ * r >= 1, zero padding r (k - 1) / 2 on each side:
+ *   y[t, o] = b[o] + sum_{c, j} w[o, c, j] x[t + r (j - (k-1)/2), c]
+ * x [n, c_in], w [c_out, c_in, k] (torch's Conv1d layout), b [c_out] or NULL,
+ * y [n, c_out]. Errors: QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE (k even, a
+ * size <= 0), QKV_ERR_SIZE_OVERFLOW. */
+qkv_status qkv_conv1d_forward(int64_t n, int64_t c_in, int64_t c_out, int64_t kernel,
+                              int64_t dilation, const float *w, const float *b, const float *x,
+                              float *y);
+/* dy [n, c_out] given; dx [n, c_in] written (may be NULL); dw, db
+ * accumulated (db may be NULL). Errors as the forward. */
+qkv_status qkv_conv1d_backward(int64_t n, int64_t c_in, int64_t c_out, int64_t kernel,
+                               int64_t dilation, const float *w, const float *x, const float *dy,
+                               float *dx, float *dw, float *db);
 
 #ifdef __cplusplus
 }

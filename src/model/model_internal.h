@@ -1,0 +1,66 @@
+/* The transformer's private state, shared by its forward/backward
+ * (transformer.c), checkpoints (checkpoint.c) and the optimiser (adamw.c). */
+#ifndef QKV_MODEL_INTERNAL_H
+#define QKV_MODEL_INTERNAL_H
+
+#include "qkv.h"
+
+#define QKV_MODEL_MAX_SEGMENTS 512
+
+typedef struct model_segment {
+    char name[64];
+    float *param, *grad;
+    int64_t count;
+    int decay;            /* AdamW weight decay applies (matrices only) */
+    int ndim;
+    int64_t shape[2];
+    int is_mha;           /* the whole parameter block of layer `layer`'s attention */
+    int64_t layer;
+} model_segment;
+
+/* Per-block activations, [rows, E] unless noted. */
+typedef struct block_act {
+    float *x;             /* block input (after FLOATER injection) */
+    float *ln1, *ln1_mean, *ln1_rstd;
+    float *attn_out;      /* MHA output before dropout */
+    float *mid;           /* x + dropout(attn_out) */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *pre, *act;     /* [rows, F]: W1 ln2 + b1, GELU(pre) */
+    float *mlp_out;       /* before dropout */
+} block_act;
+
+struct qkv_model {
+    qkv_model_config cfg;
+    int64_t F;            /* MLP width */
+    qkv_mha **attn;       /* one layer object per block */
+    qkv_floater *floater;
+    float *params, *grads; /* everything except the attention layers and FLOATER */
+    int64_t n_own;
+    model_segment seg[QKV_MODEL_MAX_SEGMENTS];
+    int64_t n_seg;
+    /* views into params (grads at the same offsets) */
+    int64_t o_emb, o_pos, o_head, o_lnf_w, o_lnf_b;
+    int64_t *o_ln1_w, *o_ln1_b, *o_ln2_w, *o_ln2_b, *o_fc1_w, *o_fc1_b, *o_fc2_w, *o_fc2_b;
+    float *sinusoid;      /* [max_seq, E] when sinusoidal */
+    /* activations of the last forward */
+    int64_t B, n, rows_cap, have_targets;
+    block_act *blk;
+    float *h, *lnf, *lnf_mean, *lnf_rstd, *logits, *floater_pos, *floater_dpos;
+    float *dh, *dtmp, *dtmp2, *dF;
+    int32_t *tokens, *targets;
+    int keep_attention;
+    float **attn_keep;    /* per layer [B, H, n, n] when kept */
+    int64_t attn_cap;
+    uint64_t drop_seed;
+    int64_t drop_step;
+    int train;
+};
+
+/* Linear layers through qkv_sgemm: y = x Wᵀ + b; dW += dyᵀ x, db += sum dy, dx = dy W. */
+qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                        float *y, int threads);
+qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
+                                 const float *w, float *dw, float *db, float *dx, int accumulate_dx,
+                                 int threads);
+
+#endif

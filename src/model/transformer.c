@@ -1,0 +1,593 @@
+/* A pre-LayerNorm transformer (decoder or encoder) in the style of llm.c:
+ * one forward that keeps what the backward needs, one backward that
+ * accumulates every parameter's gradient. Attention goes through qkv_mha
+ * (and so through the fused core); the linear layers through qkv_sgemm. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "model/model_internal.h"
+
+#define LN_EPS 1e-5
+#define FLOATER_DELTA 1.0 /* positions one time unit apart */
+
+
+#define QKV_PI 3.14159265358979323846
+
+void qkv_model_config_init(qkv_model_config *cfg, int64_t vocab, int64_t max_seq) {
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->vocab = vocab;
+    cfg->max_seq = max_seq;
+    cfg->dim = 128;
+    cfg->heads = 4;
+    cfg->layers = 2;
+    cfg->causal = 1;
+    cfg->tie_embeddings = 1;
+    cfg->pos = QKV_POSENC_SINUSOIDAL;
+}
+
+const qkv_model_config *qkv_model_get_config(const qkv_model *m) { return m ? &m->cfg : NULL; }
+
+qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                        float *y, int threads) {
+    qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
+    if (s != QKV_OK || !b) return s;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < out; o++) y[r * out + o] += b[o];
+    return QKV_OK;
+}
+
+qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
+                                 const float *w, float *dw, float *db, float *dx, int accumulate_dx,
+                                 int threads) {
+    qkv_status s = qkv_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in, threads);
+    if (s != QKV_OK) return s;
+    if (db)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < out; o++) db[o] += dy[r * out + o];
+    if (!dx) return QKV_OK;
+    return qkv_sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in, threads);
+}
+
+/* ---- building blocks ------------------------------------------------------ */
+
+static void layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
+                              float *mean, float *rstd) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * E;
+        double mu = 0, var = 0;
+        for (int64_t i = 0; i < E; i++) mu += xr[i];
+        mu /= (double)E;
+        for (int64_t i = 0; i < E; i++) var += (xr[i] - mu) * (xr[i] - mu);
+        double rs = 1.0 / sqrt(var / (double)E + LN_EPS);
+        for (int64_t i = 0; i < E; i++) y[r * E + i] = (float)((xr[i] - mu) * rs * g[i] + b[i]);
+        mean[r] = (float)mu;
+        rstd[r] = (float)rs;
+    }
+}
+
+/* dx (+)= LN'(x)ᵀ dy; dg, db accumulate. */
+static void layernorm_backward(const float *x, const float *g, const float *mean, const float *rstd,
+                               const float *dy, int64_t rows, int64_t E, float *dg, float *db, float *dx,
+                               int accumulate) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * E, *dyr = dy + r * E;
+        double mdg = 0, mdgx = 0;
+        for (int64_t i = 0; i < E; i++) {
+            double xh = (xr[i] - mean[r]) * rstd[r], dxh = (double)dyr[i] * g[i];
+            dg[i] += (float)(dyr[i] * xh);
+            db[i] += dyr[i];
+            mdg += dxh;
+            mdgx += dxh * xh;
+        }
+        mdg /= (double)E;
+        mdgx /= (double)E;
+        for (int64_t i = 0; i < E; i++) {
+            double xh = (xr[i] - mean[r]) * rstd[r];
+            float v = (float)(rstd[r] * ((double)dyr[i] * g[i] - mdg - xh * mdgx));
+            dx[r * E + i] = accumulate ? dx[r * E + i] + v : v;
+        }
+    }
+}
+
+/* GELU with the exact error function (torch.nn.GELU's default). */
+static float gelu(float x) { return (float)(0.5 * x * (1.0 + erf(x / sqrt(2.0)))); }
+static float gelu_grad(float x) {
+    double cdf = 0.5 * (1.0 + erf(x / sqrt(2.0))), pdf = exp(-0.5 * (double)x * x) / sqrt(2.0 * QKV_PI);
+    return (float)(cdf + x * pdf);
+}
+
+/* Counter-based dropout: the mask of element i at (step, layer, site) is a
+ * hash of those numbers, so the backward regenerates it instead of storing
+ * it, and the same seed gives the same run whatever the thread count. */
+static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void dropout_apply(const qkv_model *m, int64_t layer, int site, float *x, int64_t count) {
+    double p = m->cfg.dropout;
+    if (!m->train || p <= 0.0) return;
+    uint64_t key = mix(m->drop_seed ^ mix((uint64_t)m->drop_step * 0x9E3779B97F4A7C15ull +
+                                          (uint64_t)layer * 0x632BE59BD9B4E019ull + (uint64_t)site));
+    float scale = (float)(1.0 / (1.0 - p));
+    for (int64_t i = 0; i < count; i++) {
+        double u = (double)(mix(key + (uint64_t)i * 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
+        x[i] = u < p ? 0.0f : x[i] * scale;
+    }
+}
+
+/* ---- creation ------------------------------------------------------------- */
+
+static int64_t add_seg(qkv_model *m, const char *name, int64_t *at, int64_t count, int decay, int ndim, int64_t d0,
+                       int64_t d1) {
+    model_segment *s = &m->seg[m->n_seg++];
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->count = count;
+    s->decay = decay;
+    s->ndim = ndim;
+    s->shape[0] = d0;
+    s->shape[1] = d1;
+    int64_t off = *at;
+    *at += count;
+    s->layer = off; /* offset until the arrays exist; fixed up in qkv_model_create */
+    return off;
+}
+
+static qkv_status check_config(const qkv_model_config *c) {
+    if (c->vocab < 2 || c->dim < 1 || c->heads < 1 || c->layers < 1 || c->mlp_dim < 0 || c->max_seq < 1 ||
+        c->threads < 0 || c->layers > 64 || c->vocab > (1 << 24) || c->dim > (1 << 16) || c->max_seq > (1 << 24))
+        return QKV_ERR_BAD_SIZE;
+    if (c->dim % c->heads != 0) return QKV_ERR_HEADS;
+    if ((unsigned)c->pos > QKV_POSENC_FLOATER) return QKV_ERR_BAD_ENUM;
+    if (!(c->dropout >= 0.0 && c->dropout < 1.0)) return QKV_ERR_BAD_PARAMETER;
+    if (c->pos == QKV_POSENC_ROPE && (c->dim / c->heads) % 2 != 0) return QKV_ERR_BAD_SIZE;
+    return QKV_OK;
+}
+
+qkv_status qkv_model_create(const qkv_model_config *cfg, uint64_t seed, qkv_model **out) {
+    if (!cfg || !out) return QKV_ERR_NULL_POINTER;
+    *out = NULL;
+    qkv_status st = check_config(cfg);
+    if (st != QKV_OK) return st;
+    qkv_model *m = qkv_alloc_zeroed(sizeof *m);
+    if (!m) return QKV_ERR_OUT_OF_MEMORY;
+    m->cfg = *cfg;
+    const int64_t E = cfg->dim, V = cfg->vocab, L = cfg->layers;
+    m->F = cfg->mlp_dim ? cfg->mlp_dim : 4 * E;
+    const int64_t F = m->F;
+    m->attn = qkv_alloc_zeroed((size_t)L * sizeof(qkv_mha *));
+    m->blk = qkv_alloc_zeroed((size_t)L * sizeof(block_act));
+    m->attn_keep = qkv_alloc_zeroed((size_t)L * sizeof(float *));
+    int64_t *offs = qkv_alloc_zeroed((size_t)(8 * L) * sizeof(int64_t));
+    if (!m->attn || !m->blk || !m->attn_keep || !offs) {
+        qkv_free(offs);
+        qkv_model_free(m);
+        return QKV_ERR_OUT_OF_MEMORY;
+    }
+    m->o_ln1_w = offs;
+    m->o_ln1_b = offs + L;
+    m->o_ln2_w = offs + 2 * L;
+    m->o_ln2_b = offs + 3 * L;
+    m->o_fc1_w = offs + 4 * L;
+    m->o_fc1_b = offs + 5 * L;
+    m->o_fc2_w = offs + 6 * L;
+    m->o_fc2_b = offs + 7 * L;
+
+    /* Lay out the model's own parameters and name them (torch-like names). */
+    int64_t at = 0;
+    char name[64];
+    m->o_emb = add_seg(m, "tok_emb.weight", &at, V * E, 1, 2, V, E);
+    m->o_pos = -1;
+    if (cfg->pos == QKV_POSENC_LEARNED) m->o_pos = add_seg(m, "pos_emb.weight", &at, cfg->max_seq * E, 0, 2, cfg->max_seq, E);
+    for (int64_t l = 0; l < L; l++) {
+        snprintf(name, sizeof name, "layers.%lld.ln1.weight", (long long)l);
+        m->o_ln1_w[l] = add_seg(m, name, &at, E, 0, 1, E, 0);
+        snprintf(name, sizeof name, "layers.%lld.ln1.bias", (long long)l);
+        m->o_ln1_b[l] = add_seg(m, name, &at, E, 0, 1, E, 0);
+        snprintf(name, sizeof name, "layers.%lld.ln2.weight", (long long)l);
+        m->o_ln2_w[l] = add_seg(m, name, &at, E, 0, 1, E, 0);
+        snprintf(name, sizeof name, "layers.%lld.ln2.bias", (long long)l);
+        m->o_ln2_b[l] = add_seg(m, name, &at, E, 0, 1, E, 0);
+        snprintf(name, sizeof name, "layers.%lld.mlp.fc1.weight", (long long)l);
+        m->o_fc1_w[l] = add_seg(m, name, &at, F * E, 1, 2, F, E);
+        snprintf(name, sizeof name, "layers.%lld.mlp.fc1.bias", (long long)l);
+        m->o_fc1_b[l] = add_seg(m, name, &at, F, 0, 1, F, 0);
+        snprintf(name, sizeof name, "layers.%lld.mlp.fc2.weight", (long long)l);
+        m->o_fc2_w[l] = add_seg(m, name, &at, E * F, 1, 2, E, F);
+        snprintf(name, sizeof name, "layers.%lld.mlp.fc2.bias", (long long)l);
+        m->o_fc2_b[l] = add_seg(m, name, &at, E, 0, 1, E, 0);
+    }
+    m->o_lnf_w = add_seg(m, "ln_f.weight", &at, E, 0, 1, E, 0);
+    m->o_lnf_b = add_seg(m, "ln_f.bias", &at, E, 0, 1, E, 0);
+    m->o_head = cfg->tie_embeddings ? m->o_emb : add_seg(m, "head.weight", &at, V * E, 1, 2, V, E);
+    m->n_own = at;
+    m->params = qkv_alloc_zeroed((size_t)at * sizeof(float));
+    m->grads = qkv_alloc_zeroed((size_t)at * sizeof(float));
+    if (!m->params || !m->grads) {
+        qkv_model_free(m);
+        return QKV_ERR_OUT_OF_MEMORY;
+    }
+    for (int64_t i = 0; i < m->n_seg; i++) {
+        m->seg[i].param = m->params + m->seg[i].layer;
+        m->seg[i].grad = m->grads + m->seg[i].layer;
+        m->seg[i].layer = -1;
+    }
+
+    /* Initialisation as GPT-2: N(0, 0.02) matrices, LN weights 1, the rest 0;
+     * the residual projections scaled by 1/sqrt(2L). */
+    uint64_t z = seed;
+    for (int64_t i = 0; i < m->n_seg; i++) {
+        model_segment *s = &m->seg[i];
+        int is_ln_w = strstr(s->name, "ln") && strstr(s->name, ".weight");
+        double sd = 0.02;
+        if (strstr(s->name, "fc2.weight")) sd /= sqrt(2.0 * (double)L);
+        for (int64_t j = 0; j < s->count; j++) {
+            if (is_ln_w) s->param[j] = 1.0f;
+            else if (s->decay || strstr(s->name, "pos_emb")) {
+                uint64_t a = mix(z += 0x9E3779B97F4A7C15ull), b = mix(z += 0x9E3779B97F4A7C15ull);
+                double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(b >> 11) * 0x1.0p-53;
+                s->param[j] = (float)(sd * sqrt(-2.0 * log(u1)) * cos(2.0 * QKV_PI * u2));
+            }
+        }
+    }
+
+    /* The attention layers. */
+    for (int64_t l = 0; l < L; l++) {
+        qkv_mha_config mc;
+        qkv_mha_config_init(&mc, E, cfg->heads);
+        mc.attn.mask = cfg->causal ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+        mc.attn.threads = cfg->threads;
+        mc.pos = cfg->pos == QKV_POSENC_ROPE    ? QKV_POS_ROPE
+                 : cfg->pos == QKV_POSENC_ALIBI ? QKV_POS_ALIBI
+                 : cfg->pos == QKV_POSENC_RELATIVE ? QKV_POS_RELATIVE
+                                                    : QKV_POS_NONE;
+        st = qkv_mha_create(&mc, mix(seed + 1000 + (uint64_t)l), &m->attn[l]);
+        if (st != QKV_OK) {
+            qkv_model_free(m);
+            return st;
+        }
+        model_segment *s = &m->seg[m->n_seg++];
+        snprintf(s->name, sizeof s->name, "layers.%lld.attn.", (long long)l);
+        s->param = qkv_mha_params(m->attn[l], &s->count);
+        s->grad = qkv_mha_grads(m->attn[l], NULL);
+        s->decay = 1;
+        s->is_mha = 1;
+        s->layer = l;
+    }
+    if (cfg->pos == QKV_POSENC_FLOATER) {
+        st = qkv_floater_create(E, 2 * E > 64 ? 64 : 2 * E, FLOATER_DELTA, 1, mix(seed + 77), &m->floater);
+        if (st != QKV_OK) {
+            qkv_model_free(m);
+            return st;
+        }
+        model_segment *s = &m->seg[m->n_seg++];
+        snprintf(s->name, sizeof s->name, "floater.params");
+        s->param = qkv_floater_params(m->floater, &s->count);
+        s->grad = qkv_floater_grads(m->floater, NULL);
+        s->ndim = 1;
+        s->shape[0] = s->count;
+        s->layer = -1;
+    }
+    if (cfg->pos == QKV_POSENC_SINUSOIDAL) {
+        m->sinusoid = qkv_alloc((size_t)(cfg->max_seq * E) * sizeof(float));
+        if (!m->sinusoid || qkv_posenc_sinusoidal(cfg->max_seq, E, 0, m->sinusoid) != QKV_OK) {
+            qkv_model_free(m);
+            return QKV_ERR_OUT_OF_MEMORY;
+        }
+    }
+    *out = m;
+    return QKV_OK;
+}
+
+static void free_acts(qkv_model *m) {
+    if (m->blk)
+        for (int64_t l = 0; l < m->cfg.layers; l++) {
+            block_act *b = &m->blk[l];
+            float *ps[] = {b->x, b->ln1, b->ln1_mean, b->ln1_rstd, b->attn_out, b->mid, b->ln2, b->ln2_mean,
+                           b->ln2_rstd, b->pre, b->act, b->mlp_out};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) qkv_free(ps[i]);
+            memset(b, 0, sizeof *b);
+        }
+    float *ps[] = {m->h, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits, m->floater_pos, m->floater_dpos,
+                   m->dh, m->dtmp, m->dtmp2, m->dF};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) qkv_free(ps[i]);
+    qkv_free(m->tokens);
+    qkv_free(m->targets);
+    m->h = m->lnf = m->lnf_mean = m->lnf_rstd = m->logits = m->floater_pos = m->floater_dpos = NULL;
+    m->dh = m->dtmp = m->dtmp2 = m->dF = NULL;
+    m->tokens = m->targets = NULL;
+    m->rows_cap = 0;
+}
+
+void qkv_model_free(qkv_model *m) {
+    if (!m) return;
+    free_acts(m);
+    if (m->attn)
+        for (int64_t l = 0; l < m->cfg.layers; l++) qkv_mha_free(m->attn[l]);
+    if (m->attn_keep)
+        for (int64_t l = 0; l < m->cfg.layers; l++) qkv_free(m->attn_keep[l]);
+    qkv_floater_free(m->floater);
+    qkv_free(m->attn);
+    qkv_free(m->attn_keep);
+    qkv_free(m->blk);
+    qkv_free(m->o_ln1_w);
+    qkv_free(m->params);
+    qkv_free(m->grads);
+    qkv_free(m->sinusoid);
+    qkv_free(m);
+}
+
+/* Grow the activations to `rows` rows (B * n). */
+static int reserve_acts(qkv_model *m, int64_t rows, int64_t n) {
+    if (rows <= m->rows_cap && n <= m->cfg.max_seq) return 1;
+    free_acts(m);
+    const int64_t E = m->cfg.dim, F = m->F, V = m->cfg.vocab;
+    int ok = 1;
+#define GET(p, cnt) ok = ok && ((p) = qkv_alloc((size_t)(cnt) * sizeof(float))) != NULL
+    for (int64_t l = 0; l < m->cfg.layers; l++) {
+        block_act *b = &m->blk[l];
+        GET(b->x, rows * E);
+        GET(b->ln1, rows * E);
+        GET(b->ln1_mean, rows);
+        GET(b->ln1_rstd, rows);
+        GET(b->attn_out, rows * E);
+        GET(b->mid, rows * E);
+        GET(b->ln2, rows * E);
+        GET(b->ln2_mean, rows);
+        GET(b->ln2_rstd, rows);
+        GET(b->pre, rows * F);
+        GET(b->act, rows * F);
+        GET(b->mlp_out, rows * E);
+    }
+    GET(m->h, rows * E);
+    GET(m->lnf, rows * E);
+    GET(m->lnf_mean, rows);
+    GET(m->lnf_rstd, rows);
+    GET(m->logits, rows * V);
+    GET(m->dh, rows * E);
+    GET(m->dtmp, rows * E);
+    GET(m->dtmp2, rows * E);
+    GET(m->dF, rows * F);
+    if (m->floater) {
+        GET(m->floater_pos, m->cfg.max_seq * E);
+        GET(m->floater_dpos, m->cfg.max_seq * E);
+    }
+#undef GET
+    m->tokens = qkv_alloc((size_t)rows * sizeof(int32_t));
+    m->targets = qkv_alloc((size_t)rows * sizeof(int32_t));
+    ok = ok && m->tokens && m->targets;
+    if (!ok) {
+        free_acts(m);
+        return 0;
+    }
+    m->rows_cap = rows;
+    return 1;
+}
+
+qkv_status qkv_model_keep_attention(qkv_model *m, int keep) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    m->keep_attention = keep != 0;
+    return QKV_OK;
+}
+
+const float *qkv_model_attention(const qkv_model *m, int64_t layer) {
+    if (!m || layer < 0 || layer >= m->cfg.layers || !m->keep_attention) return NULL;
+    return m->attn_keep[layer];
+}
+
+void qkv_model_set_step(qkv_model *m, uint64_t seed, int64_t step) {
+    if (!m) return;
+    m->drop_seed = seed;
+    m->drop_step = step;
+}
+
+/* ---- forward -------------------------------------------------------------- */
+
+/* With sinusoidal or FLOATER positions (entries of order 1) the embeddings
+ * are scaled by sqrt(E), as in Vaswani et al. 2017 section 3.4; otherwise
+ * small embeddings (std 0.02) are drowned by the positions and the tokens
+ * are hard to tell apart (copy then stays at chance). */
+static float emb_scale_of(const qkv_model *m) {
+    qkv_posenc p = m->cfg.pos;
+    return p == QKV_POSENC_SINUSOIDAL || p == QKV_POSENC_FLOATER ? (float)sqrt((double)m->cfg.dim) : 1.0f;
+}
+
+qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32_t *tokens,
+                             const int32_t *targets, int train, float *logits, double *loss) {
+    if (!m || !tokens || (targets && !loss)) return QKV_ERR_NULL_POINTER;
+    if (batch <= 0 || n <= 0) return QKV_ERR_BAD_SIZE;
+    if (n > m->cfg.max_seq) return QKV_ERR_POSITION;
+    const int64_t E = m->cfg.dim, V = m->cfg.vocab, F = m->F, L = m->cfg.layers, H = m->cfg.heads;
+    int64_t rows;
+    if (!qkv_mul_ok(batch, n, &rows) || rows > (INT64_MAX / 8) / (E > F ? (E > V ? E : V) : (F > V ? F : V)))
+        return QKV_ERR_SIZE_OVERFLOW;
+    for (int64_t i = 0; i < rows; i++)
+        if (tokens[i] < 0 || tokens[i] >= V || (targets && (targets[i] < -1 || targets[i] >= V)))
+            return QKV_ERR_BAD_PARAMETER;
+    m->have_targets = 0;
+    if (!reserve_acts(m, rows, n)) return QKV_ERR_OUT_OF_MEMORY;
+    if (m->keep_attention && m->attn_cap < batch * H * n * n) {
+        for (int64_t l = 0; l < L; l++) {
+            qkv_free(m->attn_keep[l]);
+            m->attn_keep[l] = qkv_alloc((size_t)(batch * H * n * n) * sizeof(float));
+            if (!m->attn_keep[l]) {
+                m->attn_cap = 0;
+                return QKV_ERR_OUT_OF_MEMORY;
+            }
+        }
+        m->attn_cap = batch * H * n * n;
+    }
+    m->B = batch;
+    m->n = n;
+    m->train = train;
+    memcpy(m->tokens, tokens, (size_t)rows * sizeof(int32_t));
+    const float *P = m->params;
+    const int thr = m->cfg.threads;
+    qkv_status s;
+
+    /* Embedding and absolute positions. */
+    float *h = m->h;
+    const float emb_scale = emb_scale_of(m);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t pos = r % n;
+        const float *e = P + m->o_emb + (int64_t)tokens[r] * E;
+        for (int64_t i = 0; i < E; i++) {
+            float v = e[i] * emb_scale;
+            if (m->sinusoid) v += m->sinusoid[pos * E + i];
+            if (m->o_pos >= 0) v += P[m->o_pos + pos * E + i];
+            h[r * E + i] = v;
+        }
+    }
+    if (m->floater && (s = qkv_floater_forward(m->floater, n, m->floater_pos)) != QKV_OK) return s;
+
+    for (int64_t l = 0; l < L; l++) {
+        block_act *b = &m->blk[l];
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < E; i++)
+                b->x[r * E + i] = h[r * E + i] + (m->floater ? m->floater_pos[(r % n) * E + i] : 0.0f);
+        layernorm_forward(b->x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], rows, E, b->ln1, b->ln1_mean, b->ln1_rstd);
+        s = qkv_mha_forward(m->attn[l], batch, n, n, b->ln1, NULL, NULL, NULL, b->attn_out,
+                            m->keep_attention ? m->attn_keep[l] : NULL);
+        if (s != QKV_OK) return s;
+        memcpy(m->dtmp, b->attn_out, (size_t)(rows * E) * sizeof(float));
+        dropout_apply(m, l, 0, m->dtmp, rows * E);
+        for (int64_t i = 0; i < rows * E; i++) b->mid[i] = b->x[i] + m->dtmp[i];
+        layernorm_forward(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean, b->ln2_rstd);
+        if ((s = model_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
+            return s;
+        for (int64_t i = 0; i < rows * F; i++) b->act[i] = gelu(b->pre[i]);
+        if ((s = model_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
+            return s;
+        memcpy(m->dtmp, b->mlp_out, (size_t)(rows * E) * sizeof(float));
+        dropout_apply(m, l, 1, m->dtmp, rows * E);
+        for (int64_t i = 0; i < rows * E; i++) h[i] = b->mid[i] + m->dtmp[i];
+    }
+    layernorm_forward(h, P + m->o_lnf_w, P + m->o_lnf_b, rows, E, m->lnf, m->lnf_mean, m->lnf_rstd);
+    if ((s = model_linear(m->lnf, rows, E, P + m->o_head, NULL, V, m->logits, thr)) != QKV_OK) return s;
+    if (logits) memcpy(logits, m->logits, (size_t)(rows * V) * sizeof(float));
+
+    if (targets) {
+        /* Mean cross-entropy over targeted positions, max-subtracted. */
+        double total = 0.0;
+        int64_t count = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            if (targets[r] < 0) continue;
+            const float *z = m->logits + r * V;
+            double mx = z[0], sum = 0.0;
+            for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+            for (int64_t v = 0; v < V; v++) sum += exp(z[v] - mx);
+            total += log(sum) + mx - z[targets[r]];
+            count++;
+        }
+        *loss = count ? total / (double)count : 0.0;
+        memcpy(m->targets, targets, (size_t)rows * sizeof(int32_t));
+        m->have_targets = 1;
+    }
+    return QKV_OK;
+}
+
+/* ---- backward ------------------------------------------------------------- */
+
+qkv_status qkv_model_backward(qkv_model *m) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    if (!m->have_targets) return QKV_ERR_UNSUPPORTED;
+    const int64_t E = m->cfg.dim, V = m->cfg.vocab, F = m->F, L = m->cfg.layers, n = m->n, rows = m->B * n;
+    const float *P = m->params;
+    float *G = m->grads;
+    const int thr = m->cfg.threads;
+    qkv_status s;
+
+    /* dlogits = (softmax - onehot) / count, in place over the logits. */
+    int64_t count = 0;
+    for (int64_t r = 0; r < rows; r++) count += m->targets[r] >= 0;
+    float *dl = m->logits;
+    for (int64_t r = 0; r < rows; r++) {
+        float *z = dl + r * V;
+        if (m->targets[r] < 0 || count == 0) {
+            memset(z, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        double mx = z[0], sum = 0.0;
+        for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        for (int64_t v = 0; v < V; v++) sum += exp(z[v] - mx);
+        for (int64_t v = 0; v < V; v++)
+            z[v] = (float)((exp(z[v] - mx) / sum - (v == m->targets[r] ? 1.0 : 0.0)) / (double)count);
+    }
+    m->have_targets = 0; /* the logits are gone */
+
+    float *dh = m->dh, *dx = m->dtmp, *dd = m->dtmp2;
+    if ((s = model_linear_backward(m->lnf, dl, rows, E, V, P + m->o_head, G + m->o_head, NULL, dd, 0, thr)) != QKV_OK)
+        return s;
+    layernorm_backward(m->h, P + m->o_lnf_w, m->lnf_mean, m->lnf_rstd, dd, rows, E, G + m->o_lnf_w, G + m->o_lnf_b, dh,
+                       0);
+    if (m->floater) memset(m->floater_dpos, 0, (size_t)(n * E) * sizeof(float));
+
+    for (int64_t l = L - 1; l >= 0; l--) {
+        block_act *b = &m->blk[l];
+        /* h = mid + drop(mlp_out) */
+        memcpy(dd, dh, (size_t)(rows * E) * sizeof(float));
+        dropout_apply(m, l, 1, dd, rows * E);
+        if ((s = model_linear_backward(b->act, dd, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
+                                       G + m->o_fc2_b[l], m->dF, 0, thr)) != QKV_OK)
+            return s;
+        for (int64_t i = 0; i < rows * F; i++) m->dF[i] *= gelu_grad(b->pre[i]);
+        if ((s = model_linear_backward(b->ln2, m->dF, rows, E, F, P + m->o_fc1_w[l], G + m->o_fc1_w[l],
+                                       G + m->o_fc1_b[l], dd, 0, thr)) != QKV_OK)
+            return s;
+        /* dmid = dh + LN2'(dd) */
+        layernorm_backward(b->mid, P + m->o_ln2_w[l], b->ln2_mean, b->ln2_rstd, dd, rows, E, G + m->o_ln2_w[l],
+                           G + m->o_ln2_b[l], dh, 1);
+        /* mid = x + drop(attn_out) */
+        memcpy(dd, dh, (size_t)(rows * E) * sizeof(float));
+        dropout_apply(m, l, 0, dd, rows * E);
+        if ((s = qkv_mha_backward(m->attn[l], b->ln1, NULL, NULL, dd, dx, NULL, NULL)) != QKV_OK) return s;
+        layernorm_backward(b->x, P + m->o_ln1_w[l], b->ln1_mean, b->ln1_rstd, dx, rows, E, G + m->o_ln1_w[l],
+                           G + m->o_ln1_b[l], dh, 1);
+        if (m->floater)
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t i = 0; i < E; i++) m->floater_dpos[(r % n) * E + i] += dh[r * E + i];
+    }
+    if (m->floater && (s = qkv_floater_backward(m->floater, m->floater_dpos)) != QKV_OK) return s;
+    /* Embedding rows and learned positions, in a fixed order. */
+    const float emb_scale = emb_scale_of(m);
+    for (int64_t r = 0; r < rows; r++) {
+        float *ge = G + m->o_emb + (int64_t)m->tokens[r] * E;
+        for (int64_t i = 0; i < E; i++) ge[i] += dh[r * E + i] * emb_scale;
+        if (m->o_pos >= 0)
+            for (int64_t i = 0; i < E; i++) G[m->o_pos + (r % n) * E + i] += dh[r * E + i];
+    }
+    return QKV_OK;
+}
+
+/* ---- parameters ----------------------------------------------------------- */
+
+int64_t qkv_model_segment_count(const qkv_model *m) { return m ? m->n_seg : 0; }
+
+qkv_status qkv_model_segment(qkv_model *m, int64_t i, const char **name, float **param, float **grad,
+                             int64_t *count) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    if (i < 0 || i >= m->n_seg) return QKV_ERR_BAD_SIZE;
+    if (name) *name = m->seg[i].name;
+    if (param) *param = m->seg[i].param;
+    if (grad) *grad = m->seg[i].grad;
+    if (count) *count = m->seg[i].count;
+    return QKV_OK;
+}
+
+int64_t qkv_model_param_count(const qkv_model *m) {
+    int64_t c = 0;
+    if (m)
+        for (int64_t i = 0; i < m->n_seg; i++) c += m->seg[i].count;
+    return c;
+}
+
+void qkv_model_zero_grad(qkv_model *m) {
+    if (!m) return;
+    memset(m->grads, 0, (size_t)m->n_own * sizeof(float));
+    for (int64_t l = 0; l < m->cfg.layers; l++) qkv_mha_zero_grad(m->attn[l]);
+    qkv_floater_zero_grad(m->floater);
+}
