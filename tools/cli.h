@@ -6,5 +6,7 @@
 
 /* qkv attend: attention (forward, and backward with --grad-out) on .npy files. */
 int cli_cmd_attend(int argc, char **argv);
+/* qkv mha: a multi-head attention layer (safetensors weights) on .npy files. */
+int cli_cmd_mha(int argc, char **argv);
 
 #endif

@@ -16,6 +16,7 @@ typedef struct command {
 static const command commands[] = {
     {"attend", cli_cmd_attend,
      "attention over NumPy .npy arrays: output, attention matrix, gradients"},
+    {"mha", cli_cmd_mha, "a multi-head attention layer (torch weights in safetensors) on .npy"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
