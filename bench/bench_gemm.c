@@ -18,8 +18,12 @@
  * noisy machine: alternating spreads the noise over both columns).
  *
  * Usage: bench_gemm [--reps R] [--quick] [--shape M N K] [--nn]
- *                   [--threads T] [--no-peak] [--settle MS]
- * --settle: pause after each OpenBLAS call (default 250 ms, see settle()). */
+ *                   [--threads T] [--no-peak] [--settle MS] [--sweep]
+ * --settle: pause after each OpenBLAS call (default 250 ms, see settle()).
+ * --sweep: instead, the cache-block sweep behind the kernels' MC / KC (the
+ *   active kernel at M = 4096, N = K = 512, NT, one thread, best of 7, timed
+ *   in process CPU time so that other processes on a shared machine do not
+ *   distort it). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
@@ -29,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gemm/gemm.h" /* internal: the kernel table, for --sweep */
 #include "peak.h"
 #include "qkv.h"
 
@@ -186,6 +191,56 @@ static result bench_one(int tb, long M, long N, long K, int threads, int reps) {
     return r;
 }
 
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int sweep(void) {
+    const long M = 4096, N = 512, K = 512;
+    static const int KCS[] = {128, 256, 384, 512};
+    static const int MCS[] = {4, 8, 16, 32}; /* MC in MR-row panels */
+    float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
+    float *C = malloc(sizeof(float) * (size_t)(M * N));
+    if (!A || !B || !C) {
+        free(A);
+        free(B);
+        free(C);
+        return 1;
+    }
+    for (long i = 0; i < M * K; i++) A[i] = frand();
+    for (long i = 0; i < K * N; i++) B[i] = frand();
+    qkv_gemm_kernel k = *qkv_gemm_kernel_active();
+    double best[4][4];
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) best[a][b] = 1e30;
+    for (int rep = 0; rep < 7; rep++)
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++) {
+                k.kc = KCS[a];
+                k.mc = MCS[b] * k.mr;
+                double t0 = cpu_now();
+                qkv_gemm_run(&k, 0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, 1);
+                double t = cpu_now() - t0;
+                if (t < best[a][b]) best[a][b] = t;
+            }
+    printf("cache-block sweep, kernel %s, M=%ld N=%ld K=%ld NT, 1 thread, GFLOP/s (CPU time, best of 7)\n",
+           k.name, M, N, K);
+    printf("%8s", "KC \\ MC");
+    for (int b = 0; b < 4; b++) printf(" %7d", MCS[b] * k.mr);
+    printf("\n");
+    for (int a = 0; a < 4; a++) {
+        printf("%8d", KCS[a]);
+        for (int b = 0; b < 4; b++) printf(" %7.1f", 2.0 * (double)(M * N * K) / best[a][b] * 1e-9);
+        printf("\n");
+    }
+    free(A);
+    free(B);
+    free(C);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int reps = 11, quick = 0, nn = 0, peak = 1, only_threads = 0;
     long sm = 0, sn = 0, sk = 0;
@@ -194,6 +249,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--nn")) nn = 1;
         else if (!strcmp(argv[i], "--no-peak")) peak = 0;
+        else if (!strcmp(argv[i], "--sweep")) return sweep();
         else if (!strcmp(argv[i], "--settle") && i + 1 < argc) g_settle_s = atof(argv[++i]) * 1e-3;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shape") && i + 3 < argc) {
@@ -201,7 +257,7 @@ int main(int argc, char **argv) {
             sn = atol(argv[++i]);
             sk = atol(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--reps R] [--quick] [--shape M N K] [--nn] [--threads T] [--no-peak] [--settle MS]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps R] [--quick] [--shape M N K] [--nn] [--threads T] [--no-peak] [--settle MS] [--sweep]\n", argv[0]);
             return 2;
         }
     }

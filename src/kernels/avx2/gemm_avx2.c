@@ -16,6 +16,12 @@ static void ukr_avx2(int64_t kc, const float *ap, const float *bp, float *c, int
 #define DECL(r) __m256 c0_##r = _mm256_setzero_ps(), c1_##r = _mm256_setzero_ps();
     REP6(DECL)
 #undef DECL
+    /* Start fetching the C tile now: its lines arrive while the FMAs run. */
+#define PF(r) \
+    if ((r) < m) _mm_prefetch((const char *)(c + (r) * ldc), _MM_HINT_T0); \
+    if ((r) < m) _mm_prefetch((const char *)(c + (r) * ldc + 15), _MM_HINT_T0);
+    REP6(PF)
+#undef PF
     for (int64_t p = 0; p < kc; p++) {
         __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
 #define FMA(r)                                                 \

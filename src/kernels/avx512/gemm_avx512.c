@@ -27,6 +27,14 @@ static void ukr_avx512(int64_t kc, const float *ap, const float *bp, float *c, i
 #define DECL(r) __m512 c0_##r = _mm512_setzero_ps(), c1_##r = _mm512_setzero_ps();
     ROWS(DECL)
 #undef DECL
+    /* Start fetching the C tile now: its lines arrive while the FMAs run. */
+#define PF(r)                                                                  \
+    if ((r) < m) {                                                             \
+        _mm_prefetch((const char *)(c + (r) * ldc), _MM_HINT_T0);              \
+        _mm_prefetch((const char *)(c + (r) * ldc + 31), _MM_HINT_T0);         \
+    }
+    ROWS(PF)
+#undef PF
     for (int64_t p = 0; p < kc; p++) {
         __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
 #define FMA(r)                                                 \
