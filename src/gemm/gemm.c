@@ -98,10 +98,10 @@ static void gemm_thread(void *ctx, int64_t unit, int t) {
         for (int64_t pc = 0; pc < j->K; pc += k->kc) {
             int64_t kc = min64(k->kc, j->K - pc);
             float beta = pc == 0 ? j->beta : 1.0f;
-            qkv_gemm_pack_b(j->trans_b, j->B, j->ldb, pc, jc, kc, nc, k->nr, bp);
+            qkv_gemm_pack_b(k, j->trans_b, j->B, j->ldb, pc, jc, kc, nc, bp);
             for (int64_t ic = m0; ic < m1; ic += k->mc) {
                 int64_t mc = min64(k->mc, m1 - ic);
-                qkv_gemm_pack_a(j->trans_a, j->A, j->lda, ic, pc, mc, kc, k->mr, ap);
+                qkv_gemm_pack_a(k, j->trans_a, j->A, j->lda, ic, pc, mc, kc, ap);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int n = (int)min64(NR, nc - jr);
                     const float *b = bp + jr * kc;

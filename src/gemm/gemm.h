@@ -36,6 +36,10 @@ typedef struct qkv_gemm_kernel {
     int mr, nr;         /* register tile */
     int mc, kc, nc;     /* cache blocks: mc % mr == 0, nc % nr == 0 */
     qkv_gemm_ukr_fn ukr;
+    /* Optional (NULL: portable code): the transposing pack of one whole
+     * panel, dst[p * w + i] = src[i * ld + p] for i < w, p < kc, w = MR or NR
+     * (A as stored [M, K], B transposed). */
+    void (*pack_t)(const float *src, int64_t ld, int64_t kc, int w, float *dst);
 } qkv_gemm_kernel;
 
 extern const qkv_gemm_kernel qkv_gemm_kernel_generic;
@@ -63,14 +67,14 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
 int qkv_gemm_uses_cblas(void);
 
 /* Packing (pack.c). A: op(A) rows [i0, i0 + mc), columns [p0, p0 + kc) into
- * ceil(mc / mr) panels of mr x kc (panel r starts at ap + r*mr*kc). trans:
+ * ceil(mc / MR) panels of MR x kc (panel r starts at ap + r*MR*kc). trans:
  * A is stored [K, M] (op(A)[i][p] = a[p*lda + i]), else [M, K]. */
-void qkv_gemm_pack_a(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
-                     int64_t mc, int64_t kc, int mr, float *ap);
-/* B: op(B) rows [p0, p0 + kc), columns [j0, j0 + nc) into ceil(nc / nr)
- * panels of kc x nr (panel r starts at bp + r*nr*kc). trans: B is stored
+void qkv_gemm_pack_a(const qkv_gemm_kernel *k, int trans, const float *a, int64_t lda,
+                     int64_t i0, int64_t p0, int64_t mc, int64_t kc, float *ap);
+/* B: op(B) rows [p0, p0 + kc), columns [j0, j0 + nc) into ceil(nc / NR)
+ * panels of kc x NR (panel r starts at bp + r*NR*kc). trans: B is stored
  * [N, K] (op(B)[p][j] = b[j*ldb + p]), else [K, N]. */
-void qkv_gemm_pack_b(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
-                     int64_t kc, int64_t nc, int nr, float *bp);
+void qkv_gemm_pack_b(const qkv_gemm_kernel *k, int trans, const float *b, int64_t ldb,
+                     int64_t p0, int64_t j0, int64_t kc, int64_t nc, float *bp);
 
 #endif

@@ -1,6 +1,8 @@
 /* Portable matmul micro-kernel: a 4 x 8 register tile in plain C, written so
  * that the compiler keeps the 32 accumulators in vector registers (the j loop
  * is one SSE2 pair / one NEON pair per row) with no ISA flags. */
+#include <stddef.h>
+
 #include "gemm/gemm.h"
 
 #define MR 4
@@ -32,4 +34,4 @@ static void ukr_generic(int64_t kc, const float *ap, const float *bp, float *c, 
 /* KC = 512 as for the SIMD kernels (one K block for the layer's E = 512);
  * MC = 128: a 128 x 512 A block (256 KB) in L2. */
 const qkv_gemm_kernel qkv_gemm_kernel_generic = {"generic 4x8", MR, NR, 128, 512, 4096,
-                                                 ukr_generic};
+                                                 ukr_generic, NULL};
