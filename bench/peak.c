@@ -21,6 +21,18 @@ double bench_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double bench_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double thread_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* Written at the end of every loop so the compiler must compute the
  * accumulators; never read. */
 static volatile float bench_sink;
@@ -176,6 +188,7 @@ typedef struct peak_worker {
     bench_isa isa;
     uint64_t iters;
     double t0, t1;
+    double c0, c1; /* thread CPU time */
 } peak_worker;
 
 static void *peak_worker_main(void *arg) {
@@ -184,15 +197,17 @@ static void *peak_worker_main(void *arg) {
     while ((go = atomic_load(w->go)) == 0) {
     }
     if (go < 0) return NULL;
+    w->c0 = thread_cpu_now();
     w->t0 = bench_now();
     run_loop(w->isa, w->iters);
     w->t1 = bench_now();
+    w->c1 = thread_cpu_now();
     return NULL;
 }
 
 /* One trial: `threads` threads released together; GFLOP/s over the span from
  * the first start to the last finish. 0 on failure. */
-static double peak_trial(bench_isa isa, int threads, uint64_t iters) {
+static double peak_trial(bench_isa isa, int threads, uint64_t iters, double *cpu_best) {
     peak_worker *w = calloc((size_t)threads, sizeof *w);
     if (!w) return 0.0;
     atomic_int go;
@@ -219,6 +234,11 @@ static double peak_trial(bench_isa isa, int threads, uint64_t iters) {
             if (w[t].t1 > t1) t1 = w[t].t1;
         }
         gf = (double)threads * (double)iters * flops_per_iter(isa) / (t1 - t0) * 1e-9;
+        if (cpu_best)
+            for (int t = 0; t < threads; t++) {
+                double c = (double)iters * flops_per_iter(isa) / (w[t].c1 - w[t].c0) * 1e-9;
+                if (w[t].c1 > w[t].c0 && c > *cpu_best) *cpu_best = c;
+            }
     }
     free(w);
     return gf;
@@ -229,31 +249,40 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials, double *median) {
-    if (median) *median = 0.0;
-    if (!bench_isa_supported(isa) || threads < 1 || trials < 1) return 0.0;
+/* Iterations of the loop for about `seconds` on one thread. */
+static uint64_t calibrate(bench_isa isa, double seconds) {
     if (seconds < 0.01) seconds = 0.01;
-    /* Calibrate the iteration count on one thread, then warm up once. */
     uint64_t iters = 1u << 16;
     for (;;) {
         double t0 = bench_now();
         run_loop(isa, iters);
         double dt = bench_now() - t0;
-        if (dt > 0.02 || iters > (UINT64_C(1) << 40)) {
-            iters = (uint64_t)((double)iters * seconds / dt) + 1;
-            break;
-        }
+        if (dt > 0.02 || iters > (UINT64_C(1) << 40)) return (uint64_t)((double)iters * seconds / dt) + 1;
         iters *= 4;
     }
+}
+
+double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials, double *median) {
+    if (median) *median = 0.0;
+    if (!bench_isa_supported(isa) || threads < 1 || trials < 1) return 0.0;
+    uint64_t iters = calibrate(isa, seconds); /* also the warm-up */
     double *g = calloc((size_t)trials, sizeof *g);
     if (!g) return 0.0;
     double best = 0.0;
     for (int r = 0; r < trials; r++) {
-        g[r] = peak_trial(isa, threads, iters);
+        g[r] = peak_trial(isa, threads, iters, NULL);
         if (g[r] > best) best = g[r];
     }
     qsort(g, (size_t)trials, sizeof *g, cmp_double);
     if (median) *median = g[trials / 2];
     free(g);
+    return best;
+}
+
+double bench_peak_core_cpu_gflops(bench_isa isa, int threads, double seconds, int trials) {
+    if (!bench_isa_supported(isa) || threads < 1 || trials < 1) return 0.0;
+    uint64_t iters = calibrate(isa, seconds);
+    double best = 0.0;
+    for (int r = 0; r < trials; r++) peak_trial(isa, threads, iters, &best);
     return best;
 }

@@ -39,7 +39,18 @@ const char *bench_isa_name(bench_isa isa);
  * Returns 0 when isa is not supported or a thread could not be started. */
 double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials, double *median);
 
+/* The same loop's GFLOP/s per core in CPU time: each of `threads` threads
+ * divides its flops by its own CPU time (CLOCK_THREAD_CPUTIME_ID), so time the
+ * thread spent descheduled by other processes does not count. Best over the
+ * threads and `trials` trials. On a shared machine this is the stable
+ * denominator for a program's CPU-time rate (see bench_cpu_now). 0 when isa
+ * is not supported. */
+double bench_peak_core_cpu_gflops(bench_isa isa, int threads, double seconds, int trials);
+
 /* Monotonic clock in seconds. */
 double bench_now(void);
+
+/* CPU time of the whole process (all its threads) in seconds. */
+double bench_cpu_now(void);
 
 #endif
