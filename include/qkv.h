@@ -522,6 +522,17 @@ qkv_status qkv_model_backward(qkv_model *m);
 qkv_status qkv_model_keep_attention(qkv_model *m, int keep);
 const float *qkv_model_attention(const qkv_model *m, int64_t layer);
 
+/* Incremental decoding for a causal model, one sequence (batch 1): begin
+ * allocates a KV cache per layer for up to max_len tokens; each step feeds t
+ * new tokens and writes their logits [t, V], attending to everything fed
+ * before without recomputing it. The logits equal those of one forward over
+ * the whole sequence. Errors: QKV_ERR_NULL_POINTER, QKV_ERR_UNSUPPORTED
+ * (encoder model, or step before begin), QKV_ERR_POSITION (past max_len or
+ * the model's max_seq), QKV_ERR_BAD_PARAMETER (token out of range),
+ * QKV_ERR_OUT_OF_MEMORY. */
+qkv_status qkv_model_decode_begin(qkv_model *m, int64_t max_len);
+qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens, float *logits);
+
 /* Parameter segments (each a named float array with its gradient), for
  * optimisers and checkpoints. i in 0 .. count-1. */
 int64_t qkv_model_segment_count(const qkv_model *m);

@@ -174,6 +174,22 @@ static void test_learns_copy(qkv_posenc pos, int STEPS) {
     qkv_model_free(m);
 }
 
+/* Decoding with the KV caches gives the logits of one full forward. */
+static void test_decode(qkv_posenc pos) {
+    qkv_model *m = make(pos, 1, 0, 0.0, 1);
+    if (!m) return;
+    float full[N * V], step[N * V];
+    CHECK_STATUS(qkv_model_forward(m, 1, N, TOK, NULL, 0, full, NULL), QKV_OK);
+    CHECK_STATUS(qkv_model_decode_begin(m, N), QKV_OK);
+    CHECK_STATUS(qkv_model_decode_step(m, 2, TOK, step), QKV_OK);
+    for (int i = 2; i < N; i++) CHECK_STATUS(qkv_model_decode_step(m, 1, TOK + i, step + i * V), QKV_OK);
+    double e = 0;
+    for (int i = 0; i < N * V; i++) e = fmax(e, fabs(full[i] - step[i]));
+    CHECK(e < 1e-4, "decode with positions %d equals the forward: %g", pos, e);
+    CHECK_STATUS(qkv_model_decode_step(m, 1, TOK, step), QKV_ERR_POSITION);
+    qkv_model_free(m);
+}
+
 static void test_errors(void) {
     qkv_model_config c;
     qkv_model *m = NULL;
@@ -209,6 +225,7 @@ int main(void) {
     gradcheck(QKV_POSENC_SINUSOIDAL, 0, 0, 0.0);
     gradcheck(QKV_POSENC_LEARNED, 0, 1, 0.0);
     gradcheck(QKV_POSENC_ROPE, 1, 0, 0.25);
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) test_decode(kinds[k]);
     test_dropout_and_determinism();
     test_checkpoint();
     test_learns_copy(QKV_POSENC_SINUSOIDAL, 300);

@@ -51,6 +51,12 @@ struct qkv_model {
     int keep_attention;
     float **attn_keep;    /* per layer [B, H, n, n] when kept */
     int64_t attn_cap;
+    /* incremental decoding */
+    qkv_kv_cache **cache;
+    int64_t dec_len, dec_max;
+    float *dec_buf;       /* per-step scratch: t rows of x, ln, a, mid, h (E each), pre/act (F) */
+    int64_t dec_buf_rows;
+    float *dec_floater;   /* FLOATER positions 0 .. dec_max-1 */
     uint64_t drop_seed;
     int64_t drop_step;
     int train;
@@ -62,5 +68,8 @@ qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w
 qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
                                  const float *w, float *dw, float *db, float *dx, int accumulate_dx,
                                  int threads);
+
+/* Free the decoding caches (qkv_model_free calls it). */
+void model_decode_free(qkv_model *m);
 
 #endif

@@ -305,6 +305,7 @@ static void free_acts(qkv_model *m) {
 
 void qkv_model_free(qkv_model *m) {
     if (!m) return;
+    model_decode_free(m);
     free_acts(m);
     if (m->attn)
         for (int64_t l = 0; l < m->cfg.layers; l++) qkv_mha_free(m->attn[l]);

@@ -1,0 +1,113 @@
+/* Incremental decoding: the model's forward for t new tokens at positions
+ * L .. L+t-1, each attention layer reading its KV cache (qkv_mha_decode). */
+#include <math.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "model/model_internal.h"
+
+static void layernorm_rows(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * E;
+        double mu = 0, var = 0;
+        for (int64_t i = 0; i < E; i++) mu += xr[i];
+        mu /= (double)E;
+        for (int64_t i = 0; i < E; i++) var += (xr[i] - mu) * (xr[i] - mu);
+        double rs = 1.0 / sqrt(var / (double)E + 1e-5);
+        for (int64_t i = 0; i < E; i++) y[r * E + i] = (float)((xr[i] - mu) * rs * g[i] + b[i]);
+    }
+}
+
+void model_decode_free(qkv_model *m) {
+    if (m->cache)
+        for (int64_t l = 0; l < m->cfg.layers; l++) qkv_kv_cache_free(m->cache[l]);
+    qkv_free(m->cache);
+    qkv_free(m->dec_buf);
+    qkv_free(m->dec_floater);
+    m->cache = NULL;
+    m->dec_buf = m->dec_floater = NULL;
+    m->dec_buf_rows = m->dec_len = m->dec_max = 0;
+}
+
+qkv_status qkv_model_decode_begin(qkv_model *m, int64_t max_len) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    if (!m->cfg.causal) return QKV_ERR_UNSUPPORTED;
+    if (max_len <= 0) return QKV_ERR_BAD_SIZE;
+    if (max_len > m->cfg.max_seq) return QKV_ERR_POSITION;
+    model_decode_free(m);
+    m->cache = qkv_alloc_zeroed((size_t)m->cfg.layers * sizeof(qkv_kv_cache *));
+    if (!m->cache) return QKV_ERR_OUT_OF_MEMORY;
+    for (int64_t l = 0; l < m->cfg.layers; l++) {
+        qkv_status s = qkv_kv_cache_create(m->attn[l], 1, max_len, &m->cache[l]);
+        if (s != QKV_OK) {
+            model_decode_free(m);
+            return s;
+        }
+    }
+    if (m->floater) {
+        /* The ODE's positions for the whole budget, once. */
+        if (!(m->dec_floater = qkv_alloc((size_t)(max_len * m->cfg.dim) * sizeof(float)))) {
+            model_decode_free(m);
+            return QKV_ERR_OUT_OF_MEMORY;
+        }
+        qkv_status s = qkv_floater_forward(m->floater, max_len, m->dec_floater);
+        if (s != QKV_OK) {
+            model_decode_free(m);
+            return s;
+        }
+    }
+    m->dec_max = max_len;
+    return QKV_OK;
+}
+
+qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens, float *logits) {
+    if (!m || !tokens || !logits) return QKV_ERR_NULL_POINTER;
+    if (!m->cache) return QKV_ERR_UNSUPPORTED;
+    if (t <= 0) return QKV_ERR_BAD_SIZE;
+    if (t > m->dec_max - m->dec_len) return QKV_ERR_POSITION;
+    const int64_t E = m->cfg.dim, F = m->F, V = m->cfg.vocab, L0 = m->dec_len;
+    for (int64_t i = 0; i < t; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) return QKV_ERR_BAD_PARAMETER;
+    if (m->dec_buf_rows < t) {
+        float *b = qkv_alloc((size_t)(t * (5 * E + 2 * F)) * sizeof(float));
+        if (!b) return QKV_ERR_OUT_OF_MEMORY;
+        qkv_free(m->dec_buf);
+        m->dec_buf = b;
+        m->dec_buf_rows = t;
+    }
+    float *x = m->dec_buf, *ln = x + t * E, *a = ln + t * E, *mid = a + t * E, *h = mid + t * E;
+    float *pre = h + t * E, *act = pre + t * F;
+    const float *P = m->params;
+    const float scale = m->cfg.pos == QKV_POSENC_SINUSOIDAL || m->cfg.pos == QKV_POSENC_FLOATER
+                            ? (float)sqrt((double)E)
+                            : 1.0f;
+    for (int64_t r = 0; r < t; r++) {
+        int64_t pos = L0 + r;
+        const float *e = P + m->o_emb + (int64_t)tokens[r] * E;
+        for (int64_t i = 0; i < E; i++) {
+            float v = e[i] * scale;
+            if (m->sinusoid) v += m->sinusoid[pos * E + i];
+            if (m->o_pos >= 0) v += P[m->o_pos + pos * E + i];
+            h[r * E + i] = v;
+        }
+    }
+    qkv_status s;
+    const int thr = m->cfg.threads;
+    for (int64_t l = 0; l < m->cfg.layers; l++) {
+        for (int64_t r = 0; r < t; r++)
+            for (int64_t i = 0; i < E; i++)
+                x[r * E + i] = h[r * E + i] + (m->floater ? m->dec_floater[(L0 + r) * E + i] : 0.0f);
+        layernorm_rows(x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], t, E, ln);
+        if ((s = qkv_mha_decode(m->attn[l], m->cache[l], t, ln, a)) != QKV_OK) return s;
+        for (int64_t i = 0; i < t * E; i++) mid[i] = x[i] + a[i];
+        layernorm_rows(mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], t, E, ln);
+        if ((s = model_linear(ln, t, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, pre, thr)) != QKV_OK) return s;
+        for (int64_t i = 0; i < t * F; i++) act[i] = (float)(0.5 * pre[i] * (1.0 + erf(pre[i] / sqrt(2.0))));
+        if ((s = model_linear(act, t, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, a, thr)) != QKV_OK) return s;
+        for (int64_t i = 0; i < t * E; i++) h[i] = mid[i] + a[i];
+    }
+    layernorm_rows(h, P + m->o_lnf_w, P + m->o_lnf_b, t, E, ln);
+    if ((s = model_linear(ln, t, E, P + m->o_head, NULL, V, logits, thr)) != QKV_OK) return s;
+    m->dec_len = L0 + t;
+    return QKV_OK;
+}
