@@ -17,6 +17,7 @@ static const command commands[] = {
     {"attend", cli_cmd_attend,
      "attention over NumPy .npy arrays: output, attention matrix, gradients"},
     {"mha", cli_cmd_mha, "a multi-head attention layer (torch weights in safetensors) on .npy"},
+    {"image", cli_cmd_image, "self-attention over an image's pixels: one pixel's attention as a heat map"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
