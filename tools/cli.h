@@ -8,6 +8,10 @@
 int cli_cmd_attend(int argc, char **argv);
 /* qkv mha: a multi-head attention layer (safetensors weights) on .npy files. */
 int cli_cmd_mha(int argc, char **argv);
+/* qkv train / eval / generate: transformers trained on tasks or text. */
+int cli_cmd_train(int argc, char **argv);
+int cli_cmd_eval(int argc, char **argv);
+int cli_cmd_generate(int argc, char **argv);
 
 /* qkv image: one pixel's self-attention over an image, drawn as a heat overlay. */
 int cli_cmd_image(int argc, char **argv);

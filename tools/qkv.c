@@ -17,6 +17,9 @@ static const command commands[] = {
     {"attend", cli_cmd_attend,
      "attention over NumPy .npy arrays: output, attention matrix, gradients"},
     {"mha", cli_cmd_mha, "a multi-head attention layer (torch weights in safetensors) on .npy"},
+    {"train", cli_cmd_train, "train a transformer on a generated task or a text file"},
+    {"eval", cli_cmd_eval, "accuracy of a trained checkpoint on fresh examples"},
+    {"generate", cli_cmd_generate, "continue a prompt with a trained decoder (KV cache)"},
     {"image", cli_cmd_image, "self-attention over an image's pixels: one pixel's attention as a heat map"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

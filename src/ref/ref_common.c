@@ -114,6 +114,12 @@ int64_t ref_row_logits(const qkv_plan *p, ref_inputs *in, int64_t b, int64_t h, 
     int64_t visible = 0;
     for (int64_t j = lo; j < hi; j++) {
         double r = 0.0;
+        if (brow && brow[j] == -INFINITY) {
+            /* Masked by the bias: K_j is not read (NaN there cannot leak). */
+            in->raw[j] = 0.0;
+            in->s[j] = -INFINITY;
+            continue;
+        }
         if (d->score == QKV_SCORE_ADDITIVE) {
             const double *u = in->uq + i * A, *w = in->uk + j * A, *wv = in->w + h * A;
             for (int64_t a = 0; a < A; a++) r += wv[a] * tanh(u[a] + w[a]);

@@ -1,0 +1,492 @@
+/* qkv train: train a transformer on a generated task (or a text file) and
+ * keep its checkpoints, loss log and progress; qkv eval: accuracy of a
+ * checkpoint on fresh examples.
+ *
+ * Reproducibility: batch s is qkv_task_batch(seed, s) and the dropout masks
+ * are a function of (seed, s), so a run resumed from a checkpoint continues
+ * with exactly the numbers an uninterrupted run would have produced.
+ * Checkpoints are written to a temporary file and renamed (by
+ * qkv_safetensors_save), so a crash or kill never leaves a broken one. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, isatty, mkdir */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "cli_util.h"
+#include "qkv.h"
+#include "train_common.h"
+
+#define CMD "train"
+
+enum {
+    OPT_HELP, OPT_TASK, OPT_TEXT, OPT_LAYERS, OPT_DIM, OPT_HEADS, OPT_SEQ, OPT_SYMBOLS, OPT_BATCH, OPT_STEPS,
+    OPT_LR, OPT_WARMUP, OPT_POS, OPT_SEED, OPT_DROPOUT, OPT_OUT, OPT_RESUME, OPT_THREADS, OPT_CKPT_EVERY,
+    OPT_QUIET, OPT_COUNT
+};
+
+static const cli_opt options[OPT_COUNT] = {
+    {"--help", "-h", 0, OPT_HELP},        {"--task", NULL, 1, OPT_TASK},         {"--text", NULL, 1, OPT_TEXT},
+    {"--layers", NULL, 1, OPT_LAYERS},    {"--dim", NULL, 1, OPT_DIM},           {"--heads", NULL, 1, OPT_HEADS},
+    {"--seq", NULL, 1, OPT_SEQ},          {"--symbols", NULL, 1, OPT_SYMBOLS},   {"--batch", NULL, 1, OPT_BATCH},
+    {"--steps", NULL, 1, OPT_STEPS},      {"--lr", NULL, 1, OPT_LR},             {"--warmup", NULL, 1, OPT_WARMUP},
+    {"--pos", NULL, 1, OPT_POS},          {"--seed", NULL, 1, OPT_SEED},         {"--dropout", NULL, 1, OPT_DROPOUT},
+    {"--out", "-o", 1, OPT_OUT},          {"--resume", NULL, 1, OPT_RESUME},     {"--threads", NULL, 1, OPT_THREADS},
+    {"--ckpt-every", NULL, 1, OPT_CKPT_EVERY}, {"--quiet", "-q", 0, OPT_QUIET},
+};
+
+static const char *const POS_NAMES[] = {"none", "sinusoidal", "learned", "rope", "alibi", "relative", "floater"};
+
+static void help(void) {
+    fputs("Usage: qkv train --task copy|reverse|sort|recall|label [--seq N] --out DIR [options]\n"
+          "       qkv train --task text|mlm FILE --out DIR [options]\n"
+          "       qkv train --resume DIR [--threads N]\n"
+          "\n"
+          "Trains a transformer (pre-LayerNorm, decoder for copy/reverse/sort/recall/text,\n"
+          "encoder for label/mlm) with AdamW, warm-up + cosine learning rate and gradient\n"
+          "clipping. Writes to DIR: model.safetensors (the checkpoint: weights, optimiser\n"
+          "state, configuration), loss.csv (step, loss, lr, grad_norm, tokens_per_s).\n"
+          "\n"
+          "Task:\n"
+          "  --task NAME [FILE]  copy, reverse, sort: L symbols, a separator, the answer;\n"
+          "                      recall: L key-value pairs then a key, answer its value;\n"
+          "                      label: word classes that depend on position (encoder);\n"
+          "                      text FILE: next-byte prediction; mlm FILE: masked bytes\n"
+          "  --text FILE         the corpus (same as the FILE after --task text|mlm)\n"
+          "  --seq L             L of the task (default 16; text: the window, default 64)\n"
+          "  --symbols S         alphabet size of the content (default 16)\n"
+          "Model:\n"
+          "  --layers L (2)  --dim E (128)  --heads H (4)\n"
+          "  --pos none|sinusoidal|learned|rope|alibi|relative|floater (sinusoidal)\n"
+          "  --dropout P (0)\n"
+          "Training:\n"
+          "  --batch B (32)  --steps S (2000)  --lr LR (1e-3)  --warmup W (100)\n"
+          "  --seed S (1)    --threads N (0: all cores)  --ckpt-every K (250)\n"
+          "  --resume DIR    continue a run from its checkpoint, exactly\n"
+          "  --quiet         no progress bar\n",
+          stdout);
+}
+
+/* ---- evaluation (also used by qkv eval) ----------------------------------- */
+
+/* Accuracy on `examples` fresh examples (a seed the training never uses):
+ * exact-sequence accuracy (every targeted position right, by argmax under
+ * teacher forcing, which for these tasks equals greedy generation), token
+ * accuracy and mean loss. */
+static qkv_status evaluate(qkv_model *m, const train_run *r, int64_t examples, uint64_t seed, double *seq_acc,
+                           double *tok_acc, double *loss) {
+    int64_t V, N;
+    int causal;
+    qkv_status s = qkv_task_shape(&r->task, &V, &N, &causal);
+    if (s != QKV_OK) return s;
+    const int64_t B = 32;
+    int32_t *tok = malloc((size_t)(B * N) * sizeof(int32_t)), *tgt = malloc((size_t)(B * N) * sizeof(int32_t));
+    float *logits = malloc((size_t)(B * N * V) * sizeof(float));
+    if (!tok || !tgt || !logits) {
+        free(tok);
+        free(tgt);
+        free(logits);
+        return QKV_ERR_OUT_OF_MEMORY;
+    }
+    int64_t seqs = 0, seq_ok = 0, toks = 0, tok_ok = 0, batches = 0;
+    double total = 0;
+    for (int64_t idx = 0; seqs < examples; idx++) {
+        if ((s = qkv_task_batch(&r->task, seed, idx, B, tok, tgt)) != QKV_OK) break;
+        double l = 0;
+        if ((s = qkv_model_forward(m, B, N, tok, tgt, 0, logits, &l)) != QKV_OK) break;
+        total += l;
+        batches++;
+        for (int64_t b = 0; b < B && seqs < examples; b++, seqs++) {
+            int all = 1;
+            for (int64_t i = 0; i < N; i++) {
+                int32_t want = tgt[b * N + i];
+                if (want < 0) continue;
+                const float *z = logits + (b * N + i) * V;
+                int64_t best = 0;
+                for (int64_t v = 1; v < V; v++)
+                    if (z[v] > z[best]) best = v;
+                toks++;
+                if (best == want) tok_ok++;
+                else all = 0;
+            }
+            seq_ok += all;
+        }
+    }
+    free(tok);
+    free(tgt);
+    free(logits);
+    if (s != QKV_OK) return s;
+    *seq_acc = (double)seq_ok / (double)seqs;
+    *tok_acc = toks ? (double)tok_ok / (double)toks : 0.0;
+    *loss = batches ? total / (double)batches : 0.0;
+    return QKV_OK;
+}
+
+#define EVAL_SEED_SALT 0x5EED0E7A1ull
+
+/* ---- training ---------------------------------------------------------------- */
+
+static int save_checkpoint(const char *dir, const qkv_model *m, const qkv_adamw *opt, const train_run *r) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, TRAIN_CKPT_FILE);
+    qkv_safetensors *st = NULL;
+    qkv_status s = qkv_safetensors_create(&st);
+    if (s == QKV_OK) s = qkv_model_save(m, st);
+    if (s == QKV_OK) s = qkv_adamw_save(opt, st);
+    if (s == QKV_OK) s = train_run_save(r, st);
+    if (s == QKV_OK) s = qkv_safetensors_save(st, path);
+    qkv_safetensors_free(st);
+    if (s != QKV_OK) {
+        cli_error(CMD, "--out", path, "cannot write the checkpoint: %s (the previous one, if any, is intact)",
+                  s == QKV_ERR_IO ? strerror(errno) : qkv_status_string(s));
+        return -1;
+    }
+    return 0;
+}
+
+/* loss.csv: on resume, keep the rows of the steps before the checkpoint. */
+static FILE *open_log(const char *dir, int64_t from_step) {
+    char path[2048], tmp[2100];
+    snprintf(path, sizeof path, "%s/loss.csv", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *in = from_step > 0 ? fopen(path, "r") : NULL;
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        if (in) fclose(in);
+        cli_error(CMD, "--out", path, "cannot write: %s", strerror(errno));
+        return NULL;
+    }
+    fputs("step,loss,lr,grad_norm,tokens_per_s\n", out);
+    char line[512];
+    if (in) {
+        while (fgets(line, sizeof line, in)) {
+            long long st;
+            if (sscanf(line, "%lld,", &st) == 1 && st < from_step) fputs(line, out);
+        }
+        fclose(in);
+    }
+    if (fflush(out) != 0 || rename(tmp, path) != 0) {
+        fclose(out);
+        remove(tmp);
+        cli_error(CMD, "--out", path, "cannot write: %s", strerror(errno));
+        return NULL;
+    }
+    return out;
+}
+
+static void fmt_time(char *buf, size_t len, double s) {
+    if (s < 0 || !isfinite(s)) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int parse_task_option(const char *v, train_run *r) {
+    int t = qkv_task_from_name(v);
+    if (t < 0) {
+        cli_error(CMD, "--task", NULL, "'%s' is not a task (copy, reverse, sort, recall, label, text, mlm)", v);
+        return -1;
+    }
+    r->task.task = (qkv_task)t;
+    return 0;
+}
+
+int cli_cmd_train(int argc, char **argv) {
+    cli_args a = {CMD, argc, argv, 1};
+    train_run r;
+    memset(&r, 0, sizeof r);
+    r.batch = 32;
+    r.steps = 2000;
+    r.warmup = 100;
+    r.lr = 1e-3;
+    r.min_lr = 1e-4;
+    r.clip = 1.0;
+    r.weight_decay = 0.01;
+    r.seed = 1;
+    int64_t layers = 2, dim = 128, heads = 4, seq = -1, threads = 0, ckpt_every = 250, v;
+    double dropout = 0.0;
+    int pos = QKV_POSENC_SINUSOIDAL, have_task = 0, quiet = 0, explicit_model = 0;
+    const char *out = NULL, *resume = NULL, *text = NULL, *name, *val;
+    int id;
+    while ((id = cli_next(&a, options, OPT_COUNT, &name, &val)) != CLI_END) {
+        if (id == CLI_ERROR) return CLI_EXIT_USAGE;
+        switch (id) {
+        case OPT_HELP: help(); return CLI_EXIT_OK;
+        case OPT_TASK:
+            if (parse_task_option(val, &r) != 0) return CLI_EXIT_USAGE;
+            have_task = 1;
+            /* "--task text FILE": the corpus follows the task's name. */
+            if ((r.task.task == QKV_TASK_TEXT || r.task.task == QKV_TASK_MLM) && a.i < a.argc &&
+                strncmp(a.argv[a.i], "-", 1) != 0)
+                text = a.argv[a.i++];
+            break;
+        case OPT_TEXT: text = val; break;
+        case OPT_LAYERS: if (cli_parse_int64(CMD, name, val, 1, 64, &layers)) return CLI_EXIT_USAGE; explicit_model = 1; break;
+        case OPT_DIM: if (cli_parse_int64(CMD, name, val, 2, 4096, &dim)) return CLI_EXIT_USAGE; explicit_model = 1; break;
+        case OPT_HEADS: if (cli_parse_int64(CMD, name, val, 1, 256, &heads)) return CLI_EXIT_USAGE; explicit_model = 1; break;
+        case OPT_SEQ: if (cli_parse_int64(CMD, name, val, 1, 1 << 20, &seq)) return CLI_EXIT_USAGE; break;
+        case OPT_SYMBOLS: if (cli_parse_int64(CMD, name, val, 2, 4096, &r.task.symbols)) return CLI_EXIT_USAGE; break;
+        case OPT_BATCH: if (cli_parse_int64(CMD, name, val, 1, 1 << 16, &r.batch)) return CLI_EXIT_USAGE; break;
+        case OPT_STEPS: if (cli_parse_int64(CMD, name, val, 1, INT64_MAX / 2, &r.steps)) return CLI_EXIT_USAGE; break;
+        case OPT_WARMUP: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX / 2, &r.warmup)) return CLI_EXIT_USAGE; break;
+        case OPT_SEED: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX, &v)) return CLI_EXIT_USAGE; r.seed = (uint64_t)v; break;
+        case OPT_THREADS: if (cli_parse_int64(CMD, name, val, 0, 1024, &threads)) return CLI_EXIT_USAGE; break;
+        case OPT_CKPT_EVERY: if (cli_parse_int64(CMD, name, val, 1, INT64_MAX, &ckpt_every)) return CLI_EXIT_USAGE; break;
+        case OPT_LR:
+            if (cli_parse_double(CMD, name, val, &r.lr)) return CLI_EXIT_USAGE;
+            if (!(r.lr > 0 && r.lr < 10)) {
+                cli_error(CMD, name, NULL, "'%s' must be in (0, 10)", val);
+                return CLI_EXIT_USAGE;
+            }
+            r.min_lr = r.lr / 10;
+            break;
+        case OPT_DROPOUT:
+            if (cli_parse_double(CMD, name, val, &dropout)) return CLI_EXIT_USAGE;
+            if (!(dropout >= 0 && dropout < 1)) {
+                cli_error(CMD, name, NULL, "'%s' must be in [0, 1)", val);
+                return CLI_EXIT_USAGE;
+            }
+            break;
+        case OPT_POS: {
+            pos = -1;
+            for (int i = 0; i < 7; i++)
+                if (!strcmp(val, POS_NAMES[i])) pos = i;
+            if (pos < 0) {
+                cli_error(CMD, name, NULL, "'%s' is not one of none, sinusoidal, learned, rope, alibi, relative, floater", val);
+                return CLI_EXIT_USAGE;
+            }
+            break;
+        }
+        case OPT_OUT: out = val; break;
+        case OPT_RESUME: resume = val; break;
+        case OPT_QUIET: quiet = 1; break;
+        }
+    }
+    if (!resume && (!have_task || !out)) {
+        cli_error(CMD, NULL, NULL, "%s is required", !have_task ? "--task" : "--out");
+        cli_usage_hint(CMD);
+        return CLI_EXIT_USAGE;
+    }
+    if (resume && (have_task || (out && strcmp(out, resume) != 0) || explicit_model)) {
+        cli_error(CMD, "--resume", resume, "continues the run as it was: give only --threads (and --quiet) with it");
+        return CLI_EXIT_USAGE;
+    }
+
+    qkv_model *m = NULL;
+    qkv_adamw *opt = NULL;
+    qkv_safetensors *ckpt = NULL;
+    int rc = CLI_EXIT_FAIL;
+    qkv_status s;
+    char why[512];
+    if (resume) {
+        out = resume;
+        if (train_load_checkpoint(CMD, resume, &ckpt, &m, &r) != 0) return CLI_EXIT_FAIL;
+        qkv_model_config cfg = *qkv_model_get_config(m);
+        if (threads != cfg.threads) { /* threads do not change results: rebuild with the asked count */
+            cfg.threads = (int)threads;
+            qkv_model *m2 = NULL;
+            if ((s = qkv_model_create(&cfg, 0, &m2)) != QKV_OK || (s = qkv_model_load(m2, ckpt, why, sizeof why)) != QKV_OK) {
+                cli_error(CMD, "--resume", resume, "%s", qkv_status_string(s));
+                qkv_model_free(m2);
+                goto done;
+            }
+            qkv_model_free(m);
+            m = m2;
+        }
+    } else {
+        if (r.task.task == QKV_TASK_TEXT || r.task.task == QKV_TASK_MLM) {
+            if (!text) {
+                cli_error(CMD, "--task", qkv_task_name(r.task.task), "needs a text file: --task %s FILE",
+                          qkv_task_name(r.task.task));
+                return CLI_EXIT_USAGE;
+            }
+            snprintf(r.text_path, sizeof r.text_path, "%s", text);
+            r.text = train_read_file(CMD, "--text", text, &r.text_len);
+            if (!r.text) return CLI_EXIT_FAIL;
+            r.task.text = r.text;
+            r.task.text_len = r.text_len;
+        } else if (text) {
+            cli_error(CMD, "--text", text, "only the text and mlm tasks read a file");
+            return CLI_EXIT_USAGE;
+        }
+        r.task.length = seq > 0 ? seq : (r.task.task == QKV_TASK_TEXT || r.task.task == QKV_TASK_MLM ? 64 : 16);
+        int64_t V, N;
+        int causal;
+        if ((s = qkv_task_shape(&r.task, &V, &N, &causal)) != QKV_OK) {
+            cli_error(CMD, "--seq", NULL, "%s task with --seq %lld --symbols %lld: %s", qkv_task_name(r.task.task),
+                      (long long)r.task.length, (long long)(r.task.symbols ? r.task.symbols : 16),
+                      s == QKV_ERR_BAD_SIZE ? "sizes out of range (recall needs seq <= symbols <= 4096; label "
+                                              "needs symbols >= 4; a corpus needs more bytes than the window)"
+                                            : qkv_status_string(s));
+            train_run_free(&r);
+            return CLI_EXIT_USAGE;
+        }
+        qkv_model_config cfg;
+        qkv_model_config_init(&cfg, V, N);
+        cfg.dim = dim;
+        cfg.heads = heads;
+        cfg.layers = layers;
+        cfg.causal = causal;
+        cfg.pos = (qkv_posenc)pos;
+        cfg.dropout = dropout;
+        cfg.threads = (int)threads;
+        if ((s = qkv_model_create(&cfg, r.seed, &m)) != QKV_OK) {
+            cli_error(CMD, NULL, NULL, "cannot build the model (--dim %lld --heads %lld --layers %lld --pos %s): %s",
+                      (long long)dim, (long long)heads, (long long)layers, POS_NAMES[pos], qkv_status_string(s));
+            train_run_free(&r);
+            return s == QKV_ERR_OUT_OF_MEMORY ? CLI_EXIT_FAIL : CLI_EXIT_USAGE;
+        }
+        if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+            cli_error(CMD, "--out", out, "cannot create the folder: %s", strerror(errno));
+            goto done;
+        }
+    }
+    if ((s = qkv_adamw_create(m, 0.9, 0.95, 1e-8, r.weight_decay, &opt)) != QKV_OK) {
+        cli_error(CMD, NULL, NULL, "optimiser: %s", qkv_status_string(s));
+        goto done;
+    }
+    if (ckpt && qkv_adamw_load(opt, ckpt, why, sizeof why) != QKV_OK) {
+        cli_error(CMD, "--resume", resume, "%s", why);
+        goto done;
+    }
+    {
+        int64_t V, N;
+        int causal;
+        qkv_task_shape(&r.task, &V, &N, &causal);
+        FILE *log = open_log(out, r.step);
+        if (!log) goto done;
+        int32_t *tok = malloc((size_t)(r.batch * N) * sizeof(int32_t)), *tgt = malloc((size_t)(r.batch * N) * sizeof(int32_t));
+        if (!tok || !tgt) {
+            free(tok);
+            free(tgt);
+            fclose(log);
+            cli_error(CMD, "--batch", NULL, "out of memory");
+            goto done;
+        }
+        int tty = !quiet && isatty(STDERR_FILENO);
+        if (!quiet)
+            fprintf(stderr, "qkv train: %s, n = %lld, vocab %lld, %lld parameters, %lld steps%s\n",
+                    qkv_task_name(r.task.task), (long long)N, (long long)V, (long long)qkv_model_param_count(m),
+                    (long long)r.steps, r.step ? " (resumed)" : "");
+        double t0 = now_s(), t_last = t0, ema = NAN;
+        int64_t first = r.step;
+        int failed = 0;
+        for (; r.step < r.steps; r.step++) {
+            double loss = 0, gnorm = 0, ts = now_s();
+            double lr = qkv_lr_schedule(r.step, r.warmup, r.steps, r.lr, r.min_lr);
+            if ((s = qkv_task_batch(&r.task, r.seed, r.step, r.batch, tok, tgt)) != QKV_OK) break;
+            qkv_model_set_step(m, r.seed, r.step);
+            qkv_model_zero_grad(m);
+            if ((s = qkv_model_forward(m, r.batch, N, tok, tgt, 1, NULL, &loss)) != QKV_OK ||
+                (s = qkv_model_backward(m)) != QKV_OK || (s = qkv_adamw_step(opt, lr, r.clip, &gnorm)) != QKV_OK)
+                break;
+            double te = now_s();
+            double tps = (double)(r.batch * N) / (te - ts);
+            fprintf(log, "%lld,%.9g,%.6g,%.6g,%.1f\n", (long long)r.step, loss, lr, gnorm, tps);
+            ema = isnan(ema) ? loss : 0.95 * ema + 0.05 * loss;
+            if ((r.step + 1) % ckpt_every == 0 || r.step + 1 == r.steps) {
+                int64_t keep = r.step;
+                r.step++;
+                fflush(log);
+                if (save_checkpoint(out, m, opt, &r) != 0) {
+                    failed = 1;
+                    break;
+                }
+                r.step = keep;
+            }
+            if (!quiet && (te - t_last > (tty ? 0.2 : 10.0) || r.step + 1 == r.steps)) {
+                t_last = te;
+                double done = (double)(r.step + 1 - first), left = (double)(r.steps - r.step - 1);
+                double rate = done / (te - t0);
+                char eta[32];
+                fmt_time(eta, sizeof eta, left / rate);
+                int w = (int)(30.0 * (double)(r.step + 1) / (double)r.steps);
+                char bar[31];
+                for (int i = 0; i < 30; i++) bar[i] = i < w ? '=' : (i == w ? '>' : ' ');
+                bar[30] = '\0';
+                fprintf(stderr, "%sstep %lld/%lld [%s] loss %.4f | %.0f tok/s | ETA %s%s", tty ? "\r" : "",
+                        (long long)r.step + 1, (long long)r.steps, bar, ema, tps, eta, tty ? "  " : "\n");
+                fflush(stderr);
+            }
+        }
+        if (tty) fputc('\n', stderr);
+        free(tok);
+        free(tgt);
+        if (fclose(log) != 0) failed = 1;
+        if (failed) goto done;
+        if (s != QKV_OK) {
+            cli_error(CMD, NULL, NULL, "step %lld: %s", (long long)r.step, qkv_status_string(s));
+            goto done;
+        }
+        double acc, tacc, eloss;
+        if ((s = evaluate(m, &r, 512, r.seed ^ EVAL_SEED_SALT, &acc, &tacc, &eloss)) == QKV_OK)
+            printf("%s: exact-sequence accuracy %.2f%%, token accuracy %.2f%%, loss %.4f on 512 fresh examples\n",
+                   qkv_task_name(r.task.task), 100 * acc, 100 * tacc, eloss);
+        printf("checkpoint: %s/%s\nloss log:   %s/loss.csv\n", out, TRAIN_CKPT_FILE, out);
+        rc = CLI_EXIT_OK;
+    }
+done:
+    qkv_adamw_free(opt);
+    qkv_model_free(m);
+    qkv_safetensors_free(ckpt);
+    train_run_free(&r);
+    return rc;
+}
+
+/* ---- qkv eval ------------------------------------------------------------------ */
+
+int cli_cmd_eval(int argc, char **argv) {
+    static const cli_opt eopts[] = {
+        {"--help", "-h", 0, 0}, {"--ckpt", NULL, 1, 1}, {"--examples", NULL, 1, 2}, {"--seed", NULL, 1, 3},
+    };
+    cli_args a = {"eval", argc, argv, 1};
+    const char *ckpt = NULL, *name, *val;
+    int64_t examples = 1000, seed = -1;
+    int id;
+    while ((id = cli_next(&a, eopts, 4, &name, &val)) != CLI_END) {
+        if (id == CLI_ERROR) return CLI_EXIT_USAGE;
+        if (id == 0) {
+            fputs("Usage: qkv eval --ckpt DIR [--examples N] [--seed S]\n\n"
+                  "Accuracy of a checkpoint of 'qkv train' on N fresh examples of its task\n"
+                  "(exact-sequence and token accuracy, loss). The examples come from a seed\n"
+                  "the training never used unless --seed says otherwise.\n",
+                  stdout);
+            return CLI_EXIT_OK;
+        }
+        if (id == 1) ckpt = val;
+        if (id == 2 && cli_parse_int64("eval", name, val, 1, 1 << 24, &examples)) return CLI_EXIT_USAGE;
+        if (id == 3 && cli_parse_int64("eval", name, val, 0, INT64_MAX, &seed)) return CLI_EXIT_USAGE;
+    }
+    if (!ckpt) {
+        cli_error("eval", NULL, NULL, "--ckpt is required");
+        cli_usage_hint("eval");
+        return CLI_EXIT_USAGE;
+    }
+    qkv_safetensors *st;
+    qkv_model *m;
+    train_run r;
+    if (train_load_checkpoint("eval", ckpt, &st, &m, &r) != 0) return CLI_EXIT_FAIL;
+    double acc, tacc, loss;
+    uint64_t s0 = seed >= 0 ? (uint64_t)seed : r.seed ^ EVAL_SEED_SALT;
+    qkv_status s = evaluate(m, &r, examples, s0, &acc, &tacc, &loss);
+    if (s == QKV_OK)
+        printf("%s (seq %lld): exact-sequence accuracy %.2f%%, token accuracy %.2f%%, loss %.4f on %lld examples\n",
+               qkv_task_name(r.task.task), (long long)r.task.length, 100 * acc, 100 * tacc, loss, (long long)examples);
+    else
+        cli_error("eval", "--ckpt", ckpt, "%s", qkv_status_string(s));
+    qkv_model_free(m);
+    qkv_safetensors_free(st);
+    train_run_free(&r);
+    return s == QKV_OK ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}
