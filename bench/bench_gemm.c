@@ -12,18 +12,21 @@
  * SkylakeX (when the CPU has AVX-512F) before loading the library, and prints
  * the core OpenBLAS reports. Threads: openblas_set_num_threads per run.
  *
- * Each configuration first checks that both results agree (max relative
- * difference against a double-precision product on sampled entries), then
- * alternates ours / OpenBLAS `reps` times and reports medians (a shared,
- * noisy machine: alternating spreads the noise over both columns).
+ * Each configuration first checks both results (max relative difference
+ * against a double-precision product on sampled entries), then times ours
+ * and OpenBLAS `reps` times each, taking turns at going first, each call
+ * after the same short pause, and reports medians (a shared, noisy machine:
+ * alternating spreads the noise over both columns).
  *
  * Usage: bench_gemm [--reps R] [--quick] [--shape M N K] [--nn]
- *                   [--threads T] [--no-peak] [--settle MS] [--sweep]
- * --settle: pause after each OpenBLAS call (default 250 ms, see settle()).
+ *                   [--threads T] [--no-peak] [--settle MS] [--sweep] [--cpu]
+ * --settle: pause before each timed call (default 150 ms, see settle()).
  * --sweep: instead, the cache-block sweep behind the kernels' MC / KC (the
  *   active kernel at M = 4096, N = K = 512, NT, one thread, best of 7, timed
  *   in process CPU time so that other processes on a shared machine do not
- *   distort it). */
+ *   distort it).
+ * --cpu: time in process CPU time instead of wall time (use with
+ *   --threads 1: the kernels' speed, whatever else the machine runs). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
@@ -114,8 +117,8 @@ static double sampled_error(int tb, long M, long N, long K, const float *A, cons
 
 /* OpenBLAS's idle worker threads keep spinning for a while after a call
  * (about 2^28 cycles, 0.1 s, by default); measured right after, our threads
- * would share their cores with them. Sleep them off before the next timing. */
-static double g_settle_s = 0.25;
+ * would share their cores with them. Sleep them off before every timing. */
+static double g_settle_s = 0.15;
 static void settle(void) {
     if (g_settle_s <= 0) return;
     struct timespec ts;
@@ -123,6 +126,17 @@ static void settle(void) {
     ts.tv_nsec = (long)((g_settle_s - (double)ts.tv_sec) * 1e9);
     nanosleep(&ts, NULL);
 }
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The clock of the timings: wall time, or with --cpu the process's CPU time
+ * (immune to other processes on a loaded machine; meaningful for one thread
+ * only, as it adds up all threads, OpenBLAS's spinning ones included). */
+static double (*g_clock)(void) = bench_now;
 
 typedef struct result {
     double ours, blas; /* median GFLOP/s; blas < 0 when absent */
@@ -162,16 +176,25 @@ static result bench_one(int tb, long M, long N, long K, int threads, int reps) {
         settle();
     }
     double *t_ours = malloc(sizeof(double) * (size_t)reps), *t_blas = malloc(sizeof(double) * (size_t)reps);
+    /* Every timed call starts after the same pause (so each starts with the
+     * same scheduler standing on a loaded machine, and OpenBLAS's workers have
+     * stopped spinning), and the two libraries take turns going first. */
     for (int rep = 0; rep < reps; rep++) {
-        double t0 = bench_now();
-        qkv_sgemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N, threads);
-        t_ours[rep] = bench_now() - t0;
-        if (ob_sgemm) {
-            t0 = bench_now();
-            ob_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)M,
-                     (int)N, (int)K, 1.0f, A, (int)K, B, (int)ldb, 0.0f, C, (int)N);
-            t_blas[rep] = bench_now() - t0;
+        for (int turn = 0; turn < 2; turn++) {
+            int blas = (turn + rep) % 2;
+            if (blas && !ob_sgemm) continue;
             settle();
+            double t0 = g_clock();
+            if (blas)
+                ob_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)M,
+                         (int)N, (int)K, 1.0f, A, (int)K, B, (int)ldb, 0.0f, C, (int)N);
+            else
+                qkv_sgemm(0, tb, M, N, K, 1.0f, A, K, B, ldb, 0.0f, C, N, threads);
+            double t = g_clock() - t0;
+            if (blas)
+                t_blas[rep] = t;
+            else
+                t_ours[rep] = t;
         }
     }
     r.ours = flops / median(t_ours, reps) * 1e-9;
@@ -189,12 +212,6 @@ static result bench_one(int tb, long M, long N, long K, int threads, int reps) {
     free(B);
     free(C);
     return r;
-}
-
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int sweep(void) {
@@ -250,6 +267,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--nn")) nn = 1;
         else if (!strcmp(argv[i], "--no-peak")) peak = 0;
         else if (!strcmp(argv[i], "--sweep")) return sweep();
+        else if (!strcmp(argv[i], "--cpu")) g_clock = cpu_now;
         else if (!strcmp(argv[i], "--settle") && i + 1 < argc) g_settle_s = atof(argv[++i]) * 1e-3;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shape") && i + 3 < argc) {
@@ -257,13 +275,14 @@ int main(int argc, char **argv) {
             sn = atol(argv[++i]);
             sk = atol(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--reps R] [--quick] [--shape M N K] [--nn] [--threads T] [--no-peak] [--settle MS] [--sweep]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps R] [--quick] [--shape M N K] [--nn] [--threads T] [--no-peak] [--settle MS] [--sweep] [--cpu]\n", argv[0]);
             return 2;
         }
     }
     if (reps < 1) reps = 1;
     load_openblas();
-    printf("qkv %s, reps %d (medians)\n", qkv_version(), reps);
+    printf("qkv %s, reps %d (medians of %s)\n", qkv_version(), reps,
+           g_clock == cpu_now ? "process CPU time" : "wall time");
     if (peak) {
         bench_isa isa = bench_isa_best();
         for (int t = 1; t <= 2; t++) {
