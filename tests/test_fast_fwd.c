@@ -318,6 +318,37 @@ static void test_threads(void) {
     }
 }
 
+/* 7b. A key masked by a -inf bias: a NaN in its value changes nothing; a
+ * NaN in a visible key reaches its rows' outputs and lse. */
+static void test_nan_bias_and_visible(void) {
+    for (int norm = 0; norm <= 2; norm++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        base_desc(&p.d, 1, 150, 150, 1, 1, 16, 16);
+        p.d.norm = norm;
+        p.d.bias_kind = QKV_BIAS_SHARED;
+        if (!fp_make(&p, 7100 + (uint64_t)norm, 1.0)) continue;
+        for (int64_t i = 0; i < 150; i++) p.bias[i * 150 + 40] = -INFINITY;
+        fwd_out clean = run_fast(&p, 1, 1);
+        for (int64_t t = 0; t < 16; t++) p.v[40 * 16 + t] = NAN;
+        fwd_out dirty = run_fast(&p, 1, 1);
+        CHECK(memcmp(clean.o, dirty.o, (size_t)p.no_el * sizeof(float)) == 0 &&
+                  memcmp(clean.attn, dirty.attn, (size_t)p.na_el * sizeof(float)) == 0,
+              "NaN in a value masked by a -inf bias changed the output (norm %d)", norm);
+        free_out(&dirty);
+        p.v[40 * 16 + 3] = 1.0f;
+        for (int64_t t = 0; t < 16; t++) p.v[40 * 16 + t] = 0.0f;
+        p.k[77 * 16 + 2] = NAN; /* visible to every row */
+        dirty = run_fast(&p, 1, 0);
+        int all = 1;
+        for (int64_t i = 0; i < 150; i++) all &= isnan(dirty.o[i * 16]) && isnan(dirty.lse[i]);
+        CHECK(all, "NaN in a visible key did not reach every row (norm %d)", norm);
+        free_out(&clean);
+        free_out(&dirty);
+        fp_free(&p);
+    }
+}
+
 int main(void) {
     int ran = 0;
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
@@ -336,6 +367,7 @@ int main(void) {
         test_fully_masked();
         test_large_logits();
         test_nan_masked();
+        test_nan_bias_and_visible();
         test_threads();
         printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");
         ran++;

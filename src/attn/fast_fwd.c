@@ -30,7 +30,8 @@ typedef struct fwd_ctx {
 typedef struct fwd_ws {
     float *qb, *s, *pw, *o, *m, *l, *alpha, *cnt;
     int64_t *lo, *hi;
-    int *a, *e;
+    int *a, *e, *holes;
+    unsigned char *vis;
 } fwd_ws;
 
 static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
@@ -52,6 +53,8 @@ static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
     CARVE(hi, int64_t, FA_BQ);
     CARVE(a, int, FA_BQ);
     CARVE(e, int, FA_BQ);
+    CARVE(holes, int, FA_BQ);
+    CARVE(vis, unsigned char, FA_BQ * FA_BK);
 #undef CARVE
     return at;
 }
@@ -68,6 +71,48 @@ static void elementwise_weights(const fa_ctx *c, const float *s, float *w, int a
         double xn = (double)x * c->s2nat;
         if (c->norm == QKV_NORM_RELU) w[j] = xn < 0.0 ? 0.0f : (float)xn;
         else w[j] = (float)(1.0 / (1.0 + exp(-xn)));
+    }
+}
+
+/* With a bias, keys inside a row's range may still be masked (-inf bias):
+ * record which, so that their values are never multiplied (not even by 0, so
+ * a NaN there cannot leak in). Returns whether any row has such a hole. */
+static int find_holes(const float *s, int nr, const int *a, const int *e, unsigned char *vis,
+                      int *holes) {
+    int any = 0;
+    for (int r = 0; r < nr; r++) {
+        const float *sr = s + (size_t)r * FA_BK;
+        unsigned char *vr = vis + (size_t)r * FA_BK;
+        int h = 0;
+        for (int j = a[r]; j < e[r]; j++) {
+            vr[j] = sr[j] != -INFINITY;
+            h |= !vr[j];
+        }
+        holes[r] = h;
+        any |= h;
+    }
+    return any;
+}
+
+/* o (8 rows) = alpha o + p v over the visible runs of each row. */
+static void pv_holes(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
+                     const float *v, size_t ldv, size_t dv, const int *a, const int *e,
+                     const unsigned char *vis, int nvalid) {
+    const qkv_kernels *K = c->K;
+    if (alpha) K->pv(o, ldo, alpha, p, FA_BK, v, ldv, 0, dv, 8);
+    for (int r = 0; r < nvalid; r++) {
+        const unsigned char *vr = vis + (size_t)r * FA_BK;
+        for (int j = a[r]; j < e[r];) {
+            if (!vr[j]) {
+                j++;
+                continue;
+            }
+            int j1 = j;
+            while (j1 < e[r] && vr[j1]) j1++;
+            K->pv(o + r * ldo, ldo, NULL, p + (size_t)r * FA_BK + j, FA_BK, v + (size_t)j * ldv, ldv,
+                  (size_t)(j1 - j), dv, 1);
+            j = j1;
+        }
     }
 }
 
@@ -115,6 +160,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
             K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
                   np, w.s, FA_BK);
             fa_scores_rows(c, w.s, FA_BK, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
+            int holes = c->bias && find_holes(w.s, nr, w.a, w.e, w.vis, w.holes);
             const float *pw = w.s;
             if (!softmax) {
                 for (int r = 0; r < rows; r++) {
@@ -130,10 +176,18 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                 pw = w.pw;
             }
             if (stats) K->softmax(w.s, FA_BK, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
-            for (int g = 0; g < rows; g += 8)
-                fa_pv_ranges(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
-                             pw + (size_t)g * FA_BK, FA_BK, vb + kt * c->ldv, (size_t)c->ldv,
-                             (size_t)Dv, w.a + g, w.e + g, nr - g < 8 ? nr - g : 8);
+            for (int g = 0; g < rows; g += 8) {
+                int nv = nr - g < 8 ? nr - g : 8, gh = 0;
+                for (int r = 0; holes && r < nv; r++) gh |= w.holes[g + r];
+                if (gh)
+                    pv_holes(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
+                             pw + (size_t)g * FA_BK, vb + kt * c->ldv, (size_t)c->ldv, (size_t)Dv,
+                             w.a + g, w.e + g, w.vis + (size_t)g * FA_BK, nv);
+                else
+                    fa_pv_ranges(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
+                                 pw + (size_t)g * FA_BK, FA_BK, vb + kt * c->ldv, (size_t)c->ldv,
+                                 (size_t)Dv, w.a + g, w.e + g, nv);
+            }
         }
     }
 
@@ -141,7 +195,9 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     for (int r = 0; r < nr; r++) {
         float *orow = w.o + (size_t)r * ldob;
         float *dst = f->out + ((b * c->nq + i0 + r) * c->H + h) * Dv;
-        int empty = w.m[r] == -INFINITY;
+        /* No visible key: l == 0 exactly. A NaN logit leaves m = -inf (max
+         * skips NaN) but makes l NaN: not empty, the NaN propagates. */
+        int empty = w.l[r] == 0.0f;
         float mul = 1.0f;
         if (softmax) mul = empty ? 0.0f : 1.0f / w.l[r];
         else if (c->norm == QKV_NORM_RELU && c->relu_div) mul = w.cnt[r] > 0 ? 1.0f / w.cnt[r] : 0.0f;
@@ -168,7 +224,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
             float *sr = w.s + (size_t)r * FA_BK;
             float *dst = f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk + kt;
             if (softmax) {
-                if (w.m[r] == -INFINITY) continue;
+                if (w.l[r] == 0.0f) continue;
                 float mr = w.m[r], sc = c->sc;
                 for (int j = a; j < e; j++) sr[j] = (sr[j] - mr) * sc;
                 K->exp2(sr + a, (size_t)(e - a));
