@@ -16,4 +16,7 @@ int cli_cmd_generate(int argc, char **argv);
 /* qkv image: one pixel's self-attention over an image, drawn as a heat overlay. */
 int cli_cmd_image(int argc, char **argv);
 
+/* qkv conv-as-attention: a convolution as multi-head self-attention, on .npy files. */
+int cli_cmd_conv_as_attention(int argc, char **argv);
+
 #endif
