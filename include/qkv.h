@@ -865,8 +865,8 @@ qkv_status qkv_conv2d_as_attention(int64_t c_in, int64_t height, int64_t width, 
  * 2019) over a feature map x [H*W, C] (pixel-major):
  *     f = x W_fᵀ + b_f,  g = x W_gᵀ + b_g   [H*W, C_k]   (1x1 convolutions)
  *     h = x W_hᵀ + b_h                      [H*W, C]
- *     beta = softmax_rows(f gᵀ)             attention over all positions
- *     o = beta h;   y = gamma o + x
+ *     beta[j, i] = softmax_i(f_i . g_j)     position j attends over all i
+ *     o = beta h;   y = gamma o + x          (the core: query g, key f, DOT)
  * Parameters, flat: W_f [C_k, C], b_f [C_k], W_g [C_k, C], b_g [C_k],
  * W_h [C, C], b_h [C], gamma [1] (initialised 0, as in the paper, so the
  * block starts as the identity; the projections are xavier-uniform from the
@@ -882,7 +882,7 @@ float *qkv_sagan_params(qkv_sagan *s, int64_t *count);
 float *qkv_sagan_grads(qkv_sagan *s, int64_t *count);
 void qkv_sagan_zero_grad(qkv_sagan *s);
 
-/* x, y [H*W, C]; attn [H*W, H*W] optional (beta). Errors:
+/* x, y [H*W, C]; attn [H*W, H*W] optional (beta, row j = position j). Errors:
  * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_SIZE, QKV_ERR_SIZE_OVERFLOW,
  * QKV_ERR_OUT_OF_MEMORY. */
 qkv_status qkv_sagan_forward(qkv_sagan *s, int64_t height, int64_t width, const float *x, float *y,
