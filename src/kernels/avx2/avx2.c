@@ -1,13 +1,11 @@
 /* AVX2 + FMA micro-kernels (compiled with -mavx2 -mfma only here). With 16
- * ymm registers the register tiles are 4 rows x 16 columns (8 accumulators);
+ * ymm registers the register tiles are 6 rows x 16 columns (12 accumulators);
  * tails use vmaskmov, so nothing outside the given ranges is read or written. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "core/cpu.h"
-
-#define REP4(X) X(0) X(1) X(2) X(3)
 
 /* 2^x as in the AVX-512 kernels, with 2^n built in the exponent field. */
 static inline __m256 exp2_ps(__m256 x) {
@@ -33,94 +31,119 @@ static inline __m256i tail_mask(size_t rem) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+#if defined(__GNUC__)
+#define QKV_INLINE static inline __attribute__((always_inline))
+#else
+#define QKV_INLINE static inline
+#endif
+
+/* R rows (R <= 6) x 16 columns: 12 accumulators, enough independent FMA
+ * chains to hide the FMA latency on two pipes, and 15 of the 16 registers. */
+QKV_INLINE void qk_tile(const int R, const float *q0, size_t ldq, const float *panel, size_t D,
+                        float *s0, size_t lds) {
+    __m256 a0[6], a1[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+    for (size_t d = 0; d < D; d++) {
+        __m256 k0 = _mm256_loadu_ps(panel + d * QKV_PANEL);
+        __m256 k1 = _mm256_loadu_ps(panel + d * QKV_PANEL + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m256 x = _mm256_broadcast_ss(q0 + (size_t)r * ldq + d);
+            a0[r] = _mm256_fmadd_ps(x, k0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(x, k1, a1[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(s0 + (size_t)r * lds, a0[r]);
+        _mm256_storeu_ps(s0 + (size_t)r * lds + 8, a1[r]);
+    }
+}
+
 static void qk_avx2(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
                     size_t npanels, float *s, size_t lds) {
     for (size_t p = 0; p < npanels; p++) {
         for (size_t h = 0; h < QKV_PANEL; h += 16) {
             const float *panel = kp + p * D * QKV_PANEL + h;
-            for (size_t r0 = 0; r0 < rows; r0 += 4) {
-                const float *q0 = q + r0 * ldq;
-                __m256 a0[4], a1[4];
-#define ZERO(r) a0[r] = _mm256_setzero_ps(); a1[r] = _mm256_setzero_ps();
-                REP4(ZERO)
-#undef ZERO
-                for (size_t d = 0; d < D; d++) {
-                    __m256 k0 = _mm256_loadu_ps(panel + d * QKV_PANEL);
-                    __m256 k1 = _mm256_loadu_ps(panel + d * QKV_PANEL + 8);
-#define FMA(r)                                                \
-    {                                                         \
-        __m256 x = _mm256_broadcast_ss(q0 + (r) * ldq + d);   \
-        a0[r] = _mm256_fmadd_ps(x, k0, a0[r]);                \
-        a1[r] = _mm256_fmadd_ps(x, k1, a1[r]);                \
-    }
-                    REP4(FMA)
-#undef FMA
-                }
-                float *s0 = s + r0 * lds + p * QKV_PANEL + h;
-#define STORE(r) _mm256_storeu_ps(s0 + (r) * lds, a0[r]); _mm256_storeu_ps(s0 + (r) * lds + 8, a1[r]);
-                REP4(STORE)
-#undef STORE
+            float *sp = s + p * QKV_PANEL + h;
+            size_t r0 = 0;
+            for (; r0 + 6 <= rows; r0 += 6) qk_tile(6, q + r0 * ldq, ldq, panel, D, sp + r0 * lds, lds);
+            switch (rows - r0) {
+            case 5: qk_tile(5, q + r0 * ldq, ldq, panel, D, sp + r0 * lds, lds); break;
+            case 4: qk_tile(4, q + r0 * ldq, ldq, panel, D, sp + r0 * lds, lds); break;
+            case 3: qk_tile(3, q + r0 * ldq, ldq, panel, D, sp + r0 * lds, lds); break;
+            case 2: qk_tile(2, q + r0 * ldq, ldq, panel, D, sp + r0 * lds, lds); break;
+            case 1: qk_tile(1, q + r0 * ldq, ldq, panel, D, sp + r0 * lds, lds); break;
+            default: break;
             }
         }
     }
 }
 
-static void pv4(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
-                const float *v, size_t ldv, size_t nk, size_t dv) {
+/* R rows (R <= 6) x 16 output columns of o = alpha o + p v. */
+QKV_INLINE void pv_tile(const int R, float *o, size_t ldo, const float *alpha, const float *p,
+                        size_t ldp, const float *v, size_t ldv, size_t nk, size_t dv) {
     for (size_t c = 0; c < dv; c += 16) {
         __m256i m0 = tail_mask(dv - c), m1 = tail_mask(dv - c > 8 ? dv - c - 8 : 0);
-        __m256 a0[4], a1[4];
+        __m256 a0[6], a1[6];
         float *oc = o + c;
-#define LOAD(r)                                                             \
-    a0[r] = _mm256_maskload_ps(oc + (r) * ldo, m0);                         \
-    a1[r] = _mm256_maskload_ps(oc + (r) * ldo + 8, m1);                     \
-    if (alpha) {                                                            \
-        __m256 al = _mm256_set1_ps(alpha[r]);                               \
-        a0[r] = _mm256_mul_ps(al, a0[r]);                                   \
-        a1[r] = _mm256_mul_ps(al, a1[r]);                                   \
-    }
-        REP4(LOAD)
-#undef LOAD
-        const float *vc = v + c;
-        for (size_t j = 0; j < nk; j++) {
-            __m256 v0 = _mm256_maskload_ps(vc + j * ldv, m0);
-            __m256 v1 = _mm256_maskload_ps(vc + j * ldv + 8, m1);
-#define FMA(r)                                                \
-    {                                                         \
-        __m256 x = _mm256_broadcast_ss(p + (r) * ldp + j);    \
-        a0[r] = _mm256_fmadd_ps(x, v0, a0[r]);                \
-        a1[r] = _mm256_fmadd_ps(x, v1, a1[r]);                \
-    }
-            REP4(FMA)
-#undef FMA
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            a0[r] = _mm256_maskload_ps(oc + (size_t)r * ldo, m0);
+            a1[r] = _mm256_maskload_ps(oc + (size_t)r * ldo + 8, m1);
+            if (alpha) {
+                __m256 al = _mm256_set1_ps(alpha[r]);
+                a0[r] = _mm256_mul_ps(al, a0[r]);
+                a1[r] = _mm256_mul_ps(al, a1[r]);
+            }
         }
-#define STORE(r)                                                            \
-    _mm256_maskstore_ps(oc + (r) * ldo, m0, a0[r]);                         \
-    _mm256_maskstore_ps(oc + (r) * ldo + 8, m1, a1[r]);
-        REP4(STORE)
-#undef STORE
-    }
-}
-
-static void pv1(float *o, const float *alpha, const float *p, const float *v, size_t ldv,
-                size_t nk, size_t dv) {
-    for (size_t c = 0; c < dv; c += 8) {
-        __m256i m0 = tail_mask(dv - c);
-        __m256 a = _mm256_maskload_ps(o + c, m0);
-        if (alpha) a = _mm256_mul_ps(_mm256_set1_ps(alpha[0]), a);
-        for (size_t j = 0; j < nk; j++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_maskload_ps(v + j * ldv + c, m0), a);
-        _mm256_maskstore_ps(o + c, m0, a);
+        const float *vc = v + c;
+        if (dv - c >= 16) {
+            for (size_t j = 0; j < nk; j++) {
+                __m256 v0 = _mm256_loadu_ps(vc + j * ldv);
+                __m256 v1 = _mm256_loadu_ps(vc + j * ldv + 8);
+#pragma GCC unroll 6
+                for (int r = 0; r < R; r++) {
+                    __m256 x = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+                    a0[r] = _mm256_fmadd_ps(x, v0, a0[r]);
+                    a1[r] = _mm256_fmadd_ps(x, v1, a1[r]);
+                }
+            }
+        } else {
+            for (size_t j = 0; j < nk; j++) {
+                __m256 v0 = _mm256_maskload_ps(vc + j * ldv, m0);
+                __m256 v1 = _mm256_maskload_ps(vc + j * ldv + 8, m1);
+#pragma GCC unroll 6
+                for (int r = 0; r < R; r++) {
+                    __m256 x = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+                    a0[r] = _mm256_fmadd_ps(x, v0, a0[r]);
+                    a1[r] = _mm256_fmadd_ps(x, v1, a1[r]);
+                }
+            }
+        }
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            _mm256_maskstore_ps(oc + (size_t)r * ldo, m0, a0[r]);
+            _mm256_maskstore_ps(oc + (size_t)r * ldo + 8, m1, a1[r]);
+        }
     }
 }
 
 static void pv_avx2(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
                     const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
     size_t r = 0;
-    for (; r + 4 <= rows; r += 4)
-        pv4(o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, v, ldv, nk, dv);
-    for (; r < rows; r++)
-        pv1(o + r * ldo, alpha ? alpha + r : NULL, p + r * ldp, v, ldv, nk, dv);
+#define PV_AT(R) pv_tile(R, o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, v, ldv, nk, dv)
+    for (; r + 6 <= rows; r += 6) PV_AT(6);
+    switch (rows - r) {
+    case 5: PV_AT(5); break;
+    case 4: PV_AT(4); break;
+    case 3: PV_AT(3); break;
+    case 2: PV_AT(2); break;
+    case 1: PV_AT(1); break;
+    default: break;
+    }
+#undef PV_AT
 }
 
 static void exp2_avx2(float *x, size_t n) {
@@ -155,7 +178,9 @@ static void softmax_avx2(float *s, size_t lds, size_t rows, size_t cols, float c
     for (size_t r = 0; r < rows; r++) {
         float *row = s + r * lds;
         __m256 mx = ninf;
-        for (size_t c = 0; c < cols; c += 8) {
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + c));
+        if (c < cols) {
             __m256i tm = tail_mask(cols - c);
             __m256 x = _mm256_blendv_ps(ninf, _mm256_maskload_ps(row + c, tm), _mm256_castsi256_ps(tm));
             mx = _mm256_max_ps(mx, x);
@@ -168,7 +193,12 @@ static void softmax_avx2(float *s, size_t lds, size_t rows, size_t cols, float c
             a = exp2_scalar((m[r] - mn) * cm);
         }
         __m256 vb = _mm256_set1_ps(base), acc = _mm256_setzero_ps();
-        for (size_t c = 0; c < cols; c += 8) {
+        for (c = 0; c + 8 <= cols; c += 8) {
+            __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row + c), vb), vc));
+            _mm256_storeu_ps(row + c, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        if (c < cols) {
             __m256i tm = tail_mask(cols - c);
             __m256 x = _mm256_blendv_ps(ninf, _mm256_maskload_ps(row + c, tm), _mm256_castsi256_ps(tm));
             __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(x, vb), vc));
