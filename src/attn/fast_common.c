@@ -103,20 +103,27 @@ void fa_pack_panels(float *dst, const float *src, int64_t n, int64_t ld, int64_t
     }
 }
 
-static void pack_k_unit(void *ctx, int64_t u, int t) {
+void fa_copy_rows(float *dst, const float *src, int64_t n, int64_t ld, int64_t D) {
+    for (int64_t r = 0; r < n; r++) memcpy(dst + r * D, src + r * ld, (size_t)D * sizeof(float));
+}
+
+static void pack_kv_unit(void *ctx, int64_t u, int t) {
     (void)t;
     fa_ctx *c = ctx;
     int64_t b = u / c->Hkv, kv = u % c->Hkv;
     fa_pack_panels(c->kt + u * c->kt_stride, c->k + (b * c->nk * c->Hkv + kv) * c->D, c->nk,
                    c->ldk, c->D, 1.0f);
+    fa_copy_rows(c->vr + u * c->nk * c->Dv, c->v + (b * c->nk * c->Hkv + kv) * c->Dv, c->nk, c->ldv,
+                 c->Dv);
 }
 
-qkv_status fa_pack_k(fa_ctx *c) {
+qkv_status fa_pack_kv(fa_ctx *c) {
     int64_t np = (c->nk + QKV_PANEL - 1) / QKV_PANEL;
     c->kt_stride = np * QKV_PANEL * c->D;
     c->kt = fa_alloc((size_t)(c->kt_stride * c->B * c->Hkv) * sizeof(float));
-    if (!c->kt) return QKV_ERR_OUT_OF_MEMORY;
-    qkv_parallel_for(c->threads, c->B * c->Hkv, pack_k_unit, c);
+    c->vr = fa_alloc((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float));
+    if (!c->kt || !c->vr) return QKV_ERR_OUT_OF_MEMORY;
+    qkv_parallel_for(c->threads, c->B * c->Hkv, pack_kv_unit, c);
     return QKV_OK;
 }
 

@@ -45,6 +45,7 @@ typedef struct fa_ctx {
     int64_t ldq, ldk, ldv, ldo; /* row strides: H*D, Hkv*D, Hkv*Dv, H*Dv */
     float *kt;             /* K packed in panels per (b, kv head) */
     int64_t kt_stride;     /* floats per (b, kv head) in kt */
+    float *vr;             /* V rows of every (b, kv head) made contiguous ([n_k, Dv]) */
 } fa_ctx;
 
 /* 64-byte aligned allocation through qkv_alloc; fa_free(NULL) is a no-op. */
@@ -65,9 +66,15 @@ qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
  * dst[(p*D + d)*32 + r%32] = mul * src[(32p + r%32)*ld + d], 0 past row n. */
 void fa_pack_panels(float *dst, const float *src, int64_t n, int64_t ld, int64_t D, float mul);
 
-/* Pack K of every (b, kv head) into c->kt (allocated here; free with fa_free),
- * in parallel. */
-qkv_status fa_pack_k(fa_ctx *c);
+/* Pack K of every (b, kv head) into c->kt and copy its V rows contiguous into
+ * c->vr (both allocated here; free with fa_free), in parallel. The copy of V
+ * matters: in the [B, n, H, D] layout consecutive keys of one head are H*D
+ * floats apart, a power-of-two stride that folds a tile of V onto a few L1
+ * cache sets. */
+qkv_status fa_pack_kv(fa_ctx *c);
+
+/* Copy rows [0, n) (stride ld) into a dense [n, D] block. */
+void fa_copy_rows(float *dst, const float *src, int64_t n, int64_t ld, int64_t D);
 
 /* The visible range [lo, hi) of the queries i0 .. i0+n-1 of batch b;
  * returns 1 if any is non-empty and sets *blo, *bhi to the union's bounds. */

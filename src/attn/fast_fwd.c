@@ -151,7 +151,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     }
 
     const float *ktb = c->kt + (b * c->Hkv + kv) * c->kt_stride;
-    const float *vb = c->v + (b * c->nk * c->Hkv + kv) * Dv;
+    const float *vb = c->vr + (b * c->Hkv + kv) * c->nk * Dv; /* rows of Dv floats */
     const int64_t kstart = blo / QKV_PANEL * QKV_PANEL;
     if (any) {
         for (int64_t kt = kstart; kt < bhi; kt += FA_BK) {
@@ -181,11 +181,11 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                 for (int r = 0; holes && r < nv; r++) gh |= w.holes[g + r];
                 if (gh)
                     pv_holes(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
-                             pw + (size_t)g * FA_BK, vb + kt * c->ldv, (size_t)c->ldv, (size_t)Dv,
+                             pw + (size_t)g * FA_BK, vb + kt * Dv, (size_t)Dv, (size_t)Dv,
                              w.a + g, w.e + g, w.vis + (size_t)g * FA_BK, nv);
                 else
                     fa_pv_ranges(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
-                                 pw + (size_t)g * FA_BK, FA_BK, vb + kt * c->ldv, (size_t)c->ldv,
+                                 pw + (size_t)g * FA_BK, FA_BK, vb + kt * Dv, (size_t)Dv,
                                  (size_t)Dv, w.a + g, w.e + g, nv);
             }
         }
@@ -254,7 +254,7 @@ qkv_status qkv_fast_forward(const qkv_plan *p, const float *q, const float *k, c
     float *qn = NULL, *kn = NULL;
     qkv_status st = QKV_OK;
     if (p->d.score == QKV_SCORE_COSINE) st = fa_normalise_inputs(&f.c, &qn, &kn);
-    if (st == QKV_OK) st = fa_pack_k(&f.c);
+    if (st == QKV_OK) st = fa_pack_kv(&f.c);
     int64_t units = f.c.B * f.c.H * f.nqb;
     int threads = f.c.threads < units ? f.c.threads : (int)units;
     if (st == QKV_OK) {
@@ -265,6 +265,7 @@ qkv_status qkv_fast_forward(const qkv_plan *p, const float *q, const float *k, c
     if (st == QKV_OK) qkv_parallel_for(threads, units, fwd_unit, &f);
     fa_free(f.ws);
     fa_free(f.c.kt);
+    fa_free(f.c.vr);
     fa_free(qn);
     fa_free(kn);
     return st;
