@@ -4,6 +4,7 @@
 #ifndef QKV_CLI_H
 #define QKV_CLI_H
 
+int cli_cmd_demo(int argc, char **argv); /* qkv demo: the articles' walkthrough on a model trained now */
 /* qkv attend: attention (forward, and backward with --grad-out) on .npy files. */
 int cli_cmd_attend(int argc, char **argv);
 /* qkv mha: a multi-head attention layer (safetensors weights) on .npy files. */

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# `qkv demo`: trains its model and walks "Hello , I love you !" through it.
+# Checks the printed steps, that A' agrees with the model's own attention,
+# the pictures (PNG signature), the terminal colours on demand, and the
+# errors (usage: exit 2; an unusable --out: exit 1 and no picture left).
+# Usage: demo_cli.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
+set -u
+QKV=${1:?usage: demo_cli.sh QKV_BINARY REPO_ROOT}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_demo.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $*" >&2
+}
+is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
+
+# A full run into a new folder.
+"$QKV" demo --out "$TMP/out" --color never >"$TMP/stdout" 2>"$TMP/stderr"
+rc=$?
+[ "$rc" -eq 0 ] && pass || fail "demo exit $rc: $(cat "$TMP/stderr")"
+[ ! -s "$TMP/stderr" ] && pass || fail "demo wrote to stderr: $(cat "$TMP/stderr")"
+for f in attention.png attention_head0.png attention_head1.png attention_heads.png attention_window.png loss.png; do
+    if [ -f "$TMP/out/$f" ] && is_png "$TMP/out/$f"; then pass; else fail "missing or not PNG: $f"; fi
+    grep -q "wrote $TMP/out/$f" "$TMP/stdout" && pass || fail "path of $f not printed"
+done
+for step in "    I  \[6 x 8\]" "    q  \[6 x 4\]" "    k  \[6 x 4\]" "    v  \[6 x 4\]" "    A  \[6 x 6\]" \
+            "    A'  \[6 x 6\]" "    O  \[6 x 4\]" "    y  \[6 x 8\]" "A' (window 2)"; do
+    grep -q "$step" "$TMP/stdout" && pass || fail "step not printed: $step"
+done
+# The hand computation agrees with the model and with qkv_mha_forward.
+while read -r d; do
+    awk -v d="$d" 'BEGIN { exit !(d + 0 < 1e-4) }' && pass || fail "difference $d too large"
+done < <(grep -o "difference [0-9.e+-]*" "$TMP/stdout" | awk '{print $2}')
+[ "$(grep -c "difference" "$TMP/stdout")" -eq 2 ] && pass || fail "two agreement checks expected"
+# The model learned the corpus: after "Hello" comes ",", after "," comes "I", after "love" comes "you".
+grep -q "Hello -> , (" "$TMP/stdout" && grep -q ", -> I (" "$TMP/stdout" && grep -q "love -> you (" "$TMP/stdout" \
+    && pass || fail "predictions: $(grep -- '->' "$TMP/stdout" | head -3)"
+# No colour codes when not asked; colours with --color always.
+grep -q $'\x1b\\[' "$TMP/stdout" && fail "escape codes with --color never" || pass
+"$QKV" demo --out "$TMP/out" --color always --steps 20 >"$TMP/stdout2" 2>&1
+[ $? -eq 0 ] && grep -q $'\x1b\\[48;' "$TMP/stdout2" && pass || fail "no colours with --color always"
+# Same seed, same numbers.
+"$QKV" demo --out "$TMP/out" --color never >"$TMP/stdout3" 2>&1
+cmp -s <(grep -v " s. The best" "$TMP/stdout") <(grep -v " s. The best" "$TMP/stdout3") && pass || fail "two runs with the same seed differ"
+
+# Usage errors: exit 2, nothing written.
+expect_usage() {
+    "$QKV" demo "$@" >"$TMP/o" 2>"$TMP/e"
+    local rc=$?
+    [ "$rc" -eq 2 ] && grep -q "^qkv demo: " "$TMP/e" && pass || fail "demo $*: exit $rc, stderr $(cat "$TMP/e")"
+}
+expect_usage --color sometimes
+expect_usage --steps 0
+expect_usage --seed -1
+expect_usage --bogus
+expect_usage --out ""
+expect_usage stray
+# --out names a file: exit 1, message naming it.
+touch "$TMP/file"
+"$QKV" demo --out "$TMP/file" >"$TMP/o" 2>"$TMP/e"
+rc=$?
+[ "$rc" -eq 1 ] && grep -q "$TMP/file" "$TMP/e" && pass || fail "--out FILE: exit $rc, $(cat "$TMP/e")"
+# A picture that cannot be written (a folder in its place): exit 1, and the
+# pictures written before it are removed again.
+mkdir -p "$TMP/blk/attention_window.png"
+"$QKV" demo --out "$TMP/blk" --steps 5 >"$TMP/o" 2>"$TMP/e"
+rc=$?
+[ "$rc" -eq 1 ] && grep -q "attention_window.png" "$TMP/e" && [ "$(ls -A "$TMP/blk")" = "attention_window.png" ] \
+    && pass || fail "failed write: exit $rc, left $(ls -A "$TMP/blk" | tr '\n' ' ')"
+# An unwritable folder: exit 1, no picture left behind.
+if [ "$(id -u)" -ne 0 ]; then
+    mkdir "$TMP/ro" && chmod 555 "$TMP/ro"
+    "$QKV" demo --out "$TMP/ro" --steps 5 >"$TMP/o" 2>"$TMP/e"
+    rc=$?
+    [ "$rc" -eq 1 ] && [ -z "$(ls -A "$TMP/ro")" ] && pass || fail "read-only --out: exit $rc"
+    chmod 755 "$TMP/ro"
+fi
+"$QKV" demo --help | grep -q "^Usage: qkv demo" && pass || fail "--help"
+
+echo "demo_cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

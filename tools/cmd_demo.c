@@ -1,0 +1,658 @@
+/* qkv demo: the articles' walkthrough, run for real.
+ *
+ *   qkv demo [--out DIR] [--seed S] [--steps N] [--color auto|always|never]
+ *
+ * A tiny word-level decoder is trained here and now (qkv_model_* and
+ * qkv_adamw_*, a second or two) on short sentences such as "Hello , I love
+ * you !", in which the greeting decides the subject and the subject decides
+ * the object, so that attending to the right earlier word is the only way to
+ * predict well. Then the sentence "Hello , I love you !" goes through the
+ * trained model's first layer step by step, as the articles draw it:
+ * embedding -> I -> q, k, v (from the layer's in_proj_weight) -> A = q kᵀ/√d
+ * -> A' = softmax(A) -> O = A' v. Every matrix printed is computed from the
+ * trained parameters, and A' is checked against the attention the model
+ * itself kept (qkv_model_attention). Then all heads side by side, the layer
+ * output through qkv_mha_forward, and a truncated (windowed) attention with
+ * qkv_attention_forward. Pictures go to DIR (default: the current folder).
+ *
+ * Outputs are atomic PNG files; if any write fails, those already written by
+ * this run are removed. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, isatty, mkdir */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "cli_util.h"
+#include "qkv.h"
+
+#define CMD "demo"
+
+enum { OPT_HELP, OPT_OUT, OPT_SEED, OPT_STEPS, OPT_COLOR, OPT_COUNT };
+
+static const cli_opt options[OPT_COUNT] = {
+    {"--help", "-h", 0, OPT_HELP},
+    {"--out", "-o", 1, OPT_OUT},
+    {"--seed", NULL, 1, OPT_SEED},
+    {"--steps", NULL, 1, OPT_STEPS},
+    {"--color", NULL, 1, OPT_COLOR},
+};
+
+static void help(void) {
+    fputs("Usage: qkv demo [--out DIR] [--seed S] [--steps N] [--color auto|always|never]\n"
+          "\n"
+          "The articles' example, \"Hello, I love you!\", through a transformer layer\n"
+          "that qkv trains first (about a second): a one-layer word-level decoder with\n"
+          "two heads learns sentences like \"Hello , I love you !\" and \"Hi , you miss\n"
+          "me .\" (the greeting decides the subject, the subject the object). Then the\n"
+          "sentence goes through the trained layer step by step: the embeddings I,\n"
+          "q, k, v of head 0, the scores A = q k^T / sqrt(d), the normalised A'\n"
+          "(softmax of each row) and the output O = A' v, each printed; A' is drawn as\n"
+          "a heatmap. Then both heads side by side, and a truncated (windowed)\n"
+          "attention where each word sees only itself and the two words before it.\n"
+          "\n"
+          "  -o, --out DIR   where the pictures go (default: the current folder;\n"
+          "                  created if missing): attention.png (A' of head 0),\n"
+          "                  attention_head<h>.png, attention_heads.png (side by\n"
+          "                  side), attention_window.png, loss.png\n"
+          "  --seed S        seed of the corpus order and the initial weights (default 1)\n"
+          "  --steps N       training steps (default 400)\n"
+          "  --color WHEN    coloured heatmaps on the terminal: auto (default: when\n"
+          "                  stdout is a terminal), always, never\n"
+          "  -h, --help      show this help and exit\n"
+          "\n"
+          "Exit status: 0 success, 1 failure (nothing is left behind), 2 usage error.\n",
+          stdout);
+}
+
+/* ---- the corpus ------------------------------------------------------------ */
+
+static const char *const VOCAB[] = {"Hello", "Hi", "Hey",  ",",    "I",    "you", "we", "love",
+                                    "like",  "miss", "see", "me",  "them", "!",   "."};
+enum { V = sizeof VOCAB / sizeof VOCAB[0], N = 6 };
+enum { W_HELLO, W_HI, W_HEY, W_COMMA, W_I, W_YOU, W_WE, W_LOVE, W_LIKE, W_MISS, W_SEE, W_ME, W_THEM, W_BANG,
+       W_DOT };
+
+/* greeting -> subject -> object: "Hello , I <verb> you", "Hi , you <verb> me",
+ * "Hey , we <verb> them"; the verb and the final mark are random. */
+static const int GREET[3] = {W_HELLO, W_HI, W_HEY}, SUBJ[3] = {W_I, W_YOU, W_WE}, OBJ[3] = {W_YOU, W_ME, W_THEM};
+static const int VERB[4] = {W_LOVE, W_LIKE, W_MISS, W_SEE};
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void sentence(uint64_t *rng, int32_t *t) {
+    int g = (int)(splitmix(rng) % 3);
+    t[0] = GREET[g];
+    t[1] = W_COMMA;
+    t[2] = SUBJ[g];
+    t[3] = VERB[splitmix(rng) % 4];
+    t[4] = OBJ[g];
+    t[5] = splitmix(rng) % 2 ? W_BANG : W_DOT;
+}
+
+/* ---- printing ---------------------------------------------------------------- */
+
+static const char *const *g_labels; /* the sentence's words */
+
+/* A small matrix, rows labelled by the words (row_words) or numbered, columns
+ * by the words (col_words); -inf (masked) shown as "-inf". */
+static void print_matrix_rows(const char *name, const float *m, int64_t rows, int64_t cols, int col_words,
+                              int row_words) {
+    printf("    %s  [%lld x %lld]\n", name, (long long)rows, (long long)cols);
+    if (col_words) {
+        printf("    %6s ", "");
+        for (int64_t j = 0; j < cols; j++) printf(" %6.6s", g_labels[j]);
+        printf("\n");
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        if (row_words)
+            printf("    %6.6s ", g_labels[i]);
+        else
+            printf("    %6lld ", (long long)i);
+        for (int64_t j = 0; j < cols; j++) {
+            float v = m[i * cols + j];
+            if (isinf(v) && v < 0)
+                printf("   -inf");
+            else
+                printf(" %6.2f", fabs(v) < 0.005 ? 0.0 : v);
+        }
+        printf("\n");
+    }
+}
+
+static void print_matrix(const char *name, const float *m, int64_t rows, int64_t cols, int col_words) {
+    print_matrix_rows(name, m, rows, cols, col_words, 1);
+}
+
+/* For each word (from the second on), the earlier or same word it attends
+ * to most. */
+static void print_strongest(const char *head, const float *ap, int n) {
+    printf("    %s, strongest attention of each word:", head);
+    for (int i = 1; i < n; i++) {
+        int best = 0;
+        for (int j = 1; j < n; j++)
+            if (ap[i * n + j] > ap[i * n + best]) best = j;
+        printf("%s%s -> %s (%.2f)", i == 1 ? "\n      " : i == 4 ? ",\n      " : ", ", g_labels[i], g_labels[best],
+               ap[i * n + best]);
+    }
+    printf("\n");
+}
+
+static int g_color;                     /* draw heatmaps on the terminal */
+static qkv_ansi_colors g_colors = QKV_ANSI_24BIT;
+
+static int print_heatmap(const qkv_heatmap *h) {
+    if (!g_color) return 0;
+    size_t len = 0;
+    qkv_status s = qkv_heatmap_format_ansi(h, g_colors, NULL, 0, &len);
+    char *buf = s == QKV_OK ? malloc(len + 1) : NULL;
+    if (buf) s = qkv_heatmap_format_ansi(h, g_colors, buf, len + 1, &len);
+    if (!buf || s != QKV_OK) {
+        free(buf);
+        cli_error(CMD, NULL, NULL, "terminal heatmap: %s", buf ? qkv_status_string(s) : "out of memory");
+        return -1;
+    }
+    printf("\n");
+    fputs(buf, stdout);
+    free(buf);
+    return 0;
+}
+
+/* ---- pictures: every path written, removed again if a later step fails -- */
+
+enum { MAX_OUTPUTS = 16 };
+static char g_written[MAX_OUTPUTS][4096];
+static int g_n_written;
+
+static void remove_outputs(void) {
+    for (int i = 0; i < g_n_written; i++) unlink(g_written[i]);
+    g_n_written = 0;
+}
+
+static int join_path(char *buf, size_t cap, const char *dir, const char *name) {
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) {
+        cli_error(CMD, "--out", dir, "path too long");
+        return -1;
+    }
+    return 0;
+}
+
+static int save_heatmap(const char *dir, const char *name, const qkv_heatmap *h) {
+    if (g_n_written >= MAX_OUTPUTS) return -1;
+    char *path = g_written[g_n_written];
+    if (join_path(path, sizeof g_written[0], dir, name) != 0) return -1;
+    errno = 0;
+    qkv_status s = qkv_heatmap_save_png(path, h);
+    if (s != QKV_OK) {
+        cli_error(CMD, "--out", path, "cannot write the picture: %s%s%s", qkv_status_string(s),
+                  errno ? ": " : "", errno ? strerror(errno) : "");
+        return -1;
+    }
+    g_n_written++;
+    printf("  wrote %s\n", path);
+    return 0;
+}
+
+/* ---- the model's parameters, by name --------------------------------------- */
+
+static float *segment(qkv_model *m, const char *name, int64_t want) {
+    for (int64_t i = 0; i < qkv_model_segment_count(m); i++) {
+        const char *nm;
+        float *p, *g;
+        int64_t count;
+        if (qkv_model_segment(m, i, &nm, &p, &g, &count) == QKV_OK && strcmp(nm, name) == 0 &&
+            (want < 0 || count >= want))
+            return p;
+    }
+    return NULL;
+}
+
+/* y = LayerNorm(x) row by row (eps 1e-5, as the model). */
+static void layernorm(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        double mu = 0, var = 0;
+        for (int64_t i = 0; i < E; i++) mu += x[r * E + i];
+        mu /= (double)E;
+        for (int64_t i = 0; i < E; i++) var += (x[r * E + i] - mu) * (x[r * E + i] - mu);
+        double rs = 1.0 / sqrt(var / (double)E + 1e-5);
+        for (int64_t i = 0; i < E; i++) y[r * E + i] = (float)((x[r * E + i] - mu) * rs * g[i] + b[i]);
+    }
+}
+
+/* out [n, Dh] = in [n, E] · W[rows r0 .. r0+Dh-1 of a [*, E] matrix]ᵀ + bias[r0 ..]. */
+static void project(const float *in, int64_t n, int64_t E, const float *W, const float *bias, int64_t r0,
+                    int64_t Dh, float *out) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t o = 0; o < Dh; o++) {
+            double acc = bias ? bias[r0 + o] : 0.0;
+            for (int64_t e = 0; e < E; e++) acc += (double)in[i * E + e] * W[(r0 + o) * E + e];
+            out[i * Dh + o] = (float)acc;
+        }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- the demo ---------------------------------------------------------------- */
+
+enum { E = 8, H = 2, DH = E / H, BATCH = 32 };
+
+static int fail_status(const char *what, qkv_status s) {
+    cli_error(CMD, NULL, NULL, "%s: %s", what, qkv_status_string(s));
+    return CLI_EXIT_FAIL;
+}
+
+static int run(const char *dir, uint64_t seed, int64_t steps) {
+    int rc = CLI_EXIT_FAIL;
+    qkv_model *m = NULL;
+    qkv_adamw *opt = NULL;
+    qkv_mha *layer = NULL;
+    double *losses = NULL;
+    qkv_status s;
+
+    qkv_model_config cfg;
+    qkv_model_config_init(&cfg, V, N);
+    cfg.dim = E;
+    cfg.heads = H;
+    cfg.layers = 1;
+    cfg.mlp_dim = 4 * E;
+    cfg.causal = 1;
+    cfg.tie_embeddings = 1;
+    cfg.pos = QKV_POSENC_SINUSOIDAL;
+    cfg.threads = 1;
+    if ((s = qkv_model_create(&cfg, seed, &m)) != QKV_OK) return fail_status("model", s);
+    if ((s = qkv_adamw_create(m, 0.9, 0.98, 1e-8, 0.01, &opt)) != QKV_OK) {
+        qkv_model_free(m);
+        return fail_status("optimiser", s);
+    }
+    losses = malloc((size_t)steps * sizeof *losses);
+    if (!losses) {
+        cli_error(CMD, NULL, NULL, "out of memory");
+        goto done;
+    }
+
+    printf("qkv demo: the articles' example \"Hello, I love you!\" through self-attention\n"
+           "that qkv trains now.\n\n");
+    printf("1. Training a one-layer decoder (E = %d, %d heads of d = %d, sinusoidal positions,\n"
+           "   %lld parameters) to predict the next word of sentences such as\n"
+           "   \"Hello , I love you !\", \"Hi , you miss me .\", \"Hey , we see them !\"\n"
+           "   (the greeting decides the subject, the subject the object; the verb and\n"
+           "   the final mark are random): %lld steps of %d sentences, AdamW.\n",
+           E, H, DH, (long long)qkv_model_param_count(m), (long long)steps, BATCH);
+    fflush(stdout);
+    {
+        int32_t tok[BATCH * N], tgt[BATCH * N];
+        uint64_t rng = seed * 0x2545F4914F6CDD1Dull + 7;
+        double t0 = now_s();
+        for (int64_t step = 0; step < steps; step++) {
+            for (int b = 0; b < BATCH; b++) {
+                sentence(&rng, tok + b * N);
+                for (int i = 0; i < N; i++) tgt[b * N + i] = i + 1 < N ? tok[b * N + i + 1] : -1;
+            }
+            double loss = 0, gn = 0;
+            qkv_model_zero_grad(m);
+            qkv_model_set_step(m, seed, step);
+            if ((s = qkv_model_forward(m, BATCH, N, tok, tgt, 1, NULL, &loss)) != QKV_OK ||
+                (s = qkv_model_backward(m)) != QKV_OK ||
+                (s = qkv_adamw_step(opt, qkv_lr_schedule(step, steps / 10, steps, 1e-2, 1e-3), 1.0, &gn)) !=
+                    QKV_OK) {
+                fail_status("training", s);
+                goto done;
+            }
+            losses[step] = loss;
+            if (step % (steps / 4 > 0 ? steps / 4 : 1) == 0 || step == steps - 1)
+                printf("     step %4lld   loss %.3f\n", (long long)step, loss);
+        }
+        /* The floor: the verb (1 of 4) and the mark (1 of 2) cannot be
+         * predicted: (ln 4 + ln 2) / 5 targets per sentence. */
+        printf("   %.1f s. The best possible loss is %.3f: only the verb and the final mark\n"
+               "   are left to chance.\n",
+               now_s() - t0, (log(4.0) + log(2.0)) / 5.0);
+    }
+
+    /* The sentence through the trained model, attention kept. */
+    const int32_t hello[N] = {W_HELLO, W_COMMA, W_I, W_LOVE, W_YOU, W_BANG};
+    const char *words[N];
+    for (int i = 0; i < N; i++) words[i] = VOCAB[hello[i]];
+    g_labels = words;
+    float logits[N * V];
+    qkv_model_keep_attention(m, 1);
+    if ((s = qkv_model_forward(m, 1, N, hello, NULL, 0, logits, NULL)) != QKV_OK) {
+        fail_status("forward", s);
+        goto done;
+    }
+    const float *model_attn = qkv_model_attention(m, 0); /* [1, H, N, N] */
+    printf("\n   What it predicts after each word of \"Hello , I love you !\":\n  ");
+    for (int i = 0; i < N - 1; i++) {
+        int best = 0;
+        double mx = -INFINITY, z = 0;
+        for (int v = 0; v < V; v++)
+            if (logits[i * V + v] > mx) {
+                mx = logits[i * V + v];
+                best = v;
+            }
+        for (int v = 0; v < V; v++) z += exp(logits[i * V + v] - mx);
+        printf("  %s -> %s (%.2f)", words[i], VOCAB[best], 1.0 / z);
+        if (i == 2) printf("\n  ");
+    }
+    printf("\n");
+
+    /* Step by step, from the parameters. */
+    const float *emb = segment(m, "tok_emb.weight", V * E), *ln_w = segment(m, "layers.0.ln1.weight", E),
+                *ln_b = segment(m, "layers.0.ln1.bias", E), *attn_p = segment(m, "layers.0.attn.", 4 * E * E);
+    if (!emb || !ln_w || !ln_b || !attn_p || !model_attn) {
+        cli_error(CMD, NULL, NULL, "the model does not expose the parameters the demo reads");
+        goto done;
+    }
+    /* torch's layout: in_proj_weight [3E, E] (W_q, W_k, W_v stacked), then in_proj_bias [3E]. */
+    const float *W_in = attn_p, *b_in = attn_p + 3 * E * E;
+    float x[N * E], pe[N * E], I[N * E];
+    qkv_posenc_sinusoidal(N, E, 0, pe);
+    for (int i = 0; i < N; i++)
+        for (int e = 0; e < E; e++) x[i * E + e] = emb[hello[i] * E + e] * sqrtf((float)E) + pe[i * E + e];
+    layernorm(x, ln_w, ln_b, N, E, I);
+    printf("\n2. Embedding. Each word becomes a vector: its learned embedding times sqrt(E)\n"
+           "   plus its position's sinusoidal e^i; the layer normalises it (LayerNorm)\n"
+           "   into the input I. (The articles draw vectors as columns; here each row is\n"
+           "   one word.)\n");
+    print_matrix("I", I, N, E, 0);
+
+    float q[H][N * DH], k[H][N * DH], v[H][N * DH];
+    for (int h = 0; h < H; h++) {
+        project(I, N, E, W_in, b_in, h * DH, DH, q[h]);
+        project(I, N, E, W_in, b_in, E + h * DH, DH, k[h]);
+        project(I, N, E, W_in, b_in, 2 * E + h * DH, DH, v[h]);
+    }
+    printf("\n3. Query, key, value of head 0: q = I W_q^T + b_q, k = I W_k^T + b_k,\n"
+           "   v = I W_v^T + b_v, where W_q, W_k, W_v are rows 0-%d, %d-%d and %d-%d of\n"
+           "   the layer's learned in_proj_weight [3E, E] (torch's layout). Head h uses\n"
+           "   the rows h*d .. h*d+d-1 of each.\n",
+           DH - 1, E, E + DH - 1, 2 * E, 2 * E + DH - 1);
+    print_matrix_rows("W_q of head 0 (learned)", W_in, DH, E, 0, 0);
+    printf("\n");
+    print_matrix("q", q[0], N, DH, 0);
+    print_matrix("k", k[0], N, DH, 0);
+    print_matrix("v", v[0], N, DH, 0);
+
+    float A[H][N * N], Ap[H][N * N], O[N * DH];
+    const double scale = 1.0 / sqrt((double)DH);
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < N; i++) {
+            double mx = -INFINITY, z = 0;
+            for (int j = 0; j < N; j++) {
+                double a = 0;
+                for (int d = 0; d < DH; d++) a += (double)q[h][i * DH + d] * k[h][j * DH + d];
+                A[h][i * N + j] = j <= i ? (float)(a * scale) : -INFINITY;
+                if (j <= i && a * scale > mx) mx = a * scale;
+            }
+            for (int j = 0; j <= i; j++) z += exp(A[h][i * N + j] - mx);
+            for (int j = 0; j < N; j++) Ap[h][i * N + j] = j <= i ? (float)(exp(A[h][i * N + j] - mx) / z) : 0.0f;
+        }
+    for (int i = 0; i < N; i++)
+        for (int d = 0; d < DH; d++) {
+            double acc = 0;
+            for (int j = 0; j < N; j++) acc += (double)Ap[0][i * N + j] * v[0][j * DH + d];
+            O[i * DH + d] = (float)acc;
+        }
+    printf("\n4. Scores A = q k^T / sqrt(d), d = %d: row i holds q^i . k^j for every word j.\n"
+           "   The model is a decoder (causal): word i may only look at words j <= i,\n"
+           "   so the rest is -inf.\n",
+           DH);
+    print_matrix("A", A[0], N, N, 1);
+    printf("\n5. A' = softmax of each row: the attention matrix; each row sums to 1.\n");
+    print_matrix("A'", Ap[0], N, N, 1);
+    double diff = 0;
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < N * N; i++) {
+            double d = fabs((double)Ap[h][i] - model_attn[h * N * N + i]);
+            if (d > diff) diff = d;
+        }
+    printf("    (the attention the model itself computed, qkv_model_attention, agrees:\n"
+           "     largest difference %.1e over both heads)\n",
+           diff);
+    print_strongest("head 0", Ap[0], N);
+    printf("\n6. O = A' v: each word's output is the attention-weighted mix of the values.\n");
+    print_matrix("O", O, N, DH, 0);
+
+    qkv_heatmap hm;
+    qkv_heatmap_init(&hm, Ap[0], N, N);
+    hm.row_labels = words;
+    hm.col_labels = words;
+    hm.show_values = 1;
+    hm.vmin = 0.0;
+    hm.vmax = 1.0;
+    hm.title = "A' (head 0): row = query word, column = key word";
+    if (print_heatmap(&hm) != 0) goto done;
+    hm.title = "A' = softmax(q k^T / sqrt(d)), layer 0, head 0";
+    if (save_heatmap(dir, "attention.png", &hm) != 0) goto done;
+
+    /* Multi-head: every head side by side; the layer output via qkv_mha_forward. */
+    printf("\n7. Multi-head attention: each head has its own W_q, W_k, W_v (its slice of\n"
+           "   in_proj_weight), so each can look for a different relation. Both heads of\n"
+           "   layer 0:\n");
+    const char *titles[H] = {"head 0", "head 1"};
+    qkv_heatmap hh;
+    qkv_heatmap_init(&hh, &Ap[0][0], N, N);
+    hh.panels = H;
+    hh.panel_titles = titles;
+    hh.row_labels = words;
+    hh.col_labels = words;
+    hh.show_values = 1;
+    hh.vmin = 0.0;
+    hh.vmax = 1.0;
+    if (!g_color) {
+        print_matrix("A' head 1", Ap[1], N, N, 1);
+    } else if (print_heatmap(&hh) != 0) {
+        goto done;
+    }
+    for (int h = 0; h < H; h++) print_strongest(titles[h], Ap[h], N);
+    {
+        /* The layer as a library object with the trained weights: its output
+         * is concat(O_0, O_1) W_o^T + b_o. */
+        qkv_mha_config mc;
+        qkv_mha_config_init(&mc, E, H);
+        mc.attn.mask = QKV_MASK_CAUSAL;
+        mc.attn.threads = 1;
+        int64_t count = 0, mcount = 0;
+        if ((s = qkv_mha_create(&mc, 1, &layer)) != QKV_OK) {
+            fail_status("layer", s);
+            goto done;
+        }
+        float *lp = qkv_mha_params(layer, &count);
+        for (int64_t i = 0; i < qkv_model_segment_count(m); i++) {
+            const char *nm;
+            float *p, *g;
+            if (qkv_model_segment(m, i, &nm, &p, &g, &mcount) == QKV_OK && strcmp(nm, "layers.0.attn.") == 0)
+                break;
+            mcount = 0;
+        }
+        if (mcount != count) {
+            cli_error(CMD, NULL, NULL, "the model's attention layer has %lld parameters, a fresh one %lld",
+                      (long long)mcount, (long long)count);
+            goto done;
+        }
+        memcpy(lp, attn_p, (size_t)count * sizeof(float));
+        float y[N * E], attn2[H * N * N], cat[N * E];
+        if ((s = qkv_mha_forward(layer, 1, N, N, I, NULL, NULL, NULL, y, attn2)) != QKV_OK) {
+            fail_status("qkv_mha_forward", s);
+            goto done;
+        }
+        /* concat of every head's O, then W_o (after in_proj_weight and in_proj_bias). */
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < N; i++)
+                for (int d = 0; d < DH; d++) {
+                    double acc = 0;
+                    for (int j = 0; j < N; j++) acc += (double)Ap[h][i * N + j] * v[h][j * DH + d];
+                    cat[i * E + h * DH + d] = (float)acc;
+                }
+        const float *W_o = attn_p + 3 * E * E + 3 * E, *b_o = W_o + E * E;
+        double ydiff = 0;
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < E; o++) {
+                double acc = b_o[o];
+                for (int e = 0; e < E; e++) acc += (double)cat[i * E + e] * W_o[o * E + e];
+                if (fabs(acc - y[i * E + o]) > ydiff) ydiff = fabs(acc - y[i * E + o]);
+            }
+        printf("\n   The layer joins the heads: y = concat(O_0, O_1) W_o^T + b_o  [%d x %d].\n"
+               "   qkv_mha_forward with the trained weights gives the same y (largest\n"
+               "   difference %.1e):\n",
+               N, E, ydiff);
+        print_matrix("y", y, N, E, 0);
+    }
+    for (int h = 0; h < H; h++) {
+        char name[64], title[96];
+        snprintf(name, sizeof name, "attention_head%d.png", h);
+        snprintf(title, sizeof title, "A', layer 0, head %d", h);
+        qkv_heatmap one;
+        qkv_heatmap_init(&one, Ap[h], N, N);
+        one.row_labels = words;
+        one.col_labels = words;
+        one.show_values = 1;
+        one.vmin = 0.0;
+        one.vmax = 1.0;
+        one.title = title;
+        if (save_heatmap(dir, name, &one) != 0) goto done;
+    }
+    hh.title = "layer 0, every head";
+    if (save_heatmap(dir, "attention_heads.png", &hh) != 0) goto done;
+
+    /* Truncated attention with the library's kernel on head 0's q, k, v. */
+    {
+        qkv_attn_desc d;
+        qkv_attn_desc_init(&d);
+        d.batch = 1;
+        d.n_q = d.n_k = N;
+        d.heads = 1;
+        d.dim = DH;
+        d.mask = QKV_MASK_CAUSAL_WINDOW;
+        d.window_left = 2;
+        float out[N * DH], aw[N * N];
+        if ((s = qkv_attention_forward(&d, q[0], k[0], v[0], out, aw, NULL)) != QKV_OK) {
+            fail_status("qkv_attention_forward", s);
+            goto done;
+        }
+        printf("\n8. Truncated self-attention (the second article's speech example): the same\n"
+               "   q, k, v of head 0, but each word sees only itself and the 2 words before\n"
+               "   it (qkv_attention_forward, mask causal-window, window_left = 2): cost\n"
+               "   O(n r d) instead of O(n^2 d).\n");
+        print_matrix("A' (window 2)", aw, N, N, 1);
+        qkv_heatmap hw;
+        qkv_heatmap_init(&hw, aw, N, N);
+        hw.row_labels = words;
+        hw.col_labels = words;
+        hw.show_values = 1;
+        hw.vmin = 0.0;
+        hw.vmax = 1.0;
+        hw.title = "A' with a window of 2 (truncated)";
+        if (print_heatmap(&hw) != 0) goto done;
+        if (save_heatmap(dir, "attention_window.png", &hw) != 0) goto done;
+    }
+    {
+        if (g_n_written >= MAX_OUTPUTS) goto done;
+        char *path = g_written[g_n_written];
+        if (join_path(path, sizeof g_written[0], dir, "loss.png") != 0) goto done;
+        errno = 0;
+        s = qkv_loss_curve_save_png(path, NULL, losses, steps, "qkv demo: training loss");
+        if (s != QKV_OK) {
+            cli_error(CMD, "--out", path, "cannot write the picture: %s%s%s", qkv_status_string(s),
+                      errno ? ": " : "", errno ? strerror(errno) : "");
+            goto done;
+        }
+        g_n_written++;
+        printf("  wrote %s\n", path);
+    }
+    rc = CLI_EXIT_OK;
+done:
+    if (rc != CLI_EXIT_OK) remove_outputs();
+    free(losses);
+    qkv_mha_free(layer);
+    qkv_adamw_free(opt);
+    qkv_model_free(m);
+    return rc;
+}
+
+int cli_cmd_demo(int argc, char **argv) {
+    const char *dir = ".";
+    uint64_t seed = 1;
+    int64_t steps = 400, v64;
+    int color = -1; /* auto */
+    cli_args a = {CMD, argc, argv, 1};
+    for (;;) {
+        const char *name, *value;
+        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        if (id == CLI_END) break;
+        if (id == CLI_ERROR) {
+            cli_usage_hint(CMD);
+            return CLI_EXIT_USAGE;
+        }
+        switch (id) {
+        case OPT_HELP: help(); return CLI_EXIT_OK;
+        case OPT_OUT: dir = value; break;
+        case OPT_SEED:
+            if (cli_parse_int64(CMD, "--seed", value, 0, INT64_MAX, &v64) != 0) {
+                cli_usage_hint(CMD);
+                return CLI_EXIT_USAGE;
+            }
+            seed = (uint64_t)v64;
+            break;
+        case OPT_STEPS:
+            if (cli_parse_int64(CMD, "--steps", value, 1, 1000000, &steps) != 0) {
+                cli_usage_hint(CMD);
+                return CLI_EXIT_USAGE;
+            }
+            break;
+        case OPT_COLOR:
+            if (strcmp(value, "auto") == 0)
+                color = -1;
+            else if (strcmp(value, "always") == 0)
+                color = 1;
+            else if (strcmp(value, "never") == 0)
+                color = 0;
+            else {
+                cli_error(CMD, "--color", NULL, "'%s' is not auto, always or never", value);
+                cli_usage_hint(CMD);
+                return CLI_EXIT_USAGE;
+            }
+            break;
+        default: break;
+        }
+    }
+    if (!dir[0]) {
+        cli_error(CMD, "--out", NULL, "empty folder name");
+        cli_usage_hint(CMD);
+        return CLI_EXIT_USAGE;
+    }
+    g_color = color < 0 ? isatty(STDOUT_FILENO) : color;
+    const char *ct = getenv("COLORTERM");
+    g_colors = ct && (strstr(ct, "truecolor") || strstr(ct, "24bit")) ? QKV_ANSI_24BIT
+               : getenv("TERM") && strstr(getenv("TERM"), "256color") ? QKV_ANSI_256
+                                                                     : QKV_ANSI_24BIT;
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (mkdir(dir, 0777) != 0) {
+            cli_error(CMD, "--out", dir, "cannot create the folder: %s", strerror(errno));
+            return CLI_EXIT_FAIL;
+        }
+    } else if (!S_ISDIR(st.st_mode)) {
+        cli_error(CMD, "--out", dir, "not a folder");
+        return CLI_EXIT_FAIL;
+    }
+    int rc = run(dir, seed, steps);
+    fflush(stdout);
+    return rc;
+}
