@@ -5,6 +5,7 @@
 #define QKV_CLI_H
 
 int cli_cmd_demo(int argc, char **argv); /* qkv demo: the articles' walkthrough on a model trained now */
+int cli_cmd_show(int argc, char **argv); /* qkv show: every layer's and head's attention on one input */
 /* qkv attend: attention (forward, and backward with --grad-out) on .npy files. */
 int cli_cmd_attend(int argc, char **argv);
 /* qkv mha: a multi-head attention layer (safetensors weights) on .npy files. */
