@@ -35,6 +35,7 @@ typedef struct bwd_ctx {
     float *Dd;            /* [B, H, n_q] rowsum(dO * O) (softmax) */
     float *cnt;           /* [B, H, n_q] visible keys (ReLU divided by count) */
     float *kt, *vt, *qt, *dot; /* packed panels */
+    float *kr, *qr, *dor;      /* contiguous rows per head: K [nk, D], Q [nq, D], dO [nq, Dv] */
     int64_t kt_stride, vt_stride, qt_stride, dot_stride;
     int64_t ldD, ldDv;    /* accumulator row strides */
     unsigned char *ws;
@@ -175,14 +176,14 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb) {
             if (c->cap > 0.0)
                 for (int r = 0; r < nkr; r++)
                     for (int i = w->a[r]; i < w->e[r]; i++) w->dp[r * FA_BQ + i] *= w->dcap[r * FA_BQ + i];
-            const float *qrows = c->q + ((b * c->nq + i0) * c->H + h) * D;
-            const float *dorows = f->dout + ((b * c->nq + i0) * c->H + h) * Dv;
+            const float *qrows = f->qr + (bh * c->nq + i0) * D;
+            const float *dorows = f->dor + (bh * c->nq + i0) * Dv;
             for (int r0 = 0; r0 < rows; r0 += 8) {
                 int nv = nkr - r0 < 8 ? nkr - r0 : 8;
                 fa_pv_ranges(c, w->acc2 + r0 * ldDv, ldDv, NULL, w->s + r0 * FA_BQ, FA_BQ, dorows,
-                             (size_t)c->ldo, (size_t)Dv, w->a + r0, w->e + r0, nv);
+                             (size_t)Dv, (size_t)Dv, w->a + r0, w->e + r0, nv);
                 fa_pv_ranges(c, w->acc1 + r0 * ldD, ldD, NULL, w->dp + r0 * FA_BQ, FA_BQ, qrows,
-                             (size_t)c->ldq, (size_t)D, w->a + r0, w->e + r0, nv);
+                             (size_t)D, (size_t)D, w->a + r0, w->e + r0, nv);
             }
         }
     }
@@ -231,7 +232,7 @@ static void q_unit(void *vf, int64_t u, int t) {
         for (int r = nr; r < rows; r++) w.a[r] = w.e[r] = 0;
         const float *ktb = f->kt + (b * c->Hkv + kv) * f->kt_stride;
         const float *vtb = f->vt + (b * c->Hkv + kv) * f->vt_stride;
-        const float *krows = c->k + (b * c->nk * c->Hkv + kv) * D;
+        const float *krows = f->kr + (b * c->Hkv + kv) * c->nk * D;
         const int64_t at = bh * c->nq + i0;
         for (int64_t kt = blo / QKV_PANEL * QKV_PANEL; kt < bhi; kt += FA_BK) {
             int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
@@ -253,7 +254,7 @@ static void q_unit(void *vf, int64_t u, int t) {
                     for (int j = w.a[r]; j < w.e[r]; j++) w.dp[r * FA_BK + j] *= w.dcap[r * FA_BK + j];
             for (int r0 = 0; r0 < rows; r0 += 8)
                 fa_pv_ranges(c, w.acc1 + r0 * ldD, ldD, NULL, w.dp + r0 * FA_BK, FA_BK,
-                             krows + kt * c->ldk, (size_t)c->ldk, (size_t)D, w.a + r0, w.e + r0,
+                             krows + kt * D, (size_t)D, (size_t)D, w.a + r0, w.e + r0,
                              nr - r0 < 8 ? nr - r0 : 8);
         }
     }
@@ -274,6 +275,8 @@ static void pack_unit(void *vf, int64_t u, int t) {
                        c->ldk, c->D, 1.0f);
         fa_pack_panels(f->vt + u * f->vt_stride, c->v + (b * c->nk * c->Hkv + kv) * c->Dv, c->nk,
                        c->ldv, c->Dv, 1.0f);
+        fa_copy_rows(f->kr + u * c->nk * c->D, c->k + (b * c->nk * c->Hkv + kv) * c->D, c->nk, c->ldk,
+                     c->D);
     } else if (u < nkv + nh) {
         u -= nkv;
         int64_t b = u / c->H, h = u % c->H;
@@ -281,6 +284,9 @@ static void pack_unit(void *vf, int64_t u, int t) {
                        c->D, 1.0f);
         fa_pack_panels(f->dot + u * f->dot_stride, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq,
                        c->ldo, c->Dv, 1.0f);
+        fa_copy_rows(f->qr + u * c->nq * c->D, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq, c->D);
+        fa_copy_rows(f->dor + u * c->nq * c->Dv, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq, c->ldo,
+                     c->Dv);
     }
 }
 
@@ -374,11 +380,14 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
         f.vt = fa_alloc((size_t)(f.vt_stride * c->B * c->Hkv) * sizeof(float));
         f.qt = fa_alloc((size_t)(f.qt_stride * c->B * c->H) * sizeof(float));
         f.dot = fa_alloc((size_t)(f.dot_stride * c->B * c->H) * sizeof(float));
+        f.kr = fa_alloc((size_t)(c->nk * c->D * c->B * c->Hkv) * sizeof(float));
+        f.qr = fa_alloc((size_t)(c->nq * c->D * c->B * c->H) * sizeof(float));
+        f.dor = fa_alloc((size_t)(c->nq * c->Dv * c->B * c->H) * sizeof(float));
         f.ws_stride = bwd_ws_layout(&f, NULL, NULL);
         f.ws = fa_alloc(f.ws_stride * (size_t)threads);
         if (!f.LO || !f.HI || !f.BLO || !f.BHI || (softmax && (!f.L2 || !f.Dd)) ||
             (c->norm == QKV_NORM_RELU && c->relu_div && !f.cnt) || !f.kt || !f.vt || !f.qt || !f.dot ||
-            !f.ws)
+            !f.kr || !f.qr || !f.dor || !f.ws)
             st = QKV_ERR_OUT_OF_MEMORY;
     }
     if (st == QKV_OK) {
@@ -391,6 +400,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
     fa_free(f.LO); fa_free(f.HI); fa_free(f.BLO); fa_free(f.BHI);
     fa_free(f.L2); fa_free(f.Dd); fa_free(f.cnt);
     fa_free(f.kt); fa_free(f.vt); fa_free(f.qt); fa_free(f.dot);
+    fa_free(f.kr); fa_free(f.qr); fa_free(f.dor);
     fa_free(f.ws);
     fa_free(qn); fa_free(kn); fa_free(o_tmp); fa_free(lse_tmp);
     return st;

@@ -1,0 +1,225 @@
+/* The fast path's edges: allocation failures (error, nothing leaked),
+ * QKV_NUM_THREADS, forcing each ISA, requests it does not take
+ * (QKV_ERR_UNSUPPORTED with QKV_IMPL_FAST, the reference with AUTO), windows
+ * that equal causal / full attention bitwise, the online softmax on rows of
+ * steadily increasing logits (a rescale at every tile), logits of 1e30 and
+ * rows all near -1e5, a whole key tile masked by the bias. */
+#define _POSIX_C_SOURCE 200112L /* setenv */
+#include <stdio.h>
+
+#include "test_fast_common.h"
+
+/* ---- allocation failure injection -------------------------------------- */
+
+static long g_allocs, g_frees, g_fail_at = -1;
+
+static void *count_malloc(size_t n, void *user) {
+    (void)user;
+    if (g_fail_at >= 0 && g_allocs >= g_fail_at) return NULL;
+    g_allocs++;
+    return malloc(n);
+}
+
+static void count_free(void *p, void *user) {
+    (void)user;
+    if (p) g_frees++;
+    free(p);
+}
+
+static void test_alloc_failures(void) {
+    for (int norm = 0; norm <= 1; norm++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        qkv_attn_desc_init(&p.d);
+        p.d.batch = 2; p.d.n_q = 70; p.d.n_k = 90; p.d.heads = 2; p.d.heads_kv = 1; p.d.dim = 8;
+        p.d.score = norm ? QKV_SCORE_COSINE : QKV_SCORE_SCALED_DOT;
+        p.d.norm = norm ? QKV_NORM_RELU : QKV_NORM_SOFTMAX;
+        p.d.relu_divide_by_count = 1;
+        p.d.bias_kind = QKV_BIAS_SHARED;
+        p.d.impl = QKV_IMPL_FAST;
+        p.d.threads = 2;
+        if (!fp_make(&p, 900 + (uint64_t)norm, 1.0)) continue;
+        float *o = malloc((size_t)p.no_el * sizeof(float)), *l = malloc((size_t)p.nl_el * sizeof(float));
+        float *dq = malloc((size_t)p.nq_el * sizeof(float)), *dk = malloc((size_t)p.nk_el * sizeof(float)),
+              *dv = malloc((size_t)p.nv_el * sizeof(float)), *db = malloc((size_t)p.nb_el * sizeof(float));
+        qkv_attn_grads g;
+        memset(&g, 0, sizeof g);
+        g.dq = dq;
+        g.dk = dk;
+        g.dv = dv;
+        g.dbias = db;
+        CHECK_STATUS(qkv_set_allocator(count_malloc, count_free, NULL), QKV_OK);
+        for (int pass = 0; pass < 2; pass++) {
+            /* Count the allocations of a successful call, then fail each in turn. */
+            g_allocs = g_frees = 0;
+            g_fail_at = -1;
+            qkv_status st = pass ? qkv_attention_backward(&p.d, p.q, p.k, p.v, NULL, NULL, p.dout, &g)
+                                 : qkv_attention_forward(&p.d, p.q, p.k, p.v, o, NULL, l);
+            CHECK(st == QKV_OK && g_allocs == g_frees, "pass %d: status %d, %ld allocs %ld frees", pass, st,
+                  g_allocs, g_frees);
+            long total = g_allocs;
+            for (long k = 0; k < total; k++) {
+                g_allocs = g_frees = 0;
+                g_fail_at = k;
+                st = pass ? qkv_attention_backward(&p.d, p.q, p.k, p.v, NULL, NULL, p.dout, &g)
+                          : qkv_attention_forward(&p.d, p.q, p.k, p.v, o, NULL, l);
+                CHECK(st == QKV_ERR_OUT_OF_MEMORY, "pass %d: failing allocation %ld gave %d", pass, k, st);
+                CHECK(g_allocs == g_frees, "pass %d: failing allocation %ld leaked (%ld allocs, %ld frees)", pass,
+                      k, g_allocs, g_frees);
+            }
+        }
+        g_fail_at = -1;
+        CHECK_STATUS(qkv_set_allocator(NULL, NULL, NULL), QKV_OK);
+        free(o); free(l); free(dq); free(dk); free(dv); free(db);
+        fp_free(&p);
+    }
+}
+
+/* ---- dispatch ------------------------------------------------------------ */
+
+static void test_dispatch(void) {
+    qkv_attn_desc d;
+    qkv_attn_desc_init(&d);
+    d.batch = 1; d.n_q = 3; d.n_k = 3; d.heads = 1; d.dim = 2;
+    double qd[6] = {1, 2, 3, 4, 5, 6}, od[6];
+    d.dtype = QKV_F64;
+    d.impl = QKV_IMPL_FAST;
+    CHECK_STATUS(qkv_attention_forward(&d, qd, qd, qd, od, NULL, NULL), QKV_ERR_UNSUPPORTED);
+    d.impl = QKV_IMPL_AUTO;
+    CHECK_STATUS(qkv_attention_forward(&d, qd, qd, qd, od, NULL, NULL), QKV_OK);
+    float q[6] = {1, 2, 3, 4, 5, 6}, o[6], w1[2] = {1, 0}, w2[2] = {0, 1}, wv[1] = {1};
+    d.dtype = QKV_F32;
+    d.score = QKV_SCORE_ADDITIVE;
+    d.additive_dim = 1;
+    d.additive_w1 = w1;
+    d.additive_w2 = w2;
+    d.additive_w = wv;
+    d.impl = QKV_IMPL_FAST;
+    CHECK_STATUS(qkv_attention_forward(&d, q, q, q, o, NULL, NULL), QKV_ERR_UNSUPPORTED);
+    d.impl = QKV_IMPL_AUTO;
+    CHECK_STATUS(qkv_attention_forward(&d, q, q, q, o, NULL, NULL), QKV_OK);
+    d.impl = (qkv_impl)3;
+    CHECK_STATUS(qkv_attention_forward(&d, q, q, q, o, NULL, NULL), QKV_ERR_BAD_ENUM);
+    CHECK(qkv_cpu_has(QKV_ARCH_GENERIC), "generic always available");
+    CHECK(qkv_cpu_force_arch(99) == 0 && qkv_cpu_force_arch(-1) == 1, "force arch bounds");
+    CHECK(qkv_kernels_active() != NULL, "active table");
+}
+
+/* ---- bitwise properties -------------------------------------------------- */
+
+static float *fwd(const fprob *p, const qkv_attn_desc *d, int threads) {
+    qkv_attn_desc e = *d;
+    e.impl = QKV_IMPL_FAST;
+    e.threads = threads;
+    float *o = malloc((size_t)p->no_el * sizeof(float));
+    CHECK_STATUS(qkv_attention_forward(&e, p->q, p->k, p->v, o, NULL, NULL), QKV_OK);
+    return o;
+}
+
+static void test_windows_equal(void) {
+    fprob p;
+    memset(&p, 0, sizeof p);
+    qkv_attn_desc_init(&p.d);
+    p.d.batch = 1; p.d.n_q = 300; p.d.n_k = 260; p.d.heads = 2; p.d.dim = 16;
+    if (!fp_make(&p, 950, 1.0)) return;
+    qkv_attn_desc d = p.d;
+    float *full = fwd(&p, &d, 1);
+    d.mask = QKV_MASK_WINDOW;
+    d.window_left = d.window_right = 1000;
+    float *wide = fwd(&p, &d, 1);
+    CHECK(memcmp(full, wide, (size_t)p.no_el * sizeof(float)) == 0, "window >= n differs from no mask");
+    d.mask = QKV_MASK_CAUSAL;
+    d.window_left = d.window_right = 0;
+    float *causal = fwd(&p, &d, 1);
+    d.mask = QKV_MASK_CAUSAL_WINDOW;
+    d.window_left = 1000;
+    float *cw = fwd(&p, &d, 1);
+    CHECK(memcmp(causal, cw, (size_t)p.no_el * sizeof(float)) == 0, "causal window >= n differs from causal");
+    /* QKV_NUM_THREADS (desc.threads = 0) gives the same bits. */
+    setenv("QKV_NUM_THREADS", "3", 1);
+    float *env = fwd(&p, &d, 0);
+    unsetenv("QKV_NUM_THREADS");
+    CHECK(memcmp(causal, env, (size_t)p.no_el * sizeof(float)) == 0, "QKV_NUM_THREADS=3 differs");
+    free(full); free(wide); free(causal); free(cw); free(env);
+    fp_free(&p);
+}
+
+/* ---- numerics ------------------------------------------------------------ */
+
+/* max |fast - ref64| <= 2 max |naive32 - ref64| + 1e-5 + extra. */
+static void check_rule(fprob *p, double extra, const char *what) {
+    fp_sync(p);
+    qkv_attn_desc d64 = fp_desc64(p);
+    double *ro = malloc((size_t)p->no_el * sizeof(double));
+    CHECK_STATUS(qkv_attention_forward(&d64, p->qd, p->kd, p->vd, ro, NULL, NULL), QKV_OK);
+    float *no = malloc((size_t)p->no_el * sizeof(float));
+    n32_forward(p, no, NULL, NULL);
+    float *fo = fwd(p, &p->d, 2);
+    double e = fp_err(fo, ro, p->no_el), b = fp_err(no, ro, p->no_el);
+    CHECK(e <= 2 * b + 1e-5 + extra, "%s [%s]: err %.3g, naive %.3g", what, qkv_kernels_active()->name, e, b);
+    CHECK(!fp_any_nan(fo, p->no_el), "%s: NaN", what);
+    free(ro); free(no); free(fo);
+}
+
+static void test_numerics(void) {
+    /* Increasing logits along the keys: the running max grows at every tile. */
+    fprob p;
+    memset(&p, 0, sizeof p);
+    qkv_attn_desc_init(&p.d);
+    p.d.batch = 1; p.d.n_q = 70; p.d.n_k = 1000; p.d.heads = 1; p.d.dim = 4;
+    if (fp_make(&p, 960, 1.0)) {
+        for (int64_t i = 0; i < 70; i++) { p.q[i * 4] = 1.0f; p.q[i * 4 + 1] = p.q[i * 4 + 2] = p.q[i * 4 + 3] = 0.0f; }
+        for (int64_t j = 0; j < 1000; j++) p.k[j * 4] = 0.02f * (float)j;
+        check_rule(&p, 0.0, "increasing logits");
+        fp_free(&p);
+    }
+    /* Rows whose logits are all near -1e5 (a large negative bias). */
+    memset(&p, 0, sizeof p);
+    qkv_attn_desc_init(&p.d);
+    p.d.batch = 1; p.d.n_q = 40; p.d.n_k = 200; p.d.heads = 1; p.d.dim = 8;
+    p.d.bias_kind = QKV_BIAS_SHARED;
+    if (fp_make(&p, 961, 1.0)) {
+        for (int64_t x = 0; x < p.nb_el; x++) p.bias[x] = -1e5f + (float)(x % 7);
+        /* logits ~1e5 round at ~0.004: the extra term is that rounding's effect */
+        check_rule(&p, 4.0 * 1e5 * 0x1p-24 * 5.0, "logits near -1e5");
+        fp_free(&p);
+    }
+    /* A whole key tile (128 keys) masked by the bias while the row is not. */
+    memset(&p, 0, sizeof p);
+    qkv_attn_desc_init(&p.d);
+    p.d.batch = 1; p.d.n_q = 64; p.d.n_k = 400; p.d.heads = 2; p.d.dim = 8;
+    p.d.bias_kind = QKV_BIAS_PER_HEAD;
+    if (fp_make(&p, 962, 1.0)) {
+        for (int64_t h = 0; h < 2; h++)
+            for (int64_t i = 0; i < 64; i++)
+                for (int64_t j = 0; j < 400; j++) {
+                    float *b = &p.bias[(h * 64 + i) * 400 + j];
+                    *b = (j < 128 || (j >= 256 && j < 384)) ? -INFINITY : (*b == -INFINITY ? 0.5f : *b);
+                }
+        check_rule(&p, 0.0, "whole key tiles masked by the bias");
+        fp_free(&p);
+    }
+    /* Logits of 1e30: no overflow, the row is not lost. */
+    memset(&p, 0, sizeof p);
+    qkv_attn_desc_init(&p.d);
+    p.d.batch = 1; p.d.n_q = 20; p.d.n_k = 150; p.d.heads = 1; p.d.dim = 4;
+    p.d.score = QKV_SCORE_DOT;
+    if (fp_make(&p, 963, 1.0)) {
+        for (int64_t x = 0; x < p.nq_el; x++) p.q[x] *= 1e15f;
+        for (int64_t x = 0; x < p.nk_el; x++) p.k[x] *= 1e15f;
+        check_rule(&p, 4.0 * 1e31 * 0x1p-24 * 5.0, "logits of 1e30");
+        fp_free(&p);
+    }
+}
+
+int main(void) {
+    test_alloc_failures();
+    test_dispatch();
+    for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
+        if (!qkv_cpu_force_arch(arch)) continue;
+        test_windows_equal();
+        test_numerics();
+    }
+    qkv_cpu_force_arch(-1);
+    return tu_finish();
+}
