@@ -21,4 +21,7 @@ int cli_cmd_image(int argc, char **argv);
 /* qkv conv-as-attention: a convolution as multi-head self-attention, on .npy files. */
 int cli_cmd_conv_as_attention(int argc, char **argv);
 
+/* qkv complexity: the complexity table of self-attention, recurrent and convolutional layers, measured. */
+int cli_cmd_complexity(int argc, char **argv);
+
 #endif

@@ -24,6 +24,7 @@ static const command commands[] = {
     {"generate", cli_cmd_generate, "continue a prompt with a trained decoder (KV cache)"},
     {"image", cli_cmd_image, "self-attention over an image's pixels: one pixel's attention as a heat map"},
     {"conv-as-attention", cli_cmd_conv_as_attention, "a K x K convolution computed as K^2-head self-attention (Cordonnier et al.)"},
+    {"complexity", cli_cmd_complexity, "measure Vaswani et al. Table 1: time, sequential ops, path length"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
