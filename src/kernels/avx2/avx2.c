@@ -26,6 +26,24 @@ static inline __m256 exp2_ps(__m256 x) {
     return _mm256_andnot_ps(under, r);
 }
 
+/* 2^x for the softmax's arguments x <= 0 (or NaN): no upper clamp, the
+ * degree-5 polynomial of the AVX-512 kernels (relative error 1.8e-7). */
+static inline __m256 exp2_neg_ps(__m256 x) {
+    __m256 xc = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
+    __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(xc, n);
+    __m256 p = _mm256_set1_ps(1.321933655e-3f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.671698888e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550890648e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402223798e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931468577e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+    return _mm256_andnot_ps(under, r);
+}
+
 static inline __m256i tail_mask(size_t rem) {
     int k = rem >= 8 ? 8 : (int)rem;
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -194,14 +212,14 @@ static void softmax_avx2(float *s, size_t lds, size_t rows, size_t cols, float c
         }
         __m256 vb = _mm256_set1_ps(base), acc = _mm256_setzero_ps();
         for (c = 0; c + 8 <= cols; c += 8) {
-            __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row + c), vb), vc));
+            __m256 e = exp2_neg_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row + c), vb), vc));
             _mm256_storeu_ps(row + c, e);
             acc = _mm256_add_ps(acc, e);
         }
         if (c < cols) {
             __m256i tm = tail_mask(cols - c);
             __m256 x = _mm256_blendv_ps(ninf, _mm256_maskload_ps(row + c, tm), _mm256_castsi256_ps(tm));
-            __m256 e = exp2_ps(_mm256_mul_ps(_mm256_sub_ps(x, vb), vc));
+            __m256 e = exp2_neg_ps(_mm256_mul_ps(_mm256_sub_ps(x, vb), vc));
             _mm256_maskstore_ps(row + c, tm, e);
             acc = _mm256_add_ps(acc, e);
         }
