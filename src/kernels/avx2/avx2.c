@@ -106,10 +106,16 @@ QKV_INLINE void pv_tile(const int R, float *o, size_t ldo, const float *alpha, c
         __m256i m0 = tail_mask(dv - c), m1 = tail_mask(dv - c > 8 ? dv - c - 8 : 0);
         __m256 a0[6], a1[6];
         float *oc = o + c;
+        const int full = dv - c >= 16; /* vmaskmov is slow on some cores: only for tails */
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            a0[r] = _mm256_maskload_ps(oc + (size_t)r * ldo, m0);
-            a1[r] = _mm256_maskload_ps(oc + (size_t)r * ldo + 8, m1);
+            if (full) {
+                a0[r] = _mm256_loadu_ps(oc + (size_t)r * ldo);
+                a1[r] = _mm256_loadu_ps(oc + (size_t)r * ldo + 8);
+            } else {
+                a0[r] = _mm256_maskload_ps(oc + (size_t)r * ldo, m0);
+                a1[r] = _mm256_maskload_ps(oc + (size_t)r * ldo + 8, m1);
+            }
             if (alpha) {
                 __m256 al = _mm256_set1_ps(alpha[r]);
                 a0[r] = _mm256_mul_ps(al, a0[r]);
@@ -117,7 +123,7 @@ QKV_INLINE void pv_tile(const int R, float *o, size_t ldo, const float *alpha, c
             }
         }
         const float *vc = v + c;
-        if (dv - c >= 16) {
+        if (full) {
             for (size_t j = 0; j < nk; j++) {
                 __m256 v0 = _mm256_loadu_ps(vc + j * ldv);
                 __m256 v1 = _mm256_loadu_ps(vc + j * ldv + 8);
@@ -142,8 +148,13 @@ QKV_INLINE void pv_tile(const int R, float *o, size_t ldo, const float *alpha, c
         }
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            _mm256_maskstore_ps(oc + (size_t)r * ldo, m0, a0[r]);
-            _mm256_maskstore_ps(oc + (size_t)r * ldo + 8, m1, a1[r]);
+            if (full) {
+                _mm256_storeu_ps(oc + (size_t)r * ldo, a0[r]);
+                _mm256_storeu_ps(oc + (size_t)r * ldo + 8, a1[r]);
+            } else {
+                _mm256_maskstore_ps(oc + (size_t)r * ldo, m0, a0[r]);
+                _mm256_maskstore_ps(oc + (size_t)r * ldo + 8, m1, a1[r]);
+            }
         }
     }
 }
@@ -152,6 +163,12 @@ static void pv_avx2(float *o, size_t ldo, const float *alpha, const float *p, si
                     const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
     size_t r = 0;
 #define PV_AT(R) pv_tile(R, o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, v, ldv, nk, dv)
+    if (rows == 8) { /* 4 + 4: each tile keeps 8 FMA chains busy (6 + 2 would leave 4) */
+        PV_AT(4);
+        r = 4;
+        PV_AT(4);
+        return;
+    }
     for (; r + 6 <= rows; r += 6) PV_AT(6);
     switch (rows - r) {
     case 5: PV_AT(5); break;
@@ -235,7 +252,19 @@ static void bwd_softmax_avx2(float *s, float *dp, size_t ld, size_t rows, size_t
     for (size_t r = 0; r < rows; r++) {
         float *sr = s + r * ld, *dr = dp + r * ld;
         __m256 x = _mm256_set1_ps(percol ? 0.0f : L[r]), y = _mm256_set1_ps(percol ? 0.0f : Dd[r]);
-        for (size_t c = 0; c < cols; c += 8) {
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            if (percol) {
+                x = _mm256_loadu_ps(L + c);
+                y = _mm256_loadu_ps(Dd + c);
+            }
+            __m256 p = exp2_ps(_mm256_fmsub_ps(vc, _mm256_loadu_ps(sr + c), x));
+            __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dr + c), y));
+            __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+            _mm256_storeu_ps(sr + c, p);
+            _mm256_storeu_ps(dr + c, _mm256_and_ps(nz, d));
+        }
+        if (c < cols) {
             __m256i tm = tail_mask(cols - c);
             if (percol) {
                 x = _mm256_maskload_ps(L + c, tm);
