@@ -20,6 +20,25 @@
  * This is what a linear projection of [B, n, H*D] produces, so no transposes
  * are needed. Query head h reads key/value head h / (H / H_kv) (grouped-query
  * attention; H_kv = 1 is multi-query attention).
+ *
+ * Threads. Every function may be called from several threads at once as long
+ * as the calls share no object they write: separate descriptors and tensors
+ * for the attention functions (read-only inputs may be shared), a separate
+ * qkv_mha / qkv_kv_cache / qkv_floater / qkv_safetensors per thread (one layer
+ * object holds the activations of its last forward, so it serves one thread
+ * at a time; const getters of a set that nobody modifies may be shared).
+ * Results do not depend on what other threads do (tests/test_concurrency.c
+ * checks bitwise equality). What the library shares between threads:
+ *   - the allocator hooks and the memory limit (qkv_set_allocator,
+ *     qkv_set_memory_limit): process-wide; set them before other calls, never
+ *     concurrently with one. The hooks themselves must be thread-safe (malloc
+ *     is). The count of live bytes behind the limit is atomic.
+ *   - the CPU-detection and kernel table: filled once, on first use, under
+ *     pthread_once, read-only afterwards.
+ *   - the environment variables QKV_NUM_THREADS and QKV_ARCH, read with
+ *     getenv (do not setenv while qkv runs).
+ * Each call that uses several threads (threads != 1) starts and joins its own
+ * workers; no thread pool or scratch buffer outlives a call.
  */
 #ifndef QKV_H
 #define QKV_H
@@ -56,7 +75,11 @@ typedef enum qkv_status {
     QKV_ERR_FORMAT = 13,          /* a file is malformed (bad magic, header, truncated) */
     QKV_ERR_DTYPE = 14,           /* a dtype the call does not accept (e.g. I32 for attention) */
     QKV_ERR_SHAPE = 15,           /* array shapes do not fit together */
-    QKV_ERR_POSITION = 16         /* a position is past the end of a learned table or cache */
+    QKV_ERR_POSITION = 16,        /* a position is past the end of a learned table or cache */
+    QKV_ERR_NOT_FINITE = 17,      /* an input holds NaN or +-inf and the call was asked to
+                                     reject such inputs (qkv_attn_desc.check_finite) */
+    QKV_ERR_MEMORY_LIMIT = 18     /* a request would exceed the limit set by
+                                     qkv_set_memory_limit; refused before allocating */
 } qkv_status;
 
 /* A short, static English text for a status; "unknown status" for values that
@@ -76,6 +99,26 @@ const char *qkv_version(void);
 typedef void *(*qkv_malloc_fn)(size_t size, void *user);
 typedef void (*qkv_free_fn)(void *ptr, void *user);
 qkv_status qkv_set_allocator(qkv_malloc_fn alloc, qkv_free_fn release, void *user);
+
+/* A process-wide cap on the bytes the library holds at once (0, the default:
+ * no cap). Every allocation is checked against it before memory is taken:
+ * one that would raise the live total above the cap is refused and the call
+ * fails, freeing what it had taken - with QKV_ERR_MEMORY_LIMIT from the
+ * attention functions (qkv_attention_forward/backward), with
+ * QKV_ERR_OUT_OF_MEMORY from the others (as when the allocator hook fails).
+ * qkv_memory_refused() then names the refused size. Lowering the cap below
+ * what is live frees nothing; later requests are refused until enough is
+ * freed. Caller-owned buffers (tensors, outputs) do not count. Each block
+ * passed to the allocator hooks is a small header (max_align_t) larger than
+ * the library's request. Never fails (returns QKV_OK). */
+qkv_status qkv_set_memory_limit(size_t bytes);
+
+/* The current cap (0: none); the bytes the library holds now (all threads);
+ * the size in bytes of the most recent request the cap refused on the
+ * calling thread (0: none yet). */
+size_t qkv_memory_limit(void);
+size_t qkv_memory_in_use(void);
+size_t qkv_memory_refused(void);
 
 /* ------------------------------------------------------------------------- */
 /* Element types. The attention core accepts F32 and F64 for all floating point
@@ -206,6 +249,25 @@ typedef struct qkv_attn_desc {
     int64_t rel_buckets;        /* >= 2 (>= 4 when bidirectional) */
     int64_t rel_max_distance;   /* >= 1 */
     int rel_bidirectional;      /* 0: only r <= 0 is told apart (decoders) */
+
+    /* Dropout on the attention weights (training): A'_ij is kept with
+     * probability 1 - p and scaled by 1 / (1 - p). The mask is a hash of
+     * (dropout_seed, b, h, i, j) - a counter-based generator - so the
+     * backward regenerates it instead of storing it, and it is the same for
+     * any thread count. The attn output is A' before dropout. 0 <= p < 1. */
+    double dropout;
+    uint64_t dropout_seed;
+
+    /* Non-finite inputs. 0 (default): NaN and +-inf in a visible input
+     * propagate as IEEE arithmetic makes them (a NaN in q, or in a visible
+     * key or value, makes that row's output NaN; masked keys are never read,
+     * so NaN there changes nothing; -inf in the bias masks a key). 1: the
+     * call first scans q, k, v, bias, the additive/ALiBi/relative parameters
+     * (and, in the backward, dout, out and lse when given; lse may be -inf
+     * for rows without keys) and returns QKV_ERR_NOT_FINITE, writing nothing,
+     * if any holds NaN or +-inf (bias: NaN or +inf; -inf stays a mask). The
+     * scan reads every element once: O(size of the inputs). */
+    int check_finite;
 } qkv_attn_desc;
 
 /* T5's bucket of a relative offset r = key - query. Returns -1 for invalid
@@ -409,6 +471,12 @@ float *qkv_mha_params(qkv_mha *m, int64_t *count);
 float *qkv_mha_grads(qkv_mha *m, int64_t *count);
 void qkv_mha_zero_grad(qkv_mha *m);
 
+/* Attention dropout of the layer's following forward and backward calls
+ * (see qkv_attn_desc.dropout): probability p in [0, 1), mask seed. A
+ * backward uses the setting its forward had. Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_PARAMETER. */
+qkv_status qkv_mha_set_dropout(qkv_mha *m, double p, uint64_t seed);
+
 /* Load / save the parameters with torch's names, each prefixed by `prefix`
  * (e.g. "layers.0.attn." or ""). Load checks every shape and reports a
  * missing or misshapen tensor (QKV_ERR_SHAPE, QKV_ERR_FORMAT) with its name in
@@ -485,7 +553,8 @@ typedef struct qkv_model_config {
     int causal;                  /* 1: decoder, 0: encoder */
     int tie_embeddings;          /* output head = embedding matrix */
     qkv_posenc pos;
-    double dropout;              /* on the residual branches and the MLP, in [0, 1) */
+    double dropout;              /* on the attention weights (in the kernel), the residual
+                                    branches and the MLP, in [0, 1) */
     int threads;                 /* 0 = default */
 } qkv_model_config;
 

@@ -779,7 +779,7 @@ static void test_out_of_memory(void) {
     CHECK_STATUS(qkv_array_alloc(&src, QKV_F64, 3, shape), QKV_OK);
     fill_pattern(&src);
     CHECK_STATUS(qkv_npy_save(path, &src), QKV_OK);
-    size_t len;
+    size_t len = 0;
     unsigned char *bytes = read_file(path, &len);
 
     for (int op = 0; op < 5; op++) {

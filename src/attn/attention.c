@@ -6,13 +6,14 @@
 #include "ref/ref.h"
 
 /* The fast kernels do not compute the in-kernel position biases (ALiBi,
- * T5 relative) yet: such calls go to the reference. */
+ * T5 relative) nor attention dropout yet: such calls go to the reference,
+ * which computes them per logit (still no n x n buffer). */
 static int fast_ok(const qkv_plan *p) {
-    return !p->d.alibi_slopes && !p->d.rel_table && qkv_fast_supported(p);
+    return !p->d.alibi_slopes && !p->d.rel_table && p->d.dropout == 0.0 && qkv_fast_supported(p);
 }
 
-qkv_status qkv_attention_forward(const qkv_attn_desc *desc, const void *q, const void *k,
-                                 const void *v, void *out, void *attn, void *lse) {
+static qkv_status attention_forward(const qkv_attn_desc *desc, const void *q, const void *k,
+                                   const void *v, void *out, void *attn, void *lse) {
     qkv_plan p;
     qkv_status s = qkv_plan_make(desc, &p);
     if (s != QKV_OK) return s;
@@ -27,9 +28,9 @@ qkv_status qkv_attention_forward(const qkv_attn_desc *desc, const void *q, const
     return qkv_ref_forward(&p, q, k, v, out, attn, lse);
 }
 
-qkv_status qkv_attention_backward(const qkv_attn_desc *desc, const void *q, const void *k,
-                                  const void *v, const void *out, const void *lse,
-                                  const void *dout, const qkv_attn_grads *grads) {
+static qkv_status attention_backward(const qkv_attn_desc *desc, const void *q, const void *k,
+                                    const void *v, const void *out, const void *lse,
+                                    const void *dout, const qkv_attn_grads *grads) {
     qkv_plan p;
     qkv_status s = qkv_plan_make(desc, &p);
     if (s != QKV_OK) return s;
@@ -42,4 +43,24 @@ qkv_status qkv_attention_backward(const qkv_attn_desc *desc, const void *q, cons
     (void)out; /* the reference recomputes the forward in double */
     (void)lse;
     return qkv_ref_backward(&p, q, k, v, dout, grads);
+}
+
+/* The public entry points: the optional scan for non-finite inputs
+ * (check_finite) before anything is written, and an allocation refused by
+ * qkv_set_memory_limit reported as such (see core/alloc.c, core/finite.c). */
+qkv_status qkv_attention_forward(const qkv_attn_desc *desc, const void *q, const void *k,
+                                 const void *v, void *out, void *attn, void *lse) {
+    (void)qkv_alloc_take_refusal();
+    qkv_status s = qkv_attn_check_finite(desc, q, k, v, NULL, NULL, NULL);
+    if (s == QKV_OK) s = attention_forward(desc, q, k, v, out, attn, lse);
+    return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
+}
+
+qkv_status qkv_attention_backward(const qkv_attn_desc *desc, const void *q, const void *k,
+                                  const void *v, const void *out, const void *lse,
+                                  const void *dout, const qkv_attn_grads *grads) {
+    (void)qkv_alloc_take_refusal();
+    qkv_status s = qkv_attn_check_finite(desc, q, k, v, dout, out, lse);
+    if (s == QKV_OK) s = attention_backward(desc, q, k, v, out, lse, dout, grads);
+    return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
 }

@@ -13,6 +13,19 @@
 void *qkv_alloc(size_t bytes);
 void *qkv_alloc_zeroed(size_t bytes);
 void qkv_free(void *p);
+/* The size of the last allocation the memory limit refused on this thread
+ * since the previous call (0: none), and clears it; and the status a failed
+ * allocation should report: QKV_ERR_MEMORY_LIMIT when the limit refused it,
+ * else QKV_ERR_OUT_OF_MEMORY (consumes the refusal). */
+size_t qkv_alloc_take_refusal(void);
+qkv_status qkv_alloc_failure_status(void);
+
+/* check_finite (qkv_attn_desc): QKV_OK when the descriptor is invalid or a
+ * tensor is missing (the call reports those), QKV_ERR_NOT_FINITE when an
+ * input holds NaN or +-inf (see qkv.h). dout, out, lse: backward only, or NULL. */
+qkv_status qkv_attn_check_finite(const qkv_attn_desc *desc, const void *q, const void *k,
+                                 const void *v, const void *dout, const void *out,
+                                 const void *lse);
 
 /* *out = a * b; returns 0 on overflow (a, b >= 0). */
 static inline int qkv_mul_ok(int64_t a, int64_t b, int64_t *out) {
@@ -51,5 +64,9 @@ void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, in
 /* The absolute key index of query i's aligned position: keys j of its
  * sequence are at offset r = j - position (r <= 0 is the past). */
 int64_t qkv_plan_query_position(const qkv_plan *p, int64_t i);
+
+/* Attention dropout: the factor of entry (b, h, i, j) - 0 (dropped) or
+ * 1 / (1 - p) - from the counter-based hash; 1 when dropout is off. */
+double qkv_attn_dropout_keep(const qkv_plan *p, int64_t b, int64_t h, int64_t i, int64_t j);
 
 #endif

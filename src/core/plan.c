@@ -79,6 +79,7 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
     if (d.score == QKV_SCORE_COSINE && !(isfinite(d.temperature) && d.temperature > 0.0))
         return QKV_ERR_BAD_PARAMETER;
     if (!(isfinite(d.softcap) && d.softcap >= 0.0)) return QKV_ERR_BAD_PARAMETER;
+    if (!(d.dropout >= 0.0 && d.dropout < 1.0)) return QKV_ERR_BAD_PARAMETER;
 
     switch (d.mask) {
     case QKV_MASK_NONE:
@@ -224,4 +225,18 @@ qkv_status qkv_alibi_slopes(int64_t heads, float *slopes) {
     for (int64_t h = p2; h < heads; h++)
         slopes[h] = (float)exp2(-8.0 * (double)(2 * (h - p2) + 1) / (double)(2 * p2));
     return QKV_OK;
+}
+
+double qkv_attn_dropout_keep(const qkv_plan *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    /* splitmix64 finalisers over the position: independent bits per entry. */
+    uint64_t z = p->d.dropout_seed ^ 0xD1B54A32D192ED03ull;
+    const uint64_t c[4] = {(uint64_t)b, (uint64_t)h, (uint64_t)i, (uint64_t)j};
+    for (int t = 0; t < 4; t++) {
+        z += c[t] * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+    }
+    double u = (double)(z >> 11) * 0x1.0p-53;
+    return u < p->d.dropout ? 0.0 : 1.0 / (1.0 - p->d.dropout);
 }

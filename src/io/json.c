@@ -175,7 +175,7 @@ int qkv_json_string_measure(qkv_json *j, size_t *len) {
 }
 
 int qkv_json_string_read(qkv_json *j, char *buf, size_t cap, size_t *len, int *has_nul) {
-    const unsigned char *after;
+    const unsigned char *after = NULL; /* set by a successful scan; gcc -O3 cannot see it */
     if (!scan_string(j, buf, cap, len, has_nul, &after)) return 0;
     j->p = after;
     return 1;

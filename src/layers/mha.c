@@ -162,6 +162,14 @@ void qkv_mha_zero_grad(qkv_mha *m) {
     if (m) memset(m->grads, 0, (size_t)m->n_params * sizeof(float));
 }
 
+qkv_status qkv_mha_set_dropout(qkv_mha *m, double p, uint64_t seed) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    if (!(p >= 0.0 && p < 1.0)) return QKV_ERR_BAD_PARAMETER;
+    m->cfg.attn.dropout = p;
+    m->cfg.attn.dropout_seed = seed;
+    return QKV_OK;
+}
+
 /* ---- activations ---------------------------------------------------------- */
 
 /* Grow activation buffer i to at least n floats. */

@@ -38,6 +38,7 @@ qkv_status qkv_model_decode_begin(qkv_model *m, int64_t max_len) {
     m->cache = qkv_alloc_zeroed((size_t)m->cfg.layers * sizeof(qkv_kv_cache *));
     if (!m->cache) return QKV_ERR_OUT_OF_MEMORY;
     for (int64_t l = 0; l < m->cfg.layers; l++) {
+        qkv_mha_set_dropout(m->attn[l], 0.0, 0); /* inference */
         qkv_status s = qkv_kv_cache_create(m->attn[l], 1, max_len, &m->cache[l]);
         if (s != QKV_OK) {
             model_decode_free(m);

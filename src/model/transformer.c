@@ -451,6 +451,10 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
             for (int64_t i = 0; i < E; i++)
                 b->x[r * E + i] = h[r * E + i] + (m->floater ? m->floater_pos[(r % n) * E + i] : 0.0f);
         layernorm_forward(b->x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], rows, E, b->ln1, b->ln1_mean, b->ln1_rstd);
+        /* Attention dropout happens inside the kernel, its mask keyed by
+         * (seed, step, layer); the layer's backward regenerates it. */
+        qkv_mha_set_dropout(m->attn[l], train ? m->cfg.dropout : 0.0,
+                            mix(m->drop_seed ^ mix((uint64_t)m->drop_step * 0x9E3779B97F4A7C15ull + (uint64_t)l + 7)));
         s = qkv_mha_forward(m->attn[l], batch, n, n, b->ln1, NULL, NULL, NULL, b->attn_out,
                             m->keep_attention ? m->attn_keep[l] : NULL);
         if (s != QKV_OK) return s;

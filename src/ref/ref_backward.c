@@ -75,15 +75,22 @@ static void backward_row(const qkv_plan *p, ref_inputs *in, grad_acc *g, const d
     double *dP = g->dp, pdp = 0.0;
     for (int64_t j = lo; j < hi; j++) {
         if (S[j] == -INFINITY) continue; /* masked by the bias: V_j never read */
+        /* With dropout O = sum_j P_j Z_j V_j (Z_j the regenerated factor):
+         * dV_j += P_j Z_j dO and dL/dP_j = Z_j (dO . V_j). */
+        double z = d->dropout > 0.0 ? qkv_attn_dropout_keep(p, b, h, i, j) : 1.0;
+        if (z == 0.0) {
+            dP[j] = 0.0;
+            continue;
+        }
         const double *vj = in->v + ref_idx(b, j, hk, d->n_k, d->heads_kv, Dv);
         double *dvj = g->dv + ref_idx(b, j, hk, d->n_k, d->heads_kv, Dv);
         double dp = 0.0;
         for (int64_t t = 0; t < Dv; t++) {
             dp += dorow[t] * vj[t];
-            dvj[t] += P[j] * dorow[t];
+            dvj[t] += P[j] * z * dorow[t];
         }
-        dP[j] = dp;
-        pdp += P[j] * dp;
+        dP[j] = dp * z;
+        pdp += P[j] * dP[j];
     }
     const double *qi = in->q + ref_idx(b, i, h, d->n_q, d->heads, D);
     double *dqi = g->dq + ref_idx(b, i, h, d->n_q, d->heads, D);

@@ -32,8 +32,11 @@ qkv_status qkv_ref_forward(const qkv_plan *p, const void *q, const void *k, cons
                 memset(orow, 0, (size_t)Dv * sizeof(double));
                 for (int64_t j = lo; j < hi; j++) {
                     if (in.s[j] == -INFINITY) continue; /* masked: V_j is never read */
+                    double w = in.p[j];
+                    if (d->dropout > 0.0) w *= qkv_attn_dropout_keep(p, b, h, i, j);
+                    if (w == 0.0 && d->dropout > 0.0) continue; /* dropped */
                     const double *vj = in.v + ref_idx(b, j, hk, d->n_k, d->heads_kv, Dv);
-                    for (int64_t t = 0; t < Dv; t++) orow[t] += in.p[j] * vj[t];
+                    for (int64_t t = 0; t < Dv; t++) orow[t] += w * vj[t];
                 }
                 int64_t o_at = ref_idx(b, i, h, d->n_q, d->heads, Dv);
                 for (int64_t t = 0; t < Dv; t++) ref_store(out, d->dtype, o_at + t, orow[t]);
