@@ -35,7 +35,9 @@ typedef struct bwd_ctx {
     float *Dd;            /* [B, H, n_q] rowsum(dO * O) (softmax) */
     float *cnt;           /* [B, H, n_q] visible keys (ReLU divided by count) */
     float *kt, *vt, *qt, *dot; /* packed panels */
-    float *kr, *qr, *dor;      /* contiguous rows per head: K [nk, D], Q [nq, D], dO [nq, Dv] */
+    const float *kr, *qr, *dor; /* contiguous rows per head: K [nk, D], Q [nq, D], dO [nq, Dv]
+                                   (the inputs themselves when one head: already so) */
+    float *kr_own, *qr_own, *dor_own;
     int64_t kt_stride, vt_stride, qt_stride, dot_stride;
     int64_t ldD, ldDv;    /* accumulator row strides */
     unsigned char *ws;
@@ -275,7 +277,7 @@ static void pack_unit(void *vf, int64_t u, int t) {
                        c->ldk, c->D, 1.0f);
         fa_pack_panels(f->vt + u * f->vt_stride, c->v + (b * c->nk * c->Hkv + kv) * c->Dv, c->nk,
                        c->ldv, c->Dv, 1.0f);
-        fa_copy_rows(f->kr + u * c->nk * c->D, c->k + (b * c->nk * c->Hkv + kv) * c->D, c->nk, c->ldk,
+        if (f->kr_own) fa_copy_rows(f->kr_own + u * c->nk * c->D, c->k + (b * c->nk * c->Hkv + kv) * c->D, c->nk, c->ldk,
                      c->D);
     } else if (u < nkv + nh) {
         u -= nkv;
@@ -284,8 +286,8 @@ static void pack_unit(void *vf, int64_t u, int t) {
                        c->D, 1.0f);
         fa_pack_panels(f->dot + u * f->dot_stride, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq,
                        c->ldo, c->Dv, 1.0f);
-        fa_copy_rows(f->qr + u * c->nq * c->D, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq, c->D);
-        fa_copy_rows(f->dor + u * c->nq * c->Dv, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq, c->ldo,
+        if (f->qr_own) fa_copy_rows(f->qr_own + u * c->nq * c->D, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq, c->D);
+        if (f->dor_own) fa_copy_rows(f->dor_own + u * c->nq * c->Dv, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq, c->ldo,
                      c->Dv);
     }
 }
@@ -380,9 +382,14 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
         f.vt = fa_alloc((size_t)(f.vt_stride * c->B * c->Hkv) * sizeof(float));
         f.qt = fa_alloc((size_t)(f.qt_stride * c->B * c->H) * sizeof(float));
         f.dot = fa_alloc((size_t)(f.dot_stride * c->B * c->H) * sizeof(float));
-        f.kr = fa_alloc((size_t)(c->nk * c->D * c->B * c->Hkv) * sizeof(float));
-        f.qr = fa_alloc((size_t)(c->nq * c->D * c->B * c->H) * sizeof(float));
-        f.dor = fa_alloc((size_t)(c->nq * c->Dv * c->B * c->H) * sizeof(float));
+        /* Page faults on fresh workspace are a visible cost for small
+         * problems: copy rows only when the layout interleaves heads. */
+        if (c->Hkv > 1) f.kr_own = fa_alloc((size_t)(c->nk * c->D * c->B * c->Hkv) * sizeof(float));
+        if (c->H > 1) f.qr_own = fa_alloc((size_t)(c->nq * c->D * c->B * c->H) * sizeof(float));
+        if (c->H > 1) f.dor_own = fa_alloc((size_t)(c->nq * c->Dv * c->B * c->H) * sizeof(float));
+        f.kr = c->Hkv > 1 ? f.kr_own : c->k;
+        f.qr = c->H > 1 ? f.qr_own : c->q;
+        f.dor = c->H > 1 ? f.dor_own : dout;
         f.ws_stride = bwd_ws_layout(&f, NULL, NULL);
         f.ws = fa_alloc(f.ws_stride * (size_t)threads);
         if (!f.LO || !f.HI || !f.BLO || !f.BHI || (softmax && (!f.L2 || !f.Dd)) ||
@@ -400,7 +407,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
     fa_free(f.LO); fa_free(f.HI); fa_free(f.BLO); fa_free(f.BHI);
     fa_free(f.L2); fa_free(f.Dd); fa_free(f.cnt);
     fa_free(f.kt); fa_free(f.vt); fa_free(f.qt); fa_free(f.dot);
-    fa_free(f.kr); fa_free(f.qr); fa_free(f.dor);
+    fa_free(f.kr_own); fa_free(f.qr_own); fa_free(f.dor_own);
     fa_free(f.ws);
     fa_free(qn); fa_free(kn); fa_free(o_tmp); fa_free(lse_tmp);
     return st;

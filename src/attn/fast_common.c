@@ -113,7 +113,7 @@ static void pack_kv_unit(void *ctx, int64_t u, int t) {
     int64_t b = u / c->Hkv, kv = u % c->Hkv;
     fa_pack_panels(c->kt + u * c->kt_stride, c->k + (b * c->nk * c->Hkv + kv) * c->D, c->nk,
                    c->ldk, c->D, 1.0f);
-    fa_copy_rows(c->vr + u * c->nk * c->Dv, c->v + (b * c->nk * c->Hkv + kv) * c->Dv, c->nk, c->ldv,
+    if (c->vr_own) fa_copy_rows(c->vr_own + u * c->nk * c->Dv, c->v + (b * c->nk * c->Hkv + kv) * c->Dv, c->nk, c->ldv,
                  c->Dv);
 }
 
@@ -121,7 +121,8 @@ qkv_status fa_pack_kv(fa_ctx *c) {
     int64_t np = (c->nk + QKV_PANEL - 1) / QKV_PANEL;
     c->kt_stride = np * QKV_PANEL * c->D;
     c->kt = fa_alloc((size_t)(c->kt_stride * c->B * c->Hkv) * sizeof(float));
-    c->vr = fa_alloc((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float));
+    if (c->Hkv > 1) c->vr_own = fa_alloc((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float));
+    c->vr = c->Hkv > 1 ? c->vr_own : c->v;
     if (!c->kt || !c->vr) return QKV_ERR_OUT_OF_MEMORY;
     qkv_parallel_for(c->threads, c->B * c->Hkv, pack_kv_unit, c);
     return QKV_OK;

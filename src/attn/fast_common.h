@@ -45,7 +45,9 @@ typedef struct fa_ctx {
     int64_t ldq, ldk, ldv, ldo; /* row strides: H*D, Hkv*D, Hkv*Dv, H*Dv */
     float *kt;             /* K packed in panels per (b, kv head) */
     int64_t kt_stride;     /* floats per (b, kv head) in kt */
-    float *vr;             /* V rows of every (b, kv head) made contiguous ([n_k, Dv]) */
+    const float *vr;       /* V rows of every (b, kv head) contiguous ([n_k, Dv]): a copy
+                              (vr_own) when H_kv > 1, else v itself */
+    float *vr_own;
 } fa_ctx;
 
 /* 64-byte aligned allocation through qkv_alloc; fa_free(NULL) is a no-op. */

@@ -265,7 +265,7 @@ qkv_status qkv_fast_forward(const qkv_plan *p, const float *q, const float *k, c
     if (st == QKV_OK) qkv_parallel_for(threads, units, fwd_unit, &f);
     fa_free(f.ws);
     fa_free(f.c.kt);
-    fa_free(f.c.vr);
+    fa_free(f.c.vr_own);
     fa_free(qn);
     fa_free(kn);
     return st;
