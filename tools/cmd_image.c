@@ -242,7 +242,7 @@ static void heat(double t, float rgb[3]) {
 static int run(const config *c) {
     char why[256] = "";
     qkv_image img = {0, 0, 0, NULL}, map = {0, 0, 0, NULL};
-    float *feat = NULL, *row = NULL, *pos = NULL, *crop = NULL, *cattn = NULL, *cout = NULL;
+    float *feat = NULL, *row = NULL, *crop = NULL, *cattn = NULL, *cout = NULL;
     int rc = CLI_EXIT_FAIL;
     qkv_status s = qkv_image_load(c->in, &img, why, sizeof why);
     if (s != QKV_OK) {
@@ -264,24 +264,23 @@ static int run(const config *c) {
     feat = malloc((size_t)(HW * D) * sizeof(float));
     row = calloc((size_t)HW, sizeof(float));
     if (!feat || !row) goto oom;
+    /* f = x R (+ the 2-D position, written first and accumulated into by
+     * the product: one [HW, D] buffer, not two). */
+    if (c->pos) {
+        s = qkv_posenc_sinusoidal2d(H, W, D, 1, feat);
+        if (s != QKV_OK) goto fail;
+    }
     if (c->dim) {
         /* A fixed random projection R [C, D], N(0, 1/C). */
         float *R = malloc((size_t)(C * D) * sizeof(float));
         if (!R) goto oom;
         uint64_t st = c->seed;
         for (int64_t i = 0; i < C * D; i++) R[i] = (float)(rng_normal(&st) / sqrt((double)C));
-        s = qkv_sgemm(0, 0, HW, D, C, 1.0f, img.data, C, R, D, 0.0f, feat, D, 0);
+        s = qkv_sgemm(0, 0, HW, D, C, 1.0f, img.data, C, R, D, c->pos ? 1.0f : 0.0f, feat, D, 0);
         free(R);
         if (s != QKV_OK) goto fail;
     } else {
         memcpy(feat, img.data, (size_t)(HW * D) * sizeof(float));
-    }
-    if (c->pos) {
-        pos = malloc((size_t)(HW * D) * sizeof(float));
-        if (!pos) goto oom;
-        s = qkv_posenc_sinusoidal2d(H, W, D, 1, pos);
-        if (s != QKV_OK) goto fail;
-        for (int64_t i = 0; i < HW * D; i++) feat[i] += pos[i];
     }
     const double scale = c->has_scale ? c->scale : 1.0 / sqrt((double)D);
     const int64_t qp = c->qy * W + c->qx;
@@ -394,7 +393,6 @@ fail:
 out:
     free(feat);
     free(row);
-    free(pos);
     free(crop);
     free(cattn);
     free(cout);
