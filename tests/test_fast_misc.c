@@ -5,6 +5,7 @@
  * steadily increasing logits (a rescale at every tile), logits of 1e30 and
  * rows all near -1e5, a whole key tile masked by the bias. */
 #define _POSIX_C_SOURCE 200112L /* setenv */
+#include <pthread.h>
 #include <stdio.h>
 
 #include "test_fast_common.h"
@@ -144,6 +145,46 @@ static void test_windows_equal(void) {
     fp_free(&p);
 }
 
+/* A multithreaded caller: concurrent calls with the default thread count
+ * (which then shares the cores) give the same bits as a lone call. */
+typedef struct conc_arg { const fprob *p; float *o; } conc_arg;
+
+static void *conc_main(void *arg) {
+    conc_arg *a = arg;
+    qkv_attn_desc d = a->p->d;
+    d.impl = QKV_IMPL_FAST;
+    d.threads = 0;
+    for (int rep = 0; rep < 3; rep++)
+        if (qkv_attention_forward(&d, a->p->q, a->p->k, a->p->v, a->o, NULL, NULL) != QKV_OK) a->o[0] = NAN;
+    return NULL;
+}
+
+static void test_concurrent_callers(void) {
+    fprob p;
+    memset(&p, 0, sizeof p);
+    qkv_attn_desc_init(&p.d);
+    p.d.batch = 2; p.d.n_q = 200; p.d.n_k = 200; p.d.heads = 3; p.d.dim = 16;
+    p.d.mask = QKV_MASK_CAUSAL;
+    if (!fp_make(&p, 970, 1.0)) return;
+    float *lone = fwd(&p, &p.d, 1);
+    pthread_t tid[3];
+    conc_arg args[3];
+    int started[3];
+    for (int t = 0; t < 3; t++) {
+        args[t].p = &p;
+        args[t].o = malloc((size_t)p.no_el * sizeof(float));
+        started[t] = pthread_create(&tid[t], NULL, conc_main, &args[t]) == 0;
+    }
+    for (int t = 0; t < 3; t++) {
+        if (started[t]) pthread_join(tid[t], NULL);
+        else conc_main(&args[t]);
+        CHECK(memcmp(args[t].o, lone, (size_t)p.no_el * sizeof(float)) == 0, "concurrent caller %d differs", t);
+        free(args[t].o);
+    }
+    free(lone);
+    fp_free(&p);
+}
+
 /* ---- numerics ------------------------------------------------------------ */
 
 /* max |fast - ref64| <= 2 max |naive32 - ref64| + 1e-5 + extra. */
@@ -218,6 +259,7 @@ int main(void) {
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
         if (!qkv_cpu_force_arch(arch)) continue;
         test_windows_equal();
+        test_concurrent_callers();
         test_numerics();
     }
     qkv_cpu_force_arch(-1);

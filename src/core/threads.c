@@ -3,10 +3,14 @@
  * oversubscribe a caller that runs several calls concurrently with a small
  * desc.threads each. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "core/threads.h"
+
+/* Threads currently running units of any qkv call in this process. */
+static atomic_int g_busy;
 
 int qkv_threads_resolve(int requested) {
     if (requested > 0) return requested;
@@ -19,7 +23,11 @@ int qkv_threads_resolve(int requested) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     if (n > 4096) n = 4096;
-    return (int)n;
+    /* The default never oversubscribes a caller that runs several qkv calls
+     * at once: take only the cores the calls in flight leave (at least one).
+     * Safe for determinism: results do not depend on the thread count. */
+    long free_cores = n - atomic_load(&g_busy);
+    return (int)(free_cores < 1 ? 1 : free_cores);
 }
 
 typedef struct worker {
@@ -54,6 +62,7 @@ void qkv_parallel_for(int nthreads, int64_t units, qkv_unit_fn fn, void *ctx) {
         w[t].ctx = ctx;
         w[t].started = 0;
     }
+    atomic_fetch_add(&g_busy, nthreads);
     for (int t = 1; t < nthreads; t++)
         w[t].started = pthread_create(&w[t].tid, NULL, worker_main, &w[t]) == 0;
     run_share(&w[0]);
@@ -63,4 +72,5 @@ void qkv_parallel_for(int nthreads, int64_t units, qkv_unit_fn fn, void *ctx) {
         else
             run_share(&w[t]);
     }
+    atomic_fetch_sub(&g_busy, nthreads);
 }

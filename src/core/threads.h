@@ -10,7 +10,9 @@
 #define QKV_MAX_THREADS 64
 
 /* The thread count for a call: `requested` when > 0, else QKV_NUM_THREADS
- * when set to a positive integer, else the number of online cores; at least 1. */
+ * when set to a positive integer, else the online cores not already busy with
+ * other qkv calls of this process (so a multithreaded caller is never
+ * oversubscribed by the default); at least 1. */
 int qkv_threads_resolve(int requested);
 
 /* Calls fn(ctx, unit, t) for every unit in [0, units), thread t handling
