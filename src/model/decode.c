@@ -103,7 +103,7 @@ qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens,
         for (int64_t i = 0; i < t * E; i++) mid[i] = x[i] + a[i];
         layernorm_rows(mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], t, E, ln);
         if ((s = model_linear(ln, t, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, pre, thr)) != QKV_OK) return s;
-        for (int64_t i = 0; i < t * F; i++) act[i] = (float)(0.5 * pre[i] * (1.0 + erf(pre[i] / sqrt(2.0))));
+        for (int64_t i = 0; i < t * F; i++) act[i] = 0.5f * pre[i] * (1.0f + erff(pre[i] * 0.70710678f)); /* as the forward */
         if ((s = model_linear(act, t, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, a, thr)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * E; i++) h[i] = mid[i] + a[i];
     }

@@ -93,10 +93,10 @@ static void layernorm_backward(const float *x, const float *g, const float *mean
 }
 
 /* GELU with the exact error function (torch.nn.GELU's default). */
-static float gelu(float x) { return (float)(0.5 * x * (1.0 + erf(x / sqrt(2.0)))); }
+static float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
 static float gelu_grad(float x) {
-    double cdf = 0.5 * (1.0 + erf(x / sqrt(2.0))), pdf = exp(-0.5 * (double)x * x) / sqrt(2.0 * QKV_PI);
-    return (float)(cdf + x * pdf);
+    float cdf = 0.5f * (1.0f + erff(x * 0.70710678f)), pdf = expf(-0.5f * x * x) * 0.39894228f;
+    return cdf + x * pdf;
 }
 
 /* Counter-based dropout: the mask of element i at (step, layer, site) is a
@@ -118,6 +118,15 @@ static void dropout_apply(const qkv_model *m, int64_t layer, int site, float *x,
         double u = (double)(mix(key + (uint64_t)i * 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
         x[i] = u < p ? 0.0f : x[i] * scale;
     }
+}
+
+/* x with the dropout mask of (layer, site) applied: x itself when dropout is
+ * off (no copy), else a masked copy in tmp. */
+static const float *dropped(const qkv_model *m, int64_t layer, int site, const float *x, float *tmp, int64_t count) {
+    if (!m->train || m->cfg.dropout <= 0.0) return x;
+    memcpy(tmp, x, (size_t)count * sizeof(float));
+    dropout_apply(m, layer, site, tmp, count);
+    return tmp;
 }
 
 /* ---- creation ------------------------------------------------------------- */
@@ -458,18 +467,16 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         s = qkv_mha_forward(m->attn[l], batch, n, n, b->ln1, NULL, NULL, NULL, b->attn_out,
                             m->keep_attention ? m->attn_keep[l] : NULL);
         if (s != QKV_OK) return s;
-        memcpy(m->dtmp, b->attn_out, (size_t)(rows * E) * sizeof(float));
-        dropout_apply(m, l, 0, m->dtmp, rows * E);
-        for (int64_t i = 0; i < rows * E; i++) b->mid[i] = b->x[i] + m->dtmp[i];
+        const float *ao = dropped(m, l, 0, b->attn_out, m->dtmp, rows * E);
+        for (int64_t i = 0; i < rows * E; i++) b->mid[i] = b->x[i] + ao[i];
         layernorm_forward(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean, b->ln2_rstd);
         if ((s = model_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
             return s;
         for (int64_t i = 0; i < rows * F; i++) b->act[i] = gelu(b->pre[i]);
         if ((s = model_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
             return s;
-        memcpy(m->dtmp, b->mlp_out, (size_t)(rows * E) * sizeof(float));
-        dropout_apply(m, l, 1, m->dtmp, rows * E);
-        for (int64_t i = 0; i < rows * E; i++) h[i] = b->mid[i] + m->dtmp[i];
+        const float *mo = dropped(m, l, 1, b->mlp_out, m->dtmp, rows * E);
+        for (int64_t i = 0; i < rows * E; i++) h[i] = b->mid[i] + mo[i];
     }
     layernorm_forward(h, P + m->o_lnf_w, P + m->o_lnf_b, rows, E, m->lnf, m->lnf_mean, m->lnf_rstd);
     if ((s = model_linear(m->lnf, rows, E, P + m->o_head, NULL, V, m->logits, thr)) != QKV_OK) return s;
@@ -534,9 +541,8 @@ qkv_status qkv_model_backward(qkv_model *m) {
     for (int64_t l = L - 1; l >= 0; l--) {
         block_act *b = &m->blk[l];
         /* h = mid + drop(mlp_out) */
-        memcpy(dd, dh, (size_t)(rows * E) * sizeof(float));
-        dropout_apply(m, l, 1, dd, rows * E);
-        if ((s = model_linear_backward(b->act, dd, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
+        const float *dmo = dropped(m, l, 1, dh, dd, rows * E);
+        if ((s = model_linear_backward(b->act, dmo, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
                                        G + m->o_fc2_b[l], m->dF, 0, thr)) != QKV_OK)
             return s;
         for (int64_t i = 0; i < rows * F; i++) m->dF[i] *= gelu_grad(b->pre[i]);
@@ -547,9 +553,8 @@ qkv_status qkv_model_backward(qkv_model *m) {
         layernorm_backward(b->mid, P + m->o_ln2_w[l], b->ln2_mean, b->ln2_rstd, dd, rows, E, G + m->o_ln2_w[l],
                            G + m->o_ln2_b[l], dh, 1);
         /* mid = x + drop(attn_out) */
-        memcpy(dd, dh, (size_t)(rows * E) * sizeof(float));
-        dropout_apply(m, l, 0, dd, rows * E);
-        if ((s = qkv_mha_backward(m->attn[l], b->ln1, NULL, NULL, dd, dx, NULL, NULL)) != QKV_OK) return s;
+        const float *dao = dropped(m, l, 0, dh, dd, rows * E);
+        if ((s = qkv_mha_backward(m->attn[l], b->ln1, NULL, NULL, dao, dx, NULL, NULL)) != QKV_OK) return s;
         layernorm_backward(b->x, P + m->o_ln1_w[l], b->ln1_mean, b->ln1_rstd, dx, rows, E, G + m->o_ln1_w[l],
                            G + m->o_ln1_b[l], dh, 1);
         if (m->floater)
