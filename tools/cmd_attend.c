@@ -131,7 +131,8 @@ static void help(void) {
         "Computation:\n"
         "  --dtype TYPE        float32 (default) or float64: the type computed in and\n"
         "                      written; inputs are converted to it\n"
-        "  --impl KIND         auto (default, the fastest available) or reference\n"
+        "  --impl KIND         auto (default: the fast path where it applies), reference\n"
+        "                      (plain loops in double) or fast (error if it does not apply)\n"
         "                      (plain loops accumulating in double)\n"
         "  --threads N         worker threads, 0 (default) = QKV_NUM_THREADS or all cores\n"
         "  -h, --help          show this help and exit\n"
@@ -300,9 +301,10 @@ static int take_value(config *c, int id, const char *v) {
     case OPT_IMPL:
         if (strcmp(v, "auto") == 0) d->impl = QKV_IMPL_AUTO;
         else if (strcmp(v, "reference") == 0) d->impl = QKV_IMPL_REFERENCE;
+        else if (strcmp(v, "fast") == 0) d->impl = QKV_IMPL_FAST;
         else {
             cli_error(CMD, "--impl", NULL,
-                      "unknown implementation '%s' (expected auto or reference)", v);
+                      "unknown implementation '%s' (expected auto, reference or fast)", v);
             return -1;
         }
         return 0;

@@ -125,7 +125,8 @@ static void help(void) {
         "                      mean: average the heads, then W_o [E, Dh]\n"
         "\n"
         "Computation:\n"
-        "  --impl KIND         auto (default, the fastest available) or reference\n"
+        "  --impl KIND         auto (default: the fast path where it applies), reference\n"
+        "                      (plain loops in double) or fast (error if it does not apply)\n"
         "                      (plain loops accumulating in double)\n"
         "  --threads N         worker threads, 0 (default) = QKV_NUM_THREADS or all cores\n"
         "  -h, --help          show this help and exit\n"
@@ -272,9 +273,10 @@ static int take_value(config *c, int id, const char *v) {
     case OPT_IMPL:
         if (strcmp(v, "auto") == 0) c->attn.impl = QKV_IMPL_AUTO;
         else if (strcmp(v, "reference") == 0) c->attn.impl = QKV_IMPL_REFERENCE;
+        else if (strcmp(v, "fast") == 0) c->attn.impl = QKV_IMPL_FAST;
         else {
             cli_error(CMD, "--impl", NULL,
-                      "unknown implementation '%s' (expected auto or reference)", v);
+                      "unknown implementation '%s' (expected auto, reference or fast)", v);
             return -1;
         }
         return 0;

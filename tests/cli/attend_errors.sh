@@ -141,7 +141,8 @@ expect 2 "--score: unknown score 'cos'" attend "${HQ[@]}" "${OUT[@]}" --score co
 expect 2 "--score: 'additive'" attend "${HQ[@]}" "${OUT[@]}" --score additive
 expect 2 "--norm: unknown normaliser 'tanh'" attend "${HQ[@]}" "${OUT[@]}" --norm tanh
 expect 2 "--dtype: unknown type 'float16'" attend "${HQ[@]}" "${OUT[@]}" --dtype float16
-expect 2 "--impl: unknown implementation 'fast'" attend "${HQ[@]}" "${OUT[@]}" --impl fast
+expect 2 "--impl: unknown implementation 'quick'" attend "${HQ[@]}" "${OUT[@]}" --impl quick
+expect 1 "not supported" attend "${HQ[@]}" "${OUT[@]}" --impl fast --dtype float64
 expect 2 "--scale: 'abc' is not a number" attend "${HQ[@]}" "${OUT[@]}" --scale abc
 expect 2 "--scale: '0.5x' is not a number" attend "${HQ[@]}" "${OUT[@]}" --scale 0.5x
 expect 2 "--scale: '1e999' is not a finite number" attend "${HQ[@]}" "${OUT[@]}" --scale 1e999

@@ -102,6 +102,8 @@ ok "--threads 4" attend "${HQ[@]}" -o "$O/out_t4.npy" --threads 4
 same "bitwise the same for any thread count" "$O/out_t1.npy" "$O/out_t4.npy"
 ok "--impl reference" attend "${HQ[@]}" -o "$O/out_ref.npy" --impl reference
 ok "--impl auto" attend "${HQ[@]}" -o "$O/out_auto.npy" --impl auto
+ok "--impl fast" attend "${HQ[@]}" -o "$O/out_fast.npy" --impl fast
+same "auto is the fast path for float32 softmax" "$O/out_auto.npy" "$O/out_fast.npy"
 ok "--dtype float64" attend "${HQ[@]}" -o "$O/out64.npy" --dtype float64 --attn "$O/attn64.npy"
 npy "$O/out64.npy" '<f8' '(4,4)'
 npy "$O/attn64.npy" '<f8' '(4,4)'
