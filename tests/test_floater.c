@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h"
 #include "layers/floater_internal.h"
 #include "test_util.h"
 
@@ -43,7 +44,7 @@ static void test_gradcheck(void) {
     /* Central differences in double: ~1e-9 truncation and rounding. */
     CHECK(worst < 1e-5, "FLOATER gradient through RK4: worst relative error %g", worst);
     free(c.work);
-    free(c.traj);
+    qkv_free(c.traj); /* the library allocated it (qkv_alloc) */
     free(th);
     free(g);
 }

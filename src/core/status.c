@@ -20,6 +20,10 @@ const char *qkv_status_string(qkv_status status) {
     case QKV_ERR_DTYPE: return "unsupported element type";
     case QKV_ERR_SHAPE: return "array shapes do not fit together";
     case QKV_ERR_POSITION: return "a position is past the end of a learned table or cache";
+    case QKV_ERR_NOT_FINITE: return "an input holds NaN or infinity (rejected: check_finite is on)";
+    case QKV_ERR_MEMORY_LIMIT:
+        return "the request would exceed the memory limit set by qkv_set_memory_limit "
+               "(qkv_memory_refused() gives its size)";
     }
     return "unknown status";
 }
