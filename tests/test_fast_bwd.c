@@ -204,6 +204,17 @@ static void test_cross(void) {
         }
 }
 
+static void test_negative_scale(void) {
+    for (int mask = 0; mask <= 1; mask++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        base_desc(&p.d, 1, 150, 140, 2, 1, 24, 24);
+        p.d.scale = -0.4;
+        p.d.mask = mask;
+        run_case(&p, 13500 + (uint64_t)mask, 1);
+    }
+}
+
 static void test_packed(void) {
     int idx = 0;
     for (int mask = 0; mask <= 3; mask++)
@@ -286,6 +297,7 @@ int main(void) {
         test_shapes();
         test_features();
         test_cross();
+        test_negative_scale();
         test_packed();
         test_fully_masked();
         test_threads();

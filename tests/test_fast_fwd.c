@@ -165,6 +165,19 @@ static void test_features(void) {
 }
 
 /* 3. n_q != n_k both ways, D_v != D, windows of 0, 1, tile-1, tile, >= n. */
+/* A negative scale (valid: only 0 means the default): the raw scores'
+ * maximum is then not the logits' maximum. */
+static void test_negative_scale(void) {
+    for (int mask = 0; mask <= 1; mask++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        base_desc(&p.d, 1, 150, 140, 2, 1, 24, 24);
+        p.d.scale = -0.4;
+        p.d.mask = mask;
+        run_case(&p, 3500 + (uint64_t)mask, 1.0, 1, 1);
+    }
+}
+
 static void test_cross(void) {
     static const int64_t pairs[][2] = {{7, 129}, {129, 7}, {65, 200}, {200, 65}, {1, 300}, {300, 1}};
     int idx = 0;
@@ -363,6 +376,7 @@ int main(void) {
         test_shapes();
         test_features();
         test_cross();
+        test_negative_scale();
         test_packed();
         test_fully_masked();
         test_large_logits();
