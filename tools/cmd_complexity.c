@@ -545,6 +545,50 @@ static void line(canvas *c, int x0, int y0, int x1, int y1, const unsigned char 
     }
 }
 
+/* A 5x7 bitmap font for the plot's labels (the characters used only;
+ * anything else is drawn blank). Each row is 5 bits, most significant left. */
+static const struct glyph {
+    char c;
+    unsigned char rows[7];
+} font[] = {
+    {'0', {0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E}}, {'1', {0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E}},
+    {'2', {0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F}}, {'3', {0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E}},
+    {'4', {0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02}}, {'5', {0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E}},
+    {'6', {0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E}}, {'7', {0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08}},
+    {'8', {0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E}}, {'9', {0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C}},
+    {'A', {0x0E, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11}}, {'B', {0x1E, 0x11, 0x11, 0x1E, 0x11, 0x11, 0x1E}},
+    {'C', {0x0E, 0x11, 0x10, 0x10, 0x10, 0x11, 0x0E}}, {'D', {0x1C, 0x12, 0x11, 0x11, 0x11, 0x12, 0x1C}},
+    {'E', {0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x1F}}, {'F', {0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x10}},
+    {'G', {0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F}}, {'H', {0x11, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11}},
+    {'I', {0x0E, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E}}, {'K', {0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11}},
+    {'L', {0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F}}, {'M', {0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11}},
+    {'N', {0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11}}, {'O', {0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E}},
+    {'P', {0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10}}, {'R', {0x1E, 0x11, 0x11, 0x1E, 0x14, 0x12, 0x11}},
+    {'S', {0x0F, 0x10, 0x10, 0x0E, 0x01, 0x01, 0x1E}}, {'T', {0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04}},
+    {'U', {0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E}}, {'V', {0x11, 0x11, 0x11, 0x11, 0x11, 0x0A, 0x04}},
+    {'W', {0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A}}, {'-', {0x00, 0x00, 0x00, 0x1F, 0x00, 0x00, 0x00}},
+    {'.', {0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C}}, {'=', {0x00, 0x00, 0x1F, 0x00, 0x1F, 0x00, 0x00}},
+    {'(', {0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02}}, {')', {0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08}},
+    {',', {0x00, 0x00, 0x00, 0x00, 0x0C, 0x04, 0x08}}, {'Y', {0x11, 0x11, 0x0A, 0x04, 0x04, 0x04, 0x04}},
+};
+
+/* Text with its top-left corner at (x, y); returns the width drawn. */
+static int text(canvas *c, int x, int y, const char *str, const unsigned char rgb[3]) {
+    int x0 = x;
+    for (const char *p = str; *p; p++, x += 6) {
+        for (size_t g = 0; g < sizeof font / sizeof font[0]; g++) {
+            if (font[g].c != *p) continue;
+            for (int r = 0; r < 7; r++)
+                for (int b = 0; b < 5; b++)
+                    if (font[g].rows[r] & (0x10 >> b)) put(c, x + b, y + r, rgb);
+            break;
+        }
+    }
+    return x - x0;
+}
+
+static int text_width(const char *str) { return 6 * (int)strlen(str); }
+
 typedef struct panel {
     int x0, y0, w, h;           /* pixel frame */
     double lx0, lx1, ly0, ly1;  /* log10 ranges */
@@ -571,6 +615,18 @@ static void panel_frame(canvas *c, const panel *p) {
             int y = p->y0 + p->h - (int)lround((v - p->ly0) / (p->ly1 - p->ly0) * p->h);
             line(c, p->x0, y, p->x0 + p->w, y, m == 1 ? ink : grid, 1);
         }
+    /* Decade labels: x below the frame, y left of it. */
+    char lab[32];
+    for (double e = ceil(p->lx0); e <= p->lx1; e += 1.0) {
+        int x = p->x0 + (int)lround((e - p->lx0) / (p->lx1 - p->lx0) * p->w);
+        snprintf(lab, sizeof lab, "%g", pow(10.0, e));
+        text(c, x - text_width(lab) / 2, p->y0 + p->h + 5, lab, ink);
+    }
+    for (double e = ceil(p->ly0); e <= p->ly1; e += 1.0) {
+        int y = p->y0 + p->h - (int)lround((e - p->ly0) / (p->ly1 - p->ly0) * p->h);
+        snprintf(lab, sizeof lab, "%g", pow(10.0, e));
+        text(c, p->x0 - 4 - text_width(lab), y - 3, lab, ink);
+    }
     line(c, p->x0, p->y0, p->x0 + p->w, p->y0, ink, 1);
     line(c, p->x0, p->y0 + p->h, p->x0 + p->w, p->y0 + p->h, ink, 1);
     line(c, p->x0, p->y0, p->x0, p->y0 + p->h, ink, 1);
@@ -611,16 +667,17 @@ typedef struct results {
     int nn, nd, np;
     double n[MAX_PTS], d[MAX_PTS], t_n[L_COUNT][MAX_PTS], t_d[L_COUNT][MAX_PTS];
     double pn[MAX_PTS], path[L_COUNT + 1][MAX_PTS]; /* path: ATT, RATT, RNN, (LSTM unused), CONV, CONV dilated */
+    int64_t d_fixed, n_fixed;
 } results;
 
 static qkv_status draw_png(const char *path, const results *r) {
     canvas c;
-    c.w = 1260, c.h = 440;
+    c.w = 1300, c.h = 500;
     qkv_status s = qkv_image_alloc(&c.img, c.h, c.w, 3);
     if (s != QKV_OK) return s;
     for (int64_t i = 0; i < qkv_image_count(&c.img); i++) c.img.data[i] = 1.0f;
     panel ps[3];
-    for (int k = 0; k < 3; k++) ps[k] = (panel){30 + k * 415, 20, 380, 390, 0, 1, 0, 1};
+    for (int k = 0; k < 3; k++) ps[k] = (panel){60 + k * 425, 30, 360, 390, 0, 1, 0, 1};
     double all[L_COUNT * MAX_PTS];
     int m = 0;
     /* Panel 1: time vs n. */
@@ -639,6 +696,20 @@ static qkv_status draw_png(const char *path, const results *r) {
     log_range(r->pn, r->np, &ps[2].lx0, &ps[2].lx1);
     log_range(all, m, &ps[2].ly0, &ps[2].ly1);
     for (int k = 0; k < 3; k++) panel_frame(&c, &ps[k]);
+    static const unsigned char ink[3] = {20, 20, 20};
+    char title[3][64];
+    snprintf(title[0], sizeof title[0], "TIME (S) VS N, D=%lld", (long long)r->d_fixed);
+    snprintf(title[1], sizeof title[1], "TIME (S) VS D, N=%lld", (long long)r->n_fixed);
+    snprintf(title[2], sizeof title[2], "PATH LENGTH (LAYERS) VS N");
+    for (int k = 0; k < 3; k++) text(&c, ps[k].x0 + (ps[k].w - text_width(title[k])) / 2, 12, title[k], ink);
+    static const char *legend[L_COUNT + 1] = {"SELF-ATTENTION", "RESTRICTED (WINDOW)", "RNN", "LSTM",
+                                              "CONVOLUTION", "DILATED CONV"};
+    int lx = 60;
+    for (int l = 0; l <= L_COUNT; l++) {
+        for (int a = 0; a < 10; a++)
+            for (int b = 0; b < 10; b++) put(&c, lx + a, 462 + b, colour[l]);
+        lx += 16 + text(&c, lx + 15, 464, legend[l], ink) + 14;
+    }
     for (int l = 0; l < L_COUNT; l++) {
         panel_series(&c, &ps[0], r->n, r->t_n[l], r->nn, colour[l]);
         panel_series(&c, &ps[1], r->d, r->t_d[l], r->nd, colour[l]);
@@ -702,6 +773,8 @@ int cli_cmd_complexity(int argc, char **argv) {
     int rc = CLI_EXIT_OK;
     for (int64_t n = 64; n <= max_n && r->nn < MAX_PTS; n *= 2) r->n[r->nn++] = (double)n;
     const int64_t n_fix = max_n < 512 ? max_n : 512;
+    r->d_fixed = d;
+    r->n_fixed = n_fix;
     for (int64_t dd = quick ? 8 : 16; dd <= (quick ? 64 : 256) && r->nd < MAX_PTS; dd *= 2) r->d[r->nd++] = (double)dd;
 
     printf("qkv complexity: d = %lld, n = 64 .. %lld, fixed n = %lld for the d sweep, window R = %lld, "
@@ -808,7 +881,7 @@ int cli_cmd_complexity(int argc, char **argv) {
             rc = CLI_EXIT_FAIL;
         } else {
             printf("\nplot %s: time vs n | time vs d | path length vs n (log-log, grid lines at\n"
-                   "1..9 x 10^k); colours:", png);
+                   "1..9 x 10^k, labelled decades); colours:", png);
             for (int l = 0; l < L_COUNT; l++) printf(" %s %s,", layer_name[l], colour_name[l]);
             printf(" dilated conv %s.\n", colour_name[L_COUNT]);
         }
