@@ -204,7 +204,10 @@ static result bench_one(int tb, long M, long N, long K, int threads, int reps) {
         printf("%8.1f  %5.1f%%", r.blas, 100.0 * r.ours / r.blas);
     else
         printf("%8s  %6s", "-", "-");
-    printf("   %.1e / %.1e\n", e_ours, e_blas);
+    if (e_blas >= 0)
+        printf("   %.1e / %.1e\n", e_ours, e_blas);
+    else
+        printf("   %.1e / -\n", e_ours);
     fflush(stdout);
     free(t_ours);
     free(t_blas);
