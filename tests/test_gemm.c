@@ -290,6 +290,17 @@ static void test_threads_public(int arch) {
     CHECK(out[0] && out[1] && out[2] && memcmp(out[0], out[1], p.c_len * sizeof(float)) == 0 &&
               memcmp(out[0], out[2], p.c_len * sizeof(float)) == 0,
           "%s: public API results differ between 1, 2 and 3 threads", qkv_arch_name(arch));
+    /* threads = 0: QKV_NUM_THREADS or the cores; the same bits again. */
+    float *C = malloc((p.c_len + 1) * sizeof(float));
+    if (C && out[0]) {
+        memcpy(C, p.C0, p.c_len * sizeof(float));
+        CHECK_STATUS(qkv_sgemm(p.ta, p.tb, p.M, p.N, p.K, p.alpha, p.A, p.lda, p.B, p.ldb, p.beta,
+                               C, p.ldc, 0),
+                     QKV_OK);
+        CHECK(memcmp(C, out[0], p.c_len * sizeof(float)) == 0,
+              "%s: threads = 0 differs from threads = 1", qkv_arch_name(arch));
+    }
+    free(C);
     qkv_cpu_force_arch(-1);
     for (int t = 0; t < 3; t++) free(out[t]);
     problem_free(&p);
