@@ -147,34 +147,49 @@ static void exp2_avx512(float *x, size_t n) {
     }
 }
 
-static float exp2_scalar(float x) { return x < -126.0f ? 0.0f : exp2f(x); }
 
+/* Rows in blocks of 16: the row maxima and sums are reduced row by row
+ * (independent, so they overlap), but the per-row statistics (new max,
+ * rescale factor, running sum) are updated 16 rows at once in one vector,
+ * with the vector exp2 instead of a libm call per row. */
 static void softmax_avx512(float *s, size_t lds, size_t rows, size_t cols, float cm, float *m,
                            float *l, float *alpha) {
     const __m512 vc = _mm512_set1_ps(cm);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    for (size_t r = 0; r < rows; r++) {
-        float *row = s + r * lds;
-        __m512 mx = ninf;
-        for (size_t c = 0; c < cols; c += 16)
-            mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail_mask(cols - c), row + c));
-        float mt = _mm512_reduce_max_ps(mx);
-        float mn = m[r] > mt ? m[r] : mt;
-        float a = 1.0f, base = 0.0f;
-        if (mn != -INFINITY) {
-            base = mn;
-            a = exp2_scalar((m[r] - mn) * cm);
+    float mts[16], bases[16], sums[16];
+    for (size_t r0 = 0; r0 < rows; r0 += 16) {
+        size_t nb = rows - r0 < 16 ? rows - r0 : 16;
+        __mmask16 bm = tail_mask(nb);
+        for (size_t i = 0; i < nb; i++) {
+            const float *row = s + (r0 + i) * lds;
+            __m512 mx = ninf;
+            for (size_t c = 0; c < cols; c += 16)
+                mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, tail_mask(cols - c), row + c));
+            mts[i] = _mm512_reduce_max_ps(mx);
         }
-        __m512 vb = _mm512_set1_ps(base), acc = _mm512_setzero_ps();
-        for (size_t c = 0; c < cols; c += 16) {
-            __mmask16 tm = tail_mask(cols - c);
-            __m512 e = exp2_neg_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, tm, row + c), vb), vc));
-            _mm512_mask_storeu_ps(row + c, tm, e);
-            acc = _mm512_add_ps(acc, e);
+        __m512 mold = _mm512_mask_loadu_ps(ninf, bm, m + r0);
+        __m512 mn = _mm512_max_ps(mold, _mm512_maskz_loadu_ps(bm, mts)); /* as m > mt ? m : mt */
+        __mmask16 empty = _mm512_cmp_ps_mask(mn, ninf, _CMP_EQ_OQ);
+        __m512 base = _mm512_mask_mov_ps(mn, empty, _mm512_setzero_ps());
+        __m512 a = exp2_neg_ps(_mm512_mul_ps(_mm512_sub_ps(mold, base), vc));
+        a = _mm512_mask_mov_ps(a, empty, _mm512_set1_ps(1.0f));
+        _mm512_storeu_ps(bases, base);
+        for (size_t i = 0; i < nb; i++) {
+            float *row = s + (r0 + i) * lds;
+            __m512 vb = _mm512_set1_ps(bases[i]), acc = _mm512_setzero_ps();
+            for (size_t c = 0; c < cols; c += 16) {
+                __mmask16 tm = tail_mask(cols - c);
+                __m512 e = exp2_neg_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, tm, row + c), vb), vc));
+                _mm512_mask_storeu_ps(row + c, tm, e);
+                acc = _mm512_add_ps(acc, e);
+            }
+            sums[i] = _mm512_reduce_add_ps(acc);
         }
-        l[r] = l[r] * a + _mm512_reduce_add_ps(acc);
-        m[r] = mn;
-        alpha[r] = a;
+        __m512 lv = _mm512_maskz_loadu_ps(bm, l + r0);
+        lv = _mm512_add_ps(_mm512_mul_ps(lv, a), _mm512_maskz_loadu_ps(bm, sums));
+        _mm512_mask_storeu_ps(l + r0, bm, lv);
+        _mm512_mask_storeu_ps(m + r0, bm, mn);
+        _mm512_mask_storeu_ps(alpha + r0, bm, a);
     }
 }
 
