@@ -6,6 +6,7 @@
 
 int cli_cmd_demo(int argc, char **argv); /* qkv demo: the articles' walkthrough on a model trained now */
 int cli_cmd_show(int argc, char **argv); /* qkv show: every layer's and head's attention on one input */
+int cli_cmd_experiment(int argc, char **argv); /* qkv experiment: the articles' questions, measured */
 /* qkv attend: attention (forward, and backward with --grad-out) on .npy files. */
 int cli_cmd_attend(int argc, char **argv);
 /* qkv mha: a multi-head attention layer (safetensors weights) on .npy files. */

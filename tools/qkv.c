@@ -16,6 +16,7 @@ typedef struct command {
 static const command commands[] = {
     {"demo", cli_cmd_demo, "the articles' \"Hello, I love you!\" through attention qkv trains, step by step"},
     {"show", cli_cmd_show, "draw a checkpoint's attention for one input, every layer and head"},
+    {"experiment", cli_cmd_experiment, "answer the articles' questions by measurement (scale, projections, ...)"},
     {"attend", cli_cmd_attend,
      "attention over NumPy .npy arrays: output, attention matrix, gradients"},
     {"mha", cli_cmd_mha, "a multi-head attention layer (torch weights in safetensors) on .npy"},

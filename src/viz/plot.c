@@ -141,7 +141,11 @@ qkv_status qkv_plot_save_png(const char *path, const qkv_plot *p) {
     /* Axes. */
     viz_fill_rect(&cv, left, top, 1, ph, black);
     viz_fill_rect(&cv, left, top + ph - 1, pw, 1, black);
-    if (p->title) viz_text(&cv, left, 8, p->title, 2, black);
+    if (p->title) {
+        /* Twice the font size when the title fits, else the plain size. */
+        int ts = viz_text_width(p->title, 2) <= W - left - 8 ? 2 : 1;
+        viz_text(&cv, ts == 2 ? left : 8, ts == 2 ? 8 : 12, p->title, ts, black);
+    }
     if (p->x_label)
         viz_text(&cv, left + (pw - viz_text_width(p->x_label, 1)) / 2, H - 8 - VIZ_GLYPH_H, p->x_label, 1, black);
     if (p->y_label) viz_text_vertical(&cv, 10, top + (ph - viz_text_width(p->y_label, 1)) / 2, p->y_label, 1, black);
