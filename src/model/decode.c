@@ -6,18 +6,6 @@
 #include "core/internal.h"
 #include "model/model_internal.h"
 
-static void layernorm_rows(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * E;
-        double mu = 0, var = 0;
-        for (int64_t i = 0; i < E; i++) mu += xr[i];
-        mu /= (double)E;
-        for (int64_t i = 0; i < E; i++) var += (xr[i] - mu) * (xr[i] - mu);
-        double rs = 1.0 / sqrt(var / (double)E + 1e-5);
-        for (int64_t i = 0; i < E; i++) y[r * E + i] = (float)((xr[i] - mu) * rs * g[i] + b[i]);
-    }
-}
-
 void model_decode_free(qkv_model *m) {
     if (m->cache)
         for (int64_t l = 0; l < m->cfg.layers; l++) qkv_kv_cache_free(m->cache[l]);
@@ -70,14 +58,14 @@ qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens,
     for (int64_t i = 0; i < t; i++)
         if (tokens[i] < 0 || tokens[i] >= V) return QKV_ERR_BAD_PARAMETER;
     if (m->dec_buf_rows < t) {
-        float *b = qkv_alloc((size_t)(t * (5 * E + 2 * F)) * sizeof(float));
+        float *b = qkv_alloc((size_t)(t * (5 * E + 2 * F + 2)) * sizeof(float));
         if (!b) return QKV_ERR_OUT_OF_MEMORY;
         qkv_free(m->dec_buf);
         m->dec_buf = b;
         m->dec_buf_rows = t;
     }
     float *x = m->dec_buf, *ln = x + t * E, *a = ln + t * E, *mid = a + t * E, *h = mid + t * E;
-    float *pre = h + t * E, *act = pre + t * F;
+    float *pre = h + t * E, *act = pre + t * F, *stat = act + t * F; /* LN mean, rstd */
     const float *P = m->params;
     const float scale = m->cfg.pos == QKV_POSENC_SINUSOIDAL || m->cfg.pos == QKV_POSENC_FLOATER
                             ? (float)sqrt((double)E)
@@ -98,16 +86,16 @@ qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens,
         for (int64_t r = 0; r < t; r++)
             for (int64_t i = 0; i < E; i++)
                 x[r * E + i] = h[r * E + i] + (m->floater ? m->dec_floater[(L0 + r) * E + i] : 0.0f);
-        layernorm_rows(x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], t, E, ln);
+        model_layernorm_forward(x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], t, E, ln, stat, stat + t);
         if ((s = qkv_mha_decode(m->attn[l], m->cache[l], t, ln, a)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * E; i++) mid[i] = x[i] + a[i];
-        layernorm_rows(mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], t, E, ln);
+        model_layernorm_forward(mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], t, E, ln, stat, stat + t);
         if ((s = model_linear(ln, t, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, pre, thr)) != QKV_OK) return s;
-        for (int64_t i = 0; i < t * F; i++) act[i] = 0.5f * pre[i] * (1.0f + erff(pre[i] * 0.70710678f)); /* as the forward */
+        for (int64_t i = 0; i < t * F; i++) act[i] = model_gelu(pre[i]);
         if ((s = model_linear(act, t, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, a, thr)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * E; i++) h[i] = mid[i] + a[i];
     }
-    layernorm_rows(h, P + m->o_lnf_w, P + m->o_lnf_b, t, E, ln);
+    model_layernorm_forward(h, P + m->o_lnf_w, P + m->o_lnf_b, t, E, ln, stat, stat + t);
     if ((s = model_linear(ln, t, E, P + m->o_head, NULL, V, logits, thr)) != QKV_OK) return s;
     m->dec_len = L0 + t;
     return QKV_OK;

@@ -54,7 +54,7 @@ struct qkv_model {
     /* incremental decoding */
     qkv_kv_cache **cache;
     int64_t dec_len, dec_max;
-    float *dec_buf;       /* per-step scratch: t rows of x, ln, a, mid, h (E each), pre/act (F) */
+    float *dec_buf;       /* per-step scratch: t rows of x, ln, a, mid, h (E), pre, act (F), LN stats (2) */
     int64_t dec_buf_rows;
     float *dec_floater;   /* FLOATER positions 0 .. dec_max-1 */
     uint64_t drop_seed;
@@ -68,6 +68,13 @@ qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w
 qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
                                  const float *w, float *dw, float *db, float *dx, int accumulate_dx,
                                  int threads);
+
+/* LayerNorm over rows of E (eps 1e-5), keeping mean and 1/std per row for
+ * the backward; GELU with the exact error function. Shared by the training
+ * forward and incremental decoding so both compute the same numbers. */
+void model_layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
+                             float *mean, float *rstd);
+float model_gelu(float x);
 
 /* Free the decoding caches (qkv_model_free calls it). */
 void model_decode_free(qkv_model *m);

@@ -53,7 +53,7 @@ qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, 
 
 /* ---- building blocks ------------------------------------------------------ */
 
-static void layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
+void model_layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
                               float *mean, float *rstd) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * E;
@@ -93,7 +93,7 @@ static void layernorm_backward(const float *x, const float *g, const float *mean
 }
 
 /* GELU with the exact error function (torch.nn.GELU's default). */
-static float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
+float model_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
 static float gelu_grad(float x) {
     float cdf = 0.5f * (1.0f + erff(x * 0.70710678f)), pdf = expf(-0.5f * x * x) * 0.39894228f;
     return cdf + x * pdf;
@@ -459,7 +459,7 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < E; i++)
                 b->x[r * E + i] = h[r * E + i] + (m->floater ? m->floater_pos[(r % n) * E + i] : 0.0f);
-        layernorm_forward(b->x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], rows, E, b->ln1, b->ln1_mean, b->ln1_rstd);
+        model_layernorm_forward(b->x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], rows, E, b->ln1, b->ln1_mean, b->ln1_rstd);
         /* Attention dropout happens inside the kernel, its mask keyed by
          * (seed, step, layer); the layer's backward regenerates it. */
         qkv_mha_set_dropout(m->attn[l], train ? m->cfg.dropout : 0.0,
@@ -469,16 +469,16 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         if (s != QKV_OK) return s;
         const float *ao = dropped(m, l, 0, b->attn_out, m->dtmp, rows * E);
         for (int64_t i = 0; i < rows * E; i++) b->mid[i] = b->x[i] + ao[i];
-        layernorm_forward(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean, b->ln2_rstd);
+        model_layernorm_forward(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean, b->ln2_rstd);
         if ((s = model_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
             return s;
-        for (int64_t i = 0; i < rows * F; i++) b->act[i] = gelu(b->pre[i]);
+        for (int64_t i = 0; i < rows * F; i++) b->act[i] = model_gelu(b->pre[i]);
         if ((s = model_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
             return s;
         const float *mo = dropped(m, l, 1, b->mlp_out, m->dtmp, rows * E);
         for (int64_t i = 0; i < rows * E; i++) h[i] = b->mid[i] + mo[i];
     }
-    layernorm_forward(h, P + m->o_lnf_w, P + m->o_lnf_b, rows, E, m->lnf, m->lnf_mean, m->lnf_rstd);
+    model_layernorm_forward(h, P + m->o_lnf_w, P + m->o_lnf_b, rows, E, m->lnf, m->lnf_mean, m->lnf_rstd);
     if ((s = model_linear(m->lnf, rows, E, P + m->o_head, NULL, V, m->logits, thr)) != QKV_OK) return s;
     if (logits) memcpy(logits, m->logits, (size_t)(rows * V) * sizeof(float));
 
