@@ -368,9 +368,11 @@ qkv_status qkv_image_load(const char *path, qkv_image *out, char *why, size_t wh
 
 static atomic_uint g_img_tmp_seq;
 
-static FILE *open_tmp(const char *path, char **tmp_out) {
+/* A new temporary file beside path; NULL with *oom set when memory ran out. */
+static FILE *open_tmp(const char *path, char **tmp_out, int *oom) {
     size_t tcap = strlen(path) + 48;
     char *tmp = qkv_alloc(tcap);
+    *oom = tmp == NULL;
     if (!tmp) return NULL;
     int fd = -1;
     for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
@@ -459,9 +461,10 @@ qkv_status qkv_image_save_png(const char *path, const qkv_image *img) {
     j->status = QKV_OK;
     j->row = qkv_alloc((size_t)img->width * (size_t)img->channels);
     char *tmp = NULL;
-    j->ctx.file = j->row ? open_tmp(path, &tmp) : NULL;
+    int oom = 1;
+    j->ctx.file = j->row ? open_tmp(path, &tmp, &oom) : NULL;
     if (!j->ctx.file) {
-        s = j->row ? QKV_ERR_IO : QKV_ERR_OUT_OF_MEMORY;
+        s = oom ? QKV_ERR_OUT_OF_MEMORY : QKV_ERR_IO;
         qkv_free(j->row);
         qkv_free(j);
         return s;
@@ -489,8 +492,9 @@ qkv_status qkv_image_save_pnm(const char *path, const qkv_image *img) {
     if (s != QKV_OK) return s;
     if (img->channels == 2) return QKV_ERR_SHAPE;
     char *tmp = NULL;
-    FILE *f = open_tmp(path, &tmp);
-    if (!f) return QKV_ERR_IO;
+    int oom;
+    FILE *f = open_tmp(path, &tmp, &oom);
+    if (!f) return oom ? QKV_ERR_OUT_OF_MEMORY : QKV_ERR_IO;
     int ok = fprintf(f, "P%c\n%lld %lld\n255\n", img->channels == 1 ? '5' : '6', (long long)img->width,
                      (long long)img->height) > 0;
     size_t n = (size_t)qkv_image_count(img);
