@@ -9,6 +9,7 @@
  * mask, the log-sum-exp of a row without keys). */
 static int all_finite(const void *x, int64_t n, qkv_dtype dt, int allow_neg_inf) {
     if (!x) return 1;
+    if (dt != QKV_F32 && dt != QKV_F64) return 1; /* other storage types: not scanned */
     if (dt == QKV_F32) {
         const float *f = x;
         for (int64_t i = 0; i < n; i++)
@@ -28,10 +29,13 @@ qkv_status qkv_attn_check_finite(const qkv_attn_desc *desc, const void *q, const
     if (!desc || !desc->check_finite) return QKV_OK;
     if (qkv_plan_make(desc, &p) != QKV_OK || !q || !k || !v) return QKV_OK;
     const qkv_attn_desc *d = &p.d;
-    qkv_dtype t = d->dtype;
+    /* q, k, v, out, dout are of the descriptor's dtype; the other tensors
+     * are float64 in a float64 call and float32 otherwise. */
+    qkv_dtype t = d->dtype, ta = t == QKV_F64 ? QKV_F64 : QKV_F32;
     int ok = all_finite(q, p.n_q_elems, t, 0) && all_finite(k, p.n_k_elems, t, 0) &&
              all_finite(v, p.n_v_elems, t, 0) && all_finite(dout, p.n_o_elems, t, 0) &&
-             all_finite(out, p.n_o_elems, t, 0) && all_finite(lse, p.n_lse_elems, t, 1);
+             all_finite(out, p.n_o_elems, t, 0) && all_finite(lse, p.n_lse_elems, ta, 1);
+    t = ta;
     if (ok && d->bias_kind != QKV_BIAS_NONE) ok = all_finite(d->bias, p.n_bias_elems, t, 1);
     if (ok && d->score == QKV_SCORE_ADDITIVE)
         ok = all_finite(d->additive_w1, p.n_add_w_elems, t, 0) &&
