@@ -788,6 +788,96 @@ qkv_status qkv_loss_curve_save_png(const char *path, const double *steps, const 
 qkv_status qkv_matrix_save_png(const char *path, const float *m, int64_t rows, int64_t cols, const char *title,
                                const char *x_label, const char *y_label);
 /* ------------------------------------------------------------------------- */
+/* Distributed attention and data-parallel training over MPI (docs/
+ * DISTRIBUTED.md). Declared only when qkv was built with MPI: CMake then
+ * defines QKV_HAVE_MPI for the library and every target that links it.
+ * The library never calls MPI_Init or MPI_Finalize: the caller initialises
+ * MPI (at least MPI_THREAD_FUNNELED: only the calling thread uses MPI, the
+ * attention's worker threads never do) and hands a communicator to each
+ * call. Every function here is collective over that communicator: all of
+ * its ranks call it with the same arguments apart from the local tensors.
+ * Communication runs on a private duplicate of the communicator with
+ * MPI_ERRORS_RETURN, so the caller's traffic and error handler are left
+ * alone. Errors are agreed between ranks: when any rank fails (a NULL
+ * tensor, no memory, non-finite input), every rank returns an error (its
+ * own, else the largest code of the others), and none is left waiting; a
+ * failed MPI call is QKV_ERR_IO. A rank that dies mid-call is MPI's
+ * business: mpirun ends the job (run jobs under a timeout). */
+#ifdef QKV_HAVE_MPI
+#ifdef __cplusplus
+}   /* mpi.h may bring C++ bindings: include it outside extern "C" */
+#endif
+#include <mpi.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How a sequence of n positions is split over p ranks. */
+typedef enum qkv_dist_layout {
+    QKV_DIST_CONTIGUOUS = 0,    /* rank r holds piece r of p nearly equal pieces
+                                   (the first n mod p one longer) */
+    QKV_DIST_ZIGZAG = 1         /* the sequence cut into 2p pieces; rank r holds
+                                   pieces r and 2p-1-r, stored in that order:
+                                   every rank gets the same causal work */
+} qkv_dist_layout;
+
+/* The positions rank `rank` of `ranks` holds: the runs start[t] ..
+ * start[t] + len[t] - 1 for t = 0, 1 (len[1] = 0 for CONTIGUOUS), stored
+ * locally one after the other; *local_n = len[0] + len[1] (0 when n is
+ * smaller than the number of pieces). Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_SIZE (n < 1, ranks < 1, rank outside 0..ranks-1),
+ * QKV_ERR_BAD_ENUM. */
+qkv_status qkv_dist_partition(int64_t n, int ranks, int rank, qkv_dist_layout layout,
+                              int64_t start[2], int64_t len[2], int64_t *local_n);
+
+/* Ring attention (Liu, Zaharia & Abbeel 2023): desc describes the WHOLE
+ * problem (n_q, n_k global); each rank passes its positions, laid out by
+ * qkv_dist_partition over the communicator's size:
+ *   q   [B, nq_loc, H, D]      k [B, nk_loc, H_kv, D]   v [B, nk_loc, H_kv, D_v]
+ *   out [B, nq_loc, H, D_v]    written
+ *   lse [B, H, nq_loc]         optional (NULL), as qkv_attention_forward's
+ * Keys and values travel round the ring (non-blocking sends overlapped with
+ * the block in hand); each block is computed by qkv_attention_forward and
+ * the partial outputs are merged by their log-sum-exp, so the result equals
+ * one process's to float rounding. Memory per rank O((n_q + n_k)/p); no rank
+ * ever holds all keys and values. Tensors of a rank holding no position may
+ * be NULL. Supported: F32, softmax, scaled-dot/dot/cosine scores, softcap,
+ * GQA, key_lengths (global indices), masks NONE and CAUSAL (causal needs
+ * n_q = n_k); others are QKV_ERR_UNSUPPORTED (additive score, bias, packed
+ * sequences, windows, ALiBi, relative tables, dropout, other normalisers,
+ * F64). Errors: those of qkv_attention_forward, QKV_ERR_UNSUPPORTED (also
+ * MPI not initialised), QKV_ERR_IO (communication failed). */
+qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout layout,
+                                      MPI_Comm comm, const void *q, const void *k, const void *v,
+                                      void *out, void *lse);
+
+/* Backward of the ring forward: dout [B, nq_loc, H, D_v] given; dq, dk, dv
+ * shaped as the local q, k, v, written. out and lse are the ring forward's
+ * (NULL on any rank: every rank runs the forward ring first). dQ is
+ * computed at home; the partial dK/dV of each key block travel round the
+ * ring with it and return to its owner. Each block uses the fast path with
+ * the global O and lse (impl REFERENCE is QKV_ERR_UNSUPPORTED here).
+ * Supported and errors: as the forward. */
+qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layout layout,
+                                       MPI_Comm comm, const void *q, const void *k, const void *v,
+                                       const void *out, const void *lse, const void *dout,
+                                       void *dq, void *dk, void *dv);
+
+/* Data-parallel training. Copy rank root's parameters to every rank. */
+qkv_status qkv_model_bcast_params(qkv_model *m, int root, MPI_Comm comm);
+
+/* Replace every rank's gradients by sum over ranks of weight_r * grad_r
+ * (weight_r: this rank's share of the batch's loss terms, so the result is
+ * the gradient of the whole batch's mean loss), reduced in buckets of about
+ * bucket_bytes (0: 4 MiB) by non-blocking MPI_Iallreduce calls in flight
+ * together. Every rank ends with the same gradients. Errors:
+ * QKV_ERR_NULL_POINTER, QKV_ERR_BAD_PARAMETER (weight < 0 or not finite),
+ * QKV_ERR_OUT_OF_MEMORY, QKV_ERR_UNSUPPORTED (MPI not initialised),
+ * QKV_ERR_IO. */
+qkv_status qkv_model_allreduce_grads(qkv_model *m, double weight, size_t bucket_bytes, MPI_Comm comm);
+#endif /* QKV_HAVE_MPI */
+
+/* ------------------------------------------------------------------------- */
 /* NumPy .npy arrays (format versions 1.0, 2.0 and 3.0; little-endian; C order;
  * dtypes <f4, <f8, <i4, <i8). Untrusted input: every header field is checked
  * and sizes are checked for overflow before anything is allocated. */

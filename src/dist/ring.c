@@ -1,0 +1,563 @@
+/* Ring attention over MPI (Liu, Zaharia & Abbeel 2023, "Ring Attention with
+ * Blockwise Transformers for Near-Infinite Context"): the sequence is split
+ * over the p ranks of a communicator; each rank keeps its queries, and the
+ * key/value blocks travel round the ring (rank r sends to r + 1 and receives
+ * from r - 1) with non-blocking sends and receives that overlap the
+ * computation of the block in hand. Each (query block, key block) pair is
+ * one call of the attention core (qkv_attention_forward with its lse
+ * output); the partial outputs are merged exactly by their log-sum-exp:
+ *
+ *     lse = logsumexp_b(lse_b),   o = sum_b exp(lse_b - lse) o_b
+ *
+ * Backward: dQ stays at home; the partial dK/dV of each key block travel
+ * round the ring with the block and come back to their owner after p hops.
+ * Each block's backward is the core's fast path given the GLOBAL merged O
+ * and lse, so that P = exp(s - lse) is the global softmax and
+ * D_i = rowsum(dO_i * O_i) the global one (the reference path recomputes
+ * its own local normaliser, so the backward forces the fast path).
+ *
+ * Memory per rank: O(n/p) rows (its queries, two key/value buffers, the
+ * accumulators); a rank never holds the whole sequence's keys and values.
+ *
+ * Causal attention (n_q = n_k) with the layouts of qkv_dist_partition: a
+ * pair of chunks is either fully in the past (no mask), the diagonal
+ * (causal mask inside) or fully in the future (skipped). With the
+ * contiguous layout rank p - 1 does p times the work of rank 0; the zig-zag
+ * layout (rank r holds chunks r and 2p - 1 - r of 2p) gives every rank the
+ * same number of visible tiles.
+ *
+ * Errors are made collective: every rank learns whether any rank failed
+ * (MPI_Allreduce of the status) before the ring starts and after it ends, so
+ * a failure on one rank (a NULL tensor, out of memory, non-finite input)
+ * never leaves the others waiting. MPI calls run on a duplicate of the
+ * caller's communicator with MPI_ERRORS_RETURN. */
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "dist/dist_internal.h"
+
+#define TAG_KV 7101
+#define TAG_DKV 7102
+
+/* ---- partitions ---------------------------------------------------------- */
+
+/* Piece c of m nearly equal pieces of n (the first n mod m one longer). */
+static void piece(int64_t n, int64_t m, int64_t c, int64_t *start, int64_t *len) {
+    int64_t base = n / m, rem = n % m;
+    *start = c * base + (c < rem ? c : rem);
+    *len = base + (c < rem ? 1 : 0);
+}
+
+qkv_status qkv_dist_partition(int64_t n, int ranks, int rank, qkv_dist_layout layout,
+                              int64_t start[2], int64_t len[2], int64_t *local_n) {
+    if (!start || !len || !local_n) return QKV_ERR_NULL_POINTER;
+    if (n < 1 || ranks < 1 || rank < 0 || rank >= ranks) return QKV_ERR_BAD_SIZE;
+    if (layout == QKV_DIST_CONTIGUOUS) {
+        piece(n, ranks, rank, &start[0], &len[0]);
+        start[1] = start[0] + len[0];
+        len[1] = 0;
+    } else if (layout == QKV_DIST_ZIGZAG) {
+        piece(n, 2 * (int64_t)ranks, rank, &start[0], &len[0]);
+        piece(n, 2 * (int64_t)ranks, 2 * (int64_t)ranks - 1 - rank, &start[1], &len[1]);
+    } else {
+        return QKV_ERR_BAD_ENUM;
+    }
+    *local_n = len[0] + len[1];
+    return QKV_OK;
+}
+
+/* The chunks of one rank: global start, length and row offset in the local
+ * tensors (the chunks are stored one after the other). */
+typedef struct chunk {
+    int64_t start, len, off;
+} chunk;
+
+typedef struct owned {
+    int n;          /* chunks in use (1 or 2) */
+    chunk c[2];
+    int64_t local_n;
+} owned;
+
+static void owned_of(int64_t n, int p, int r, qkv_dist_layout layout, owned *o) {
+    int64_t st[2], ln[2], ln_all;
+    (void)qkv_dist_partition(n, p, r, layout, st, ln, &ln_all);
+    o->n = layout == QKV_DIST_ZIGZAG ? 2 : 1;
+    o->local_n = ln_all;
+    int64_t off = 0;
+    for (int t = 0; t < 2; t++) {
+        o->c[t].start = st[t];
+        o->c[t].len = ln[t];
+        o->c[t].off = off;
+        off += ln[t];
+    }
+}
+
+/* ---- row copies between the local [B, n_loc, X] tensors and chunk-major
+ * buffers [B, len, X] ------------------------------------------------------- */
+
+static void pack_rows(float *dst, const float *src, int64_t B, int64_t n_loc, const chunk *c,
+                      int64_t x) {
+    for (int64_t b = 0; b < B; b++)
+        memcpy(dst + b * c->len * x, src + (b * n_loc + c->off) * x, (size_t)(c->len * x) * sizeof(float));
+}
+
+static void unpack_rows(float *dst, const float *src, int64_t B, int64_t n_loc, const chunk *c,
+                        int64_t x) {
+    for (int64_t b = 0; b < B; b++)
+        memcpy(dst + (b * n_loc + c->off) * x, src + b * c->len * x, (size_t)(c->len * x) * sizeof(float));
+}
+
+/* lse [B, H, n_loc] <-> [B, H, len] */
+static void pack_lse(float *dst, const float *src, int64_t B, int64_t H, int64_t n_loc, const chunk *c) {
+    for (int64_t bh = 0; bh < B * H; bh++)
+        memcpy(dst + bh * c->len, src + bh * n_loc + c->off, (size_t)c->len * sizeof(float));
+}
+
+static void unpack_lse(float *dst, const float *src, int64_t B, int64_t H, int64_t n_loc, const chunk *c) {
+    for (int64_t bh = 0; bh < B * H; bh++)
+        memcpy(dst + bh * n_loc + c->off, src + bh * c->len, (size_t)c->len * sizeof(float));
+}
+
+/* ---- the problem ---------------------------------------------------------- */
+
+typedef struct ring {
+    qkv_attn_desc d;        /* the caller's descriptor (global sizes) */
+    MPI_Comm comm;          /* private duplicate, MPI_ERRORS_RETURN */
+    int p, r;
+    qkv_dist_layout layout;
+    int64_t B, H, Hkv, D, Dv;
+    owned mq;               /* my query chunks */
+    owned *kown;            /* every rank's key chunks [p] */
+    int64_t max_kn;         /* the largest local key count */
+    int64_t kv_elems;       /* floats of a key/value message buffer */
+    int64_t *blk_len;       /* [B] per-block key lengths */
+} ring;
+
+/* Offsets inside a message buffer of owner o: K chunk t, then V chunk t. */
+static float *kv_k(const ring *g, float *buf, const owned *o, int t) {
+    return buf + (t == 0 ? 0 : g->B * o->c[0].len * g->Hkv * g->D);
+}
+
+static float *kv_v(const ring *g, float *buf, const owned *o, int t) {
+    int64_t koff = g->B * o->local_n * g->Hkv * g->D;
+    return buf + koff + (t == 0 ? 0 : g->B * o->c[0].len * g->Hkv * g->Dv);
+}
+
+static int64_t kv_count(const ring *g, const owned *o) {
+    return g->B * o->local_n * g->Hkv * (g->D + g->Dv);
+}
+
+/* The kinds of a (query chunk, key chunk) pair. */
+enum { PAIR_SKIP, PAIR_FULL, PAIR_DIAG };
+
+static int pair_kind(const ring *g, const chunk *qc, const chunk *kc) {
+    if (qc->len == 0 || kc->len == 0) return PAIR_SKIP;
+    if (g->d.mask != QKV_MASK_CAUSAL) return PAIR_FULL;
+    /* n_q = n_k and both sides use the same partition: chunks coincide or
+     * are disjoint. */
+    if (kc->start >= qc->start + qc->len) return PAIR_SKIP;
+    if (kc->start == qc->start) return PAIR_DIAG;
+    return PAIR_FULL;
+}
+
+/* The descriptor of one pair; 0 when no key of the block is visible. */
+static int pair_desc(ring *g, const chunk *qc, const chunk *kc, int kind, qkv_attn_desc *bd) {
+    *bd = g->d;
+    bd->batch = g->B;
+    bd->n_q = qc->len;
+    bd->n_k = kc->len;
+    bd->mask = kind == PAIR_DIAG ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+    bd->key_lengths = NULL;
+    if (g->d.key_lengths) {
+        int any = 0;
+        for (int64_t b = 0; b < g->B; b++) {
+            int64_t l = g->d.key_lengths[b] - kc->start;
+            l = l < 0 ? 0 : (l > kc->len ? kc->len : l);
+            g->blk_len[b] = l;
+            any |= l > 0;
+        }
+        if (!any) return 0;
+        bd->key_lengths = g->blk_len;
+    }
+    return 1;
+}
+
+static int mpi_ok(int rc) { return rc == MPI_SUCCESS; }
+
+/* What the library supports on the ring (see qkv.h). */
+static qkv_status ring_check(const qkv_attn_desc *desc, int backward) {
+    qkv_status s = qkv_attn_desc_check(desc);
+    if (s != QKV_OK) return s;
+    if (desc->dtype != QKV_F32 || desc->norm != QKV_NORM_SOFTMAX ||
+        desc->score == QKV_SCORE_ADDITIVE || desc->bias_kind != QKV_BIAS_NONE ||
+        desc->seq_offsets_q || desc->num_seqs != 0 || desc->alibi_slopes || desc->rel_table ||
+        desc->dropout != 0.0 || (desc->mask != QKV_MASK_NONE && desc->mask != QKV_MASK_CAUSAL))
+        return QKV_ERR_UNSUPPORTED;
+    if (desc->mask == QKV_MASK_CAUSAL && desc->n_q != desc->n_k) return QKV_ERR_UNSUPPORTED;
+    if (backward && desc->impl == QKV_IMPL_REFERENCE) return QKV_ERR_UNSUPPORTED;
+    return QKV_OK;
+}
+
+/* Set up everything but the buffers. The communicator is duplicated only
+ * when the descriptor is valid (MPI_Comm_dup is collective: every rank
+ * validates the same descriptor, so they all get here or none does). */
+static qkv_status ring_begin(ring *g, const qkv_attn_desc *desc, qkv_dist_layout layout,
+                             MPI_Comm comm, int backward) {
+    memset(g, 0, sizeof *g);
+    g->comm = MPI_COMM_NULL;
+    if (!desc) return QKV_ERR_NULL_POINTER;
+    if (layout != QKV_DIST_CONTIGUOUS && layout != QKV_DIST_ZIGZAG) return QKV_ERR_BAD_ENUM;
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized) return QKV_ERR_UNSUPPORTED;
+    if (comm == MPI_COMM_NULL) return QKV_ERR_NULL_POINTER;
+    qkv_status s = ring_check(desc, backward);
+    if (s != QKV_OK) return s;
+    g->d = *desc;
+    g->layout = layout;
+    g->B = desc->batch;
+    g->H = desc->heads;
+    g->Hkv = desc->heads_kv ? desc->heads_kv : desc->heads;
+    g->D = desc->dim;
+    g->Dv = desc->dim_v ? desc->dim_v : desc->dim;
+    if (!mpi_ok(MPI_Comm_dup(comm, &g->comm))) {
+        g->comm = MPI_COMM_NULL;
+        return QKV_ERR_IO;
+    }
+    MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_size(g->comm, &g->p);
+    MPI_Comm_rank(g->comm, &g->r);
+    owned_of(desc->n_q, g->p, g->r, layout, &g->mq);
+    g->kown = qkv_alloc((size_t)g->p * sizeof(owned));
+    g->blk_len = qkv_alloc((size_t)(g->B > 0 ? g->B : 1) * sizeof(int64_t));
+    if (!g->kown || !g->blk_len) return QKV_ERR_OUT_OF_MEMORY;
+    for (int o = 0; o < g->p; o++) {
+        owned_of(desc->n_k, g->p, o, layout, &g->kown[o]);
+        if (g->kown[o].local_n > g->max_kn) g->max_kn = g->kown[o].local_n;
+    }
+    int64_t f[4] = {g->B, g->max_kn, g->Hkv, g->D + g->Dv};
+    if (!qkv_count_ok(&g->kv_elems, sizeof(float) * 2, 4, f)) return QKV_ERR_SIZE_OVERFLOW;
+    if (g->kv_elems > INT_MAX) return QKV_ERR_SIZE_OVERFLOW; /* one MPI message */
+    return QKV_OK;
+}
+
+static void ring_end(ring *g) {
+    if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
+    qkv_free(g->kown);
+    qkv_free(g->blk_len);
+}
+
+/* Every rank's status agreed: QKV_OK only when all are; otherwise this
+ * rank's own failure, or the largest code of the others. A failing
+ * reduction (a dead peer) is QKV_ERR_IO. */
+static qkv_status agree(MPI_Comm comm, qkv_status mine) {
+    int in = (int)mine, out = 0;
+    if (comm == MPI_COMM_NULL) return mine;
+    if (!mpi_ok(MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, comm))) return mine != QKV_OK ? mine : QKV_ERR_IO;
+    if (mine != QKV_OK) return mine;
+    return (qkv_status)out;
+}
+
+/* Merge one block's (o_b, lse_b) into the running (o, lse), rows of one
+ * chunk: o [B, len, H, Dv], lse [B, H, len]. Exact up to rounding; a row
+ * whose block saw no key (lse_b = -inf) is left alone, so a row that never
+ * sees a key stays 0 with lse -inf (no exp(-inf - -inf)). */
+static void merge(float *o, float *lse, const float *ob, const float *lb, int64_t B, int64_t len,
+                  int64_t H, int64_t Dv) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < len; i++) {
+                int64_t row = (b * H + h) * len + i;
+                float l2 = lb[row], l1 = lse[row];
+                if (l2 == -INFINITY) continue;
+                float *dst = o + ((b * len + i) * H + h) * Dv;
+                const float *src = ob + ((b * len + i) * H + h) * Dv;
+                if (l1 == -INFINITY) {
+                    memcpy(dst, src, (size_t)Dv * sizeof(float));
+                    lse[row] = l2;
+                    continue;
+                }
+                /* NaN in either propagates through m, and so to the row. */
+                double m = l1 > l2 ? (double)l1 : (double)l2;
+                if (isnan(l1) || isnan(l2)) m = NAN;
+                double w1 = exp((double)l1 - m), w2 = exp((double)l2 - m), s = w1 + w2;
+                double a = w1 / s, c = w2 / s;
+                for (int64_t t = 0; t < Dv; t++) dst[t] = (float)(a * dst[t] + c * src[t]);
+                lse[row] = (float)(m + log(s));
+            }
+}
+
+/* ---- forward --------------------------------------------------------------- */
+
+qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout layout,
+                                      MPI_Comm comm, const void *q, const void *k, const void *v,
+                                      void *out, void *lse) {
+    ring g;
+    qkv_status s = ring_begin(&g, desc, layout, comm, 0);
+    if (g.comm == MPI_COMM_NULL || s != QKV_OK) { /* invalid request: the same on every rank */
+        s = agree(g.comm, s);
+        ring_end(&g);
+        return s;
+    }
+    const int64_t B = g.B, H = g.H, Hkv = g.Hkv, D = g.D, Dv = g.Dv, nq_loc = g.mq.local_n;
+    const owned *mine = &g.kown[g.r];
+    float *qp = NULL, *acc = NULL, *acc_l = NULL, *ob = NULL, *lb = NULL, *buf[2] = {NULL, NULL};
+    if (((!q || !out) && nq_loc > 0) || ((!k || !v) && mine->local_n > 0)) s = QKV_ERR_NULL_POINTER;
+    if (s == QKV_OK) {
+        int64_t maxq = g.mq.c[0].len > g.mq.c[1].len ? g.mq.c[0].len : g.mq.c[1].len;
+        size_t nq_rows = (size_t)(B * nq_loc * H);
+        qp = qkv_alloc(nq_rows * (size_t)D * sizeof(float) + 1);
+        acc = qkv_alloc(nq_rows * (size_t)Dv * sizeof(float) + 1);
+        acc_l = qkv_alloc(nq_rows * sizeof(float) + 1);
+        ob = qkv_alloc((size_t)(B * maxq * H * Dv) * sizeof(float) + 1);
+        lb = qkv_alloc((size_t)(B * maxq * H) * sizeof(float) + 1);
+        buf[0] = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
+        buf[1] = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
+        if (!qp || !acc || !acc_l || !ob || !lb || !buf[0] || !buf[1]) s = QKV_ERR_OUT_OF_MEMORY;
+    }
+    s = agree(g.comm, s);
+    if (s == QKV_OK) {
+        /* Chunk-major copies: my queries, my keys and values (the first
+         * message), and the accumulators (0, lse -inf). */
+        for (int t = 0; t < g.mq.n; t++) {
+            const chunk *c = &g.mq.c[t];
+            pack_rows(qp + B * c->off * H * D, q, B, nq_loc, c, H * D);
+        }
+        for (int t = 0; t < mine->n; t++) {
+            pack_rows(kv_k(&g, buf[0], mine, t), k, B, mine->local_n, &mine->c[t], Hkv * D);
+            pack_rows(kv_v(&g, buf[0], mine, t), v, B, mine->local_n, &mine->c[t], Hkv * Dv);
+        }
+        memset(acc, 0, (size_t)(B * nq_loc * H * Dv) * sizeof(float));
+        for (int64_t i = 0; i < B * nq_loc * H; i++) acc_l[i] = -INFINITY;
+
+        int next = (g.r + 1) % g.p, prev = (g.r + g.p - 1) % g.p;
+        qkv_status cs = QKV_OK; /* compute status: a failure keeps the ring turning */
+        int comm_ok = 1;
+        for (int st = 0; st < g.p && comm_ok; st++) {
+            int cur = st & 1, src = (g.r - st + g.p) % g.p;
+            const owned *ko = &g.kown[src];
+            MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+            if (st < g.p - 1) {
+                int from = (g.r - st - 1 + 2 * g.p) % g.p;
+                comm_ok = mpi_ok(MPI_Irecv(buf[cur ^ 1], (int)kv_count(&g, &g.kown[from]), MPI_FLOAT,
+                                           prev, TAG_KV, g.comm, &req[0])) &&
+                          mpi_ok(MPI_Isend(buf[cur], (int)kv_count(&g, ko), MPI_FLOAT, next, TAG_KV,
+                                           g.comm, &req[1]));
+            }
+            for (int tq = 0; tq < g.mq.n && cs == QKV_OK && comm_ok; tq++) {
+                const chunk *qc = &g.mq.c[tq];
+                float *qc_p = qp + B * qc->off * H * D;
+                for (int tk = 0; tk < ko->n && cs == QKV_OK; tk++) {
+                    const chunk *kc = &ko->c[tk];
+                    int kind = pair_kind(&g, qc, kc);
+                    qkv_attn_desc bd;
+                    if (kind == PAIR_SKIP || !pair_desc(&g, qc, kc, kind, &bd)) continue;
+                    cs = qkv_attention_forward(&bd, qc_p, kv_k(&g, buf[cur], ko, tk),
+                                               kv_v(&g, buf[cur], ko, tk), ob, NULL, lb);
+                    if (cs == QKV_OK)
+                        merge(acc + B * qc->off * H * Dv, acc_l + B * H * qc->off, ob, lb, B, qc->len, H, Dv);
+                }
+            }
+            if (!mpi_ok(MPI_Waitall(2, req, MPI_STATUSES_IGNORE))) comm_ok = 0;
+        }
+        s = agree(g.comm, comm_ok ? cs : QKV_ERR_IO);
+        if (s == QKV_OK) {
+            for (int t = 0; t < g.mq.n; t++) {
+                const chunk *c = &g.mq.c[t];
+                unpack_rows(out, acc + B * c->off * H * Dv, B, nq_loc, c, H * Dv);
+                if (lse) unpack_lse(lse, acc_l + B * H * c->off, B, H, nq_loc, c);
+            }
+        }
+    }
+    qkv_free(qp);
+    qkv_free(acc);
+    qkv_free(acc_l);
+    qkv_free(ob);
+    qkv_free(lb);
+    qkv_free(buf[0]);
+    qkv_free(buf[1]);
+    ring_end(&g);
+    return s;
+}
+
+/* ---- backward -------------------------------------------------------------- */
+
+static void add_to(float *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layout layout,
+                                       MPI_Comm comm, const void *q, const void *k, const void *v,
+                                       const void *out, const void *lse, const void *dout,
+                                       void *dq, void *dk, void *dv) {
+    ring g;
+    qkv_status s = ring_begin(&g, desc, layout, comm, 1);
+    if (g.comm == MPI_COMM_NULL || s != QKV_OK) {
+        s = agree(g.comm, s);
+        ring_end(&g);
+        return s;
+    }
+    const int64_t B = g.B, H = g.H, Hkv = g.Hkv, D = g.D, Dv = g.Dv, nq_loc = g.mq.local_n;
+    const owned *mine = &g.kown[g.r];
+    float *qp = NULL, *op = NULL, *lp = NULL, *gp = NULL, *dqa = NULL, *dqb = NULL, *scratch = NULL;
+    float *kv[2] = {NULL, NULL}, *dkv[2] = {NULL, NULL}, *dkvb = NULL, *o_own = NULL, *l_own = NULL;
+    if (((!q || !dout || !dq) && nq_loc > 0) || ((!k || !v || !dk || !dv) && mine->local_n > 0))
+        s = QKV_ERR_NULL_POINTER;
+    /* Without the forward's outputs on some rank: every rank runs the
+     * forward ring first (decided together: it is collective). */
+    int need = !out || !lse, need_any = need;
+    if (!mpi_ok(MPI_Allreduce(&need, &need_any, 1, MPI_INT, MPI_MAX, g.comm))) s = QKV_ERR_IO;
+    size_t nq_rows = (size_t)(B * nq_loc * H);
+    if (s == QKV_OK) {
+        int64_t maxq = g.mq.c[0].len > g.mq.c[1].len ? g.mq.c[0].len : g.mq.c[1].len;
+        qp = qkv_alloc(nq_rows * (size_t)D * sizeof(float) + 1);
+        op = qkv_alloc(nq_rows * (size_t)Dv * sizeof(float) + 1);
+        lp = qkv_alloc(nq_rows * sizeof(float) + 1);
+        gp = qkv_alloc(nq_rows * (size_t)Dv * sizeof(float) + 1);
+        dqa = qkv_alloc(nq_rows * (size_t)D * sizeof(float) + 1);
+        dqb = qkv_alloc((size_t)(B * maxq * H * D) * sizeof(float) + 1);
+        dkvb = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
+        for (int t = 0; t < 2; t++) {
+            kv[t] = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
+            dkv[t] = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
+        }
+        if (!qp || !op || !lp || !gp || !dqa || !dqb || !dkvb || !kv[0] || !kv[1] || !dkv[0] || !dkv[1])
+            s = QKV_ERR_OUT_OF_MEMORY;
+        if (s == QKV_OK && g.mq.n > 1) { /* two query chunks add into the same keys */
+            scratch = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
+            if (!scratch) s = QKV_ERR_OUT_OF_MEMORY;
+        }
+        if (s == QKV_OK && need_any) {
+            o_own = qkv_alloc(nq_rows * (size_t)Dv * sizeof(float) + 1);
+            l_own = qkv_alloc(nq_rows * sizeof(float) + 1);
+            if (!o_own || !l_own) s = QKV_ERR_OUT_OF_MEMORY;
+        }
+    }
+    s = agree(g.comm, s);
+    if (s == QKV_OK && need_any) {
+        s = qkv_ring_attention_forward(desc, layout, comm, q, k, v, o_own, l_own);
+        out = o_own;
+        lse = l_own;
+    }
+    if (s == QKV_OK) {
+        for (int t = 0; t < g.mq.n; t++) {
+            const chunk *c = &g.mq.c[t];
+            pack_rows(qp + B * c->off * H * D, q, B, nq_loc, c, H * D);
+            pack_rows(op + B * c->off * H * Dv, out, B, nq_loc, c, H * Dv);
+            pack_rows(gp + B * c->off * H * Dv, dout, B, nq_loc, c, H * Dv);
+            pack_lse(lp + B * H * c->off, lse, B, H, nq_loc, c);
+        }
+        for (int t = 0; t < mine->n; t++) {
+            pack_rows(kv_k(&g, kv[0], mine, t), k, B, mine->local_n, &mine->c[t], Hkv * D);
+            pack_rows(kv_v(&g, kv[0], mine, t), v, B, mine->local_n, &mine->c[t], Hkv * Dv);
+        }
+        memset(dqa, 0, nq_rows * (size_t)D * sizeof(float));
+
+        int next = (g.r + 1) % g.p, prev = (g.r + g.p - 1) % g.p;
+        qkv_status cs = QKV_OK;
+        int comm_ok = 1;
+        /* dsend[t]: the send of the dK/dV partial in dkv[t]. Every wait is on
+         * a message of an earlier step than the waiter's, and receives are
+         * posted before waits, so the ring cannot deadlock even when large
+         * messages need the receiver (rendezvous). */
+        MPI_Request dsend[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        for (int st = 0; st < g.p && comm_ok; st++) {
+            int cur = st & 1, src = (g.r - st + g.p) % g.p;
+            const owned *ko = &g.kown[src];
+            int64_t cnt = kv_count(&g, ko);
+            MPI_Request req[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+            if (st < g.p - 1) {
+                int from = (g.r - st - 1 + 2 * g.p) % g.p;
+                comm_ok = mpi_ok(MPI_Irecv(kv[cur ^ 1], (int)kv_count(&g, &g.kown[from]), MPI_FLOAT, prev,
+                                           TAG_KV, g.comm, &req[0])) &&
+                          mpi_ok(MPI_Isend(kv[cur], (int)cnt, MPI_FLOAT, next, TAG_KV, g.comm, &req[1]));
+            }
+            /* The partial dK/dV of src from the ranks before (none at step
+             * 0) arrives in dkv[cur], last sent two steps ago. */
+            if (comm_ok && !mpi_ok(MPI_Wait(&dsend[cur], MPI_STATUS_IGNORE))) comm_ok = 0;
+            if (comm_ok && st > 0)
+                comm_ok = mpi_ok(MPI_Irecv(dkv[cur], (int)cnt, MPI_FLOAT, prev, TAG_DKV, g.comm, &req[2]));
+            /* This rank's contribution to src's key gradients, into dkvb
+             * (the message layout), while the partial is on its way. */
+            memset(dkvb, 0, (size_t)cnt * sizeof(float));
+            for (int tq = 0; tq < g.mq.n && cs == QKV_OK && comm_ok; tq++) {
+                const chunk *qc = &g.mq.c[tq];
+                for (int tk = 0; tk < ko->n && cs == QKV_OK; tk++) {
+                    const chunk *kc = &ko->c[tk];
+                    int kind = pair_kind(&g, qc, kc);
+                    qkv_attn_desc bd;
+                    if (kind == PAIR_SKIP || !pair_desc(&g, qc, kc, kind, &bd)) continue;
+                    bd.impl = QKV_IMPL_FAST; /* the fast path uses the global O and lse given */
+                    int64_t nk_el = B * kc->len * Hkv * D, nv_el = B * kc->len * Hkv * Dv;
+                    float *dkc = kv_k(&g, dkvb, ko, tk), *dvc = kv_v(&g, dkvb, ko, tk);
+                    qkv_attn_grads gr;
+                    memset(&gr, 0, sizeof gr);
+                    gr.dq = dqb;
+                    gr.dk = scratch ? scratch : dkc; /* the core overwrites */
+                    gr.dv = scratch ? scratch + nk_el : dvc;
+                    cs = qkv_attention_backward(&bd, qp + B * qc->off * H * D, kv_k(&g, kv[cur], ko, tk),
+                                                kv_v(&g, kv[cur], ko, tk), op + B * qc->off * H * Dv,
+                                                lp + B * H * qc->off, gp + B * qc->off * H * Dv, &gr);
+                    if (cs == QKV_OK) {
+                        add_to(dqa + B * qc->off * H * D, dqb, B * qc->len * H * D);
+                        if (scratch) {
+                            add_to(dkc, scratch, nk_el);
+                            add_to(dvc, scratch + nk_el, nv_el);
+                        }
+                    }
+                }
+            }
+            if (comm_ok && !mpi_ok(MPI_Wait(&req[2], MPI_STATUS_IGNORE))) comm_ok = 0;
+            if (comm_ok) {
+                if (st == 0) memcpy(dkv[cur], dkvb, (size_t)cnt * sizeof(float));
+                else add_to(dkv[cur], dkvb, cnt);
+                /* On to the next holder of src's keys, or (after the last
+                 * step) to src itself; overlaps the next step. */
+                comm_ok = mpi_ok(MPI_Isend(dkv[cur], (int)cnt, MPI_FLOAT, next, TAG_DKV, g.comm, &dsend[cur]));
+            }
+            if (!mpi_ok(MPI_Waitall(2, req, MPI_STATUSES_IGNORE))) comm_ok = 0;
+        }
+        /* My own keys' gradients, summed over every rank, come back from
+         * prev (the src of its last step was this rank). */
+        if (comm_ok) {
+            int fin = ((g.p - 1) & 1) ^ 1; /* the buffer not in flight */
+            MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+            comm_ok = mpi_ok(MPI_Wait(&dsend[fin], MPI_STATUS_IGNORE)) &&
+                      mpi_ok(MPI_Irecv(dkv[fin], (int)kv_count(&g, mine), MPI_FLOAT, prev, TAG_DKV, g.comm,
+                                       &rq[0]));
+            rq[1] = dsend[fin ^ 1];
+            dsend[fin ^ 1] = MPI_REQUEST_NULL;
+            if (!mpi_ok(MPI_Waitall(2, rq, MPI_STATUSES_IGNORE))) comm_ok = 0;
+            if (comm_ok)
+                for (int t = 0; t < mine->n; t++) {
+                    unpack_rows(dk, kv_k(&g, dkv[fin], mine, t), B, mine->local_n, &mine->c[t], Hkv * D);
+                    unpack_rows(dv, kv_v(&g, dkv[fin], mine, t), B, mine->local_n, &mine->c[t], Hkv * Dv);
+                }
+        }
+        s = agree(g.comm, comm_ok ? cs : QKV_ERR_IO);
+        if (s == QKV_OK)
+            for (int t = 0; t < g.mq.n; t++) {
+                const chunk *c = &g.mq.c[t];
+                unpack_rows(dq, dqa + B * c->off * H * D, B, nq_loc, c, H * D);
+            }
+    }
+    qkv_free(qp);
+    qkv_free(op);
+    qkv_free(lp);
+    qkv_free(gp);
+    qkv_free(dqa);
+    qkv_free(dqb);
+    qkv_free(dkvb);
+    qkv_free(scratch);
+    qkv_free(o_own);
+    qkv_free(l_own);
+    for (int t = 0; t < 2; t++) {
+        qkv_free(kv[t]);
+        qkv_free(dkv[t]);
+    }
+    ring_end(&g);
+    return s;
+}

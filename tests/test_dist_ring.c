@@ -1,0 +1,432 @@
+/* Ring attention (src/dist/ring.c) against one process: run under
+ * mpirun -np 1..4 (tests/CMakeLists.txt). Every rank builds the whole
+ * problem from a seed, computes the single-process forward and backward
+ * with qkv_attention_forward/backward, then the ring versions on its own
+ * slices (qkv_dist_partition), and compares its slices: out, lse, dq, dk,
+ * dv equal to float rounding. Shapes: causal and not, GQA, uneven n/p
+ * (n < p too), both layouts, key lengths with a fully masked batch row.
+ * Then error paths: unsupported requests and a NULL tensor on one rank give
+ * an error on every rank (never a hang).
+ *
+ * "--bench ...": the timings of docs/DISTRIBUTED.md (see bench()).
+ * "--kill-rank R": rank R kills itself (SIGKILL) in the middle of the
+ * sweep; tests/dist/kill_rank.sh checks that mpirun then fails, in time. */
+#define _POSIX_C_SOURCE 200809L /* getrusage */
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <sys/resource.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qkv.h"
+#include "test_util.h"
+
+static int g_rank, g_size, g_kill = -1;
+
+typedef struct shape {
+    int64_t B, n_q, n_k, H, Hkv, D, Dv;
+    qkv_mask mask;
+    int key_lengths; /* batch 0 sees only part of the keys, the last batch none */
+    qkv_score score;
+    double softcap;
+} shape;
+
+/* Rows of one rank's slice of a [B, n, X] tensor, copied out/in. */
+static void slice(float *dst, const float *src, int64_t B, int64_t n, int64_t x, const int64_t st[2],
+                  const int64_t ln[2], int64_t nloc) {
+    for (int64_t b = 0; b < B; b++) {
+        int64_t at = 0;
+        for (int t = 0; t < 2; t++) {
+            memcpy(dst + (b * nloc + at) * x, src + (b * n + st[t]) * x, (size_t)(ln[t] * x) * sizeof(float));
+            at += ln[t];
+        }
+    }
+}
+
+/* lse [B, H, n] -> [B, H, nloc] */
+static void slice_lse(float *dst, const float *src, int64_t BH, int64_t n, const int64_t st[2],
+                      const int64_t ln[2], int64_t nloc) {
+    for (int64_t r = 0; r < BH; r++) {
+        int64_t at = 0;
+        for (int t = 0; t < 2; t++) {
+            memcpy(dst + r * nloc + at, src + r * n + st[t], (size_t)ln[t] * sizeof(float));
+            at += ln[t];
+        }
+    }
+}
+
+/* max over i of |a - b| / (atol + rtol |b|); inf where one is NaN or the
+ * infinities differ. <= 1 passes. */
+static double rel_err(const float *a, const float *b, int64_t n, double atol, double rtol) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isinf(a[i]) || isinf(b[i]) || isnan(a[i]) || isnan(b[i])) {
+            if (!(a[i] == b[i])) return INFINITY;
+            continue;
+        }
+        double e = fabs((double)a[i] - b[i]) / (atol + rtol * fabs((double)b[i]));
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+static float *fill(tu_rng *r, int64_t n) {
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(2.0 * tu_rng_uniform(r) - 1.0);
+    return x;
+}
+
+static int sync_ok(int ok) { /* 1 when every rank passed */
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all;
+}
+
+static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
+    const int64_t B = sh->B, nq = sh->n_q, nk = sh->n_k, H = sh->H, Hkv = sh->Hkv, D = sh->D, Dv = sh->Dv;
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    float *q = fill(&r, B * nq * H * D), *k = fill(&r, B * nk * Hkv * D), *v = fill(&r, B * nk * Hkv * Dv);
+    float *dout = fill(&r, B * nq * H * Dv);
+    int64_t kl[8];
+    qkv_attn_desc d;
+    qkv_attn_desc_init(&d);
+    d.batch = B;
+    d.n_q = nq;
+    d.n_k = nk;
+    d.heads = H;
+    d.heads_kv = Hkv;
+    d.dim = D;
+    d.dim_v = Dv;
+    d.mask = sh->mask;
+    d.score = sh->score;
+    d.softcap = sh->softcap;
+    d.threads = 1;
+    if (sh->key_lengths) {
+        for (int64_t b = 0; b < B; b++) kl[b] = b == B - 1 ? 0 : (nk * 2) / 3 + b;
+        d.key_lengths = kl;
+    }
+    /* One process: the reference of this test. */
+    float *o1 = malloc((size_t)(B * nq * H * Dv) * sizeof(float)), *l1 = malloc((size_t)(B * H * nq) * sizeof(float));
+    float *dq1 = malloc((size_t)(B * nq * H * D) * sizeof(float)), *dk1 = malloc((size_t)(B * nk * Hkv * D) * sizeof(float));
+    float *dv1 = malloc((size_t)(B * nk * Hkv * Dv) * sizeof(float));
+    CHECK_STATUS(qkv_attention_forward(&d, q, k, v, o1, NULL, l1), QKV_OK);
+    qkv_attn_grads g1;
+    memset(&g1, 0, sizeof g1);
+    g1.dq = dq1;
+    g1.dk = dk1;
+    g1.dv = dv1;
+    CHECK_STATUS(qkv_attention_backward(&d, q, k, v, o1, l1, dout, &g1), QKV_OK);
+
+    /* This rank's slices. */
+    int64_t qs[2], ql[2], nql, ks[2], kln[2], nkl;
+    CHECK_STATUS(qkv_dist_partition(nq, g_size, g_rank, layout, qs, ql, &nql), QKV_OK);
+    CHECK_STATUS(qkv_dist_partition(nk, g_size, g_rank, layout, ks, kln, &nkl), QKV_OK);
+    size_t nqe = (size_t)(B * nql * H), nke = (size_t)(B * nkl * Hkv);
+    float *ql_q = malloc((nqe * D + 1) * sizeof(float)), *ql_k = malloc((nke * D + 1) * sizeof(float));
+    float *ql_v = malloc((nke * Dv + 1) * sizeof(float)), *ql_g = malloc((nqe * Dv + 1) * sizeof(float));
+    float *o2 = malloc((nqe * Dv + 1) * sizeof(float)), *l2 = malloc((nqe + 1) * sizeof(float));
+    float *dq2 = malloc((nqe * D + 1) * sizeof(float)), *dk2 = malloc((nke * D + 1) * sizeof(float));
+    float *dv2 = malloc((nke * Dv + 1) * sizeof(float));
+    float *want_o = malloc((nqe * Dv + 1) * sizeof(float)), *want_l = malloc((nqe + 1) * sizeof(float));
+    float *want_dq = malloc((nqe * D + 1) * sizeof(float)), *want_dk = malloc((nke * D + 1) * sizeof(float));
+    float *want_dv = malloc((nke * Dv + 1) * sizeof(float));
+    slice(ql_q, q, B, nq, H * D, qs, ql, nql);
+    slice(ql_k, k, B, nk, Hkv * D, ks, kln, nkl);
+    slice(ql_v, v, B, nk, Hkv * Dv, ks, kln, nkl);
+    slice(ql_g, dout, B, nq, H * Dv, qs, ql, nql);
+    slice(want_o, o1, B, nq, H * Dv, qs, ql, nql);
+    slice_lse(want_l, l1, B * H, nq, qs, ql, nql);
+    slice(want_dq, dq1, B, nq, H * D, qs, ql, nql);
+    slice(want_dk, dk1, B, nk, Hkv * D, ks, kln, nkl);
+    slice(want_dv, dv1, B, nk, Hkv * Dv, ks, kln, nkl);
+
+    qkv_status s = qkv_ring_attention_forward(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, o2, l2);
+    CHECK_STATUS(s, QKV_OK);
+    double eo = rel_err(o2, want_o, (int64_t)(nqe * Dv), 1e-6, 1e-5);
+    double el = rel_err(l2, want_l, (int64_t)nqe, 1e-6, 1e-6);
+    /* Backward twice: with the forward's outputs, and without (recomputed). */
+    s = qkv_ring_attention_backward(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, o2, l2, ql_g, dq2, dk2, dv2);
+    CHECK_STATUS(s, QKV_OK);
+    double eq = rel_err(dq2, want_dq, (int64_t)(nqe * D), 1e-5, 1e-4);
+    double ek = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
+    double ev = rel_err(dv2, want_dv, (int64_t)(nke * Dv), 1e-5, 1e-4);
+    memset(dk2, 0, (nke * D + 1) * sizeof(float));
+    s = qkv_ring_attention_backward(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, NULL, NULL, ql_g, dq2, dk2, dv2);
+    CHECK_STATUS(s, QKV_OK);
+    double ek2 = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
+    int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1;
+    CHECK(ok,
+          "rank %d/%d %s B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld mask=%d kl=%d score=%d seed=%llu: "
+          "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g",
+          g_rank, g_size, layout == QKV_DIST_ZIGZAG ? "zigzag" : "contiguous", (long long)B, (long long)nq,
+          (long long)nk, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (int)sh->mask,
+          sh->key_lengths, (int)sh->score, (unsigned long long)seed, eo, el, eq, ek, ev, ek2);
+    (void)sync_ok(ok);
+    free(q); free(k); free(v); free(dout); free(o1); free(l1); free(dq1); free(dk1); free(dv1);
+    free(ql_q); free(ql_k); free(ql_v); free(ql_g); free(o2); free(l2); free(dq2); free(dk2); free(dv2);
+    free(want_o); free(want_l); free(want_dq); free(want_dk); free(want_dv);
+}
+
+static void test_partition(void) {
+    int64_t st[2], ln[2], nl;
+    for (int p = 1; p <= 5; p++)
+        for (int layout = 0; layout < 2; layout++)
+            for (int64_t n = 1; n <= 23; n++) {
+                /* Every position exactly once. */
+                int seen[23] = {0}, bad = 0;
+                for (int r = 0; r < p; r++) {
+                    if (qkv_dist_partition(n, p, r, (qkv_dist_layout)layout, st, ln, &nl) != QKV_OK) bad = 1;
+                    for (int t = 0; t < 2; t++)
+                        for (int64_t i = 0; i < ln[t]; i++) seen[st[t] + i]++;
+                    if (nl != ln[0] + ln[1]) bad = 1;
+                }
+                for (int64_t i = 0; i < n; i++) bad |= seen[i] != 1;
+                CHECK(!bad, "partition n=%lld p=%d layout=%d", (long long)n, p, layout);
+            }
+    CHECK_STATUS(qkv_dist_partition(0, 2, 0, QKV_DIST_CONTIGUOUS, st, ln, &nl), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_dist_partition(4, 2, 2, QKV_DIST_CONTIGUOUS, st, ln, &nl), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_dist_partition(4, 2, 0, (qkv_dist_layout)7, st, ln, &nl), QKV_ERR_BAD_ENUM);
+    CHECK_STATUS(qkv_dist_partition(4, 2, 0, QKV_DIST_ZIGZAG, NULL, ln, &nl), QKV_ERR_NULL_POINTER);
+}
+
+/* Failures agreed by every rank, no hang. */
+static void test_errors(void) {
+    qkv_attn_desc d;
+    qkv_attn_desc_init(&d);
+    d.batch = 1;
+    d.n_q = d.n_k = 8;
+    d.heads = 2;
+    d.dim = 4;
+    d.threads = 1;
+    float buf[8 * 2 * 4], out[8 * 2 * 4], dq[8 * 2 * 4], dk[8 * 2 * 4], dv[8 * 2 * 4];
+    for (int i = 0; i < 64; i++) buf[i] = (float)(i % 7) * 0.1f;
+    /* Unsupported requests, the same on every rank. */
+    qkv_attn_desc u = d;
+    u.dtype = QKV_F64;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_UNSUPPORTED);
+    u = d;
+    u.mask = QKV_MASK_WINDOW;
+    u.window_left = u.window_right = 1;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_UNSUPPORTED);
+    u = d;
+    u.mask = QKV_MASK_CAUSAL;
+    u.n_q = 4;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_UNSUPPORTED);
+    u = d;
+    u.impl = QKV_IMPL_REFERENCE;
+    CHECK_STATUS(qkv_ring_attention_backward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, NULL, NULL, buf,
+                                             dq, dk, dv),
+                 QKV_ERR_UNSUPPORTED);
+    u = d;
+    u.heads_kv = 3;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_HEADS);
+    CHECK_STATUS(qkv_ring_attention_forward(NULL, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_ring_attention_forward(&d, (qkv_dist_layout)9, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_BAD_ENUM);
+    CHECK_STATUS(qkv_ring_attention_forward(&d, QKV_DIST_CONTIGUOUS, MPI_COMM_NULL, buf, buf, buf, out, NULL),
+                 QKV_ERR_NULL_POINTER);
+    /* The last rank passes no queries: everyone fails, nobody waits. */
+    const float *qq = g_rank == g_size - 1 ? NULL : buf;
+    qkv_status s = qkv_ring_attention_forward(&d, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, qq, buf, buf, out, NULL);
+    CHECK(s == QKV_ERR_NULL_POINTER, "NULL q on the last rank: rank %d got %d (%s)", g_rank, (int)s,
+          qkv_status_string(s));
+    s = qkv_ring_attention_backward(&d, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, NULL, NULL, buf, dq,
+                                    g_rank == 0 ? NULL : dk, dv);
+    CHECK(s == QKV_ERR_NULL_POINTER, "NULL dk on rank 0: rank %d got %d (%s)", g_rank, (int)s,
+          qkv_status_string(s));
+    /* A NaN in one rank's keys: that rank's check_finite fails inside the
+     * ring; every rank returns the error. */
+    float bad[64];
+    memcpy(bad, buf, sizeof bad);
+    if (g_rank == 0) bad[3] = NAN;
+    u = d;
+    u.check_finite = 1;
+    s = qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, bad, buf, out, NULL);
+    CHECK(s == QKV_ERR_NOT_FINITE, "NaN key on rank 0 with check_finite: rank %d got %d (%s)", g_rank, (int)s,
+          qkv_status_string(s));
+    /* The library left no memory behind. */
+    CHECK(qkv_memory_in_use() == 0, "%zu bytes still held", qkv_memory_in_use());
+}
+
+/* --bench N H D CAUSAL LAYOUT REPS (under mpirun): time and memory per rank
+ * of the ring forward and backward on a sequence of N positions (B = 1,
+ * H heads, head dim D, GQA off), for docs/DISTRIBUTED.md. Each rank makes
+ * only its own slices. Memory: the library's peak bytes (through an
+ * allocator hook) plus the caller's local tensors, and the process's
+ * maximum resident set (which includes MPI's own). */
+static _Atomic size_t g_live, g_peak;
+
+static void *bench_alloc(size_t n, void *user) {
+    (void)user;
+    size_t *p = malloc(n + sizeof(max_align_t));
+    if (!p) return NULL;
+    *p = n;
+    size_t live = atomic_fetch_add(&g_live, n) + n, peak = atomic_load(&g_peak);
+    while (live > peak && !atomic_compare_exchange_weak(&g_peak, &peak, live)) {
+    }
+    return (char *)p + sizeof(max_align_t);
+}
+
+static void bench_free(void *ptr, void *user) {
+    (void)user;
+    if (!ptr) return;
+    size_t *p = (size_t *)(void *)((char *)ptr - sizeof(max_align_t));
+    atomic_fetch_sub(&g_live, *p);
+    free(p);
+}
+
+static int bench(char **argv) {
+    int64_t n = atoll(argv[0]), H = atoll(argv[1]), D = atoll(argv[2]);
+    int causal = atoi(argv[3]), reps = atoi(argv[5]);
+    qkv_dist_layout layout = (qkv_dist_layout)atoi(argv[4]);
+    qkv_set_allocator(bench_alloc, bench_free, NULL);
+    qkv_attn_desc d;
+    qkv_attn_desc_init(&d);
+    d.batch = 1;
+    d.n_q = d.n_k = n;
+    d.heads = H;
+    d.dim = D;
+    d.threads = 1;
+    d.mask = causal ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+    int64_t st[2], ln[2], nl;
+    qkv_dist_partition(n, g_size, g_rank, layout, st, ln, &nl);
+    size_t e = (size_t)(nl * H * D) + 1;
+    tu_rng r;
+    tu_rng_seed(&r, 1 + (uint64_t)g_rank);
+    float *q = fill(&r, (int64_t)e), *k = fill(&r, (int64_t)e), *v = fill(&r, (int64_t)e), *g = fill(&r, (int64_t)e);
+    float *o = malloc(e * sizeof(float)), *l = malloc((size_t)(nl * H + 1) * sizeof(float));
+    float *dq = malloc(e * sizeof(float)), *dk = malloc(e * sizeof(float)), *dv = malloc(e * sizeof(float));
+    double tf = 1e30, tb = 1e30;
+    for (int it = 0; it <= reps; it++) { /* the first is a warm-up */
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        qkv_status s1 = qkv_ring_attention_forward(&d, layout, MPI_COMM_WORLD, q, k, v, o, l);
+        double t1 = MPI_Wtime(), f = t1 - t0, fmax = 0;
+        MPI_Barrier(MPI_COMM_WORLD);
+        t1 = MPI_Wtime();
+        qkv_status s2 = qkv_ring_attention_backward(&d, layout, MPI_COMM_WORLD, q, k, v, o, l, g, dq, dk, dv);
+        double b = MPI_Wtime() - t1, bmax = 0;
+        if (s1 != QKV_OK || s2 != QKV_OK) {
+            fprintf(stderr, "bench: %s / %s\n", qkv_status_string(s1), qkv_status_string(s2));
+            return 1;
+        }
+        MPI_Allreduce(&f, &fmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(&b, &bmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (it > 0 && fmax < tf) tf = fmax;
+        if (it > 0 && bmax < tb) tb = bmax;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double lib = (double)atomic_load(&g_peak) / 1048576.0, lib_max = 0;
+    double caller = (double)(8 * e + (size_t)(nl * H)) * sizeof(float) / 1048576.0, caller_max = 0;
+    double rss = (double)ru.ru_maxrss / 1024.0, rss_max = 0;
+    MPI_Reduce(&lib, &lib_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&caller, &caller_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&rss, &rss_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (g_rank == 0)
+        printf("| %d | %lld | %lld | %s | %.3f | %.3f | %.1f | %.1f | %.0f |\n", g_size, (long long)n,
+               (long long)(n / g_size), causal ? (layout == QKV_DIST_ZIGZAG ? "causal zig-zag" : "causal contiguous") : "full",
+               tf, tb, lib_max, caller_max, rss_max);
+    free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
+    return 0;
+}
+
+/* Helpers for tests/dist/attend_dist.sh (no MPI): write random q, k, v and
+ * dout .npy files, and compare two .npy files. */
+static int write_npy(const char *dir) {
+    static const struct { const char *name; int64_t shape[4]; } arr[] = {
+        {"q", {2, 45, 4, 16}}, {"k", {2, 45, 2, 16}}, {"v", {2, 45, 2, 8}}, {"dout", {2, 45, 4, 8}}};
+    tu_rng r;
+    tu_rng_seed(&r, 77);
+    for (int i = 0; i < 4; i++) {
+        qkv_array a;
+        char path[1024];
+        if (qkv_array_alloc(&a, QKV_F32, 4, arr[i].shape) != QKV_OK) return 1;
+        float *x = a.data;
+        int64_t n = arr[i].shape[0] * arr[i].shape[1] * arr[i].shape[2] * arr[i].shape[3];
+        for (int64_t j = 0; j < n; j++) x[j] = (float)(2.0 * tu_rng_uniform(&r) - 1.0);
+        snprintf(path, sizeof path, "%s/%s.npy", dir, arr[i].name);
+        qkv_status s = qkv_npy_save(path, &a);
+        qkv_array_free(&a);
+        if (s != QKV_OK) return 1;
+    }
+    return 0;
+}
+
+static int compare_npy(const char *a_path, const char *b_path, double tol) {
+    qkv_array a, b;
+    char why[256];
+    if (qkv_npy_load(a_path, &a, why, sizeof why) != QKV_OK || qkv_npy_load(b_path, &b, why, sizeof why) != QKV_OK) {
+        fprintf(stderr, "compare: cannot load: %s\n", why);
+        return 1;
+    }
+    int same = a.dtype == QKV_F32 && b.dtype == QKV_F32 && a.ndim == b.ndim;
+    int64_t n = 1;
+    for (int i = 0; same && i < a.ndim; i++) {
+        same = a.shape[i] == b.shape[i];
+        n *= a.shape[i];
+    }
+    double e = same ? rel_err(a.data, b.data, n, tol, tol) : INFINITY;
+    printf("compare %s %s: %s, error %.3g of the tolerance %g\n", a_path, b_path, same ? "same shape" : "SHAPES DIFFER",
+           e, tol);
+    qkv_array_free(&a);
+    qkv_array_free(&b);
+    return same && e <= 1 ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--write-npy") == 0) return write_npy(argv[2]);
+    if (argc == 5 && strcmp(argv[1], "--compare") == 0) return compare_npy(argv[2], argv[3], atof(argv[4]));
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--kill-rank") == 0) g_kill = atoi(argv[i + 1]);
+    if (argc == 8 && strcmp(argv[1], "--bench") == 0) {
+        int rc = bench(argv + 2);
+        MPI_Finalize();
+        return rc;
+    }
+
+    test_partition();
+    static const shape shapes[] = {
+        /* B  nq  nk  H Hkv D  Dv  mask              kl score                softcap */
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0},
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0},    /* GQA, uneven */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0}, /* MQA, > one tile */
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0},     /* key lengths, a dead row */
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0},              /* n_q != n_k */
+        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0},       /* n < 2p: empty pieces */
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0},       /* cosine, softcap */
+    };
+    uint64_t seed = 1000;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int layout = 0; layout < 2; layout++) {
+            if (g_kill >= 0 && i == 3 && layout == 1 && g_rank == g_kill) {
+                fprintf(stderr, "test_dist_ring: rank %d kills itself now (--kill-rank)\n", g_rank);
+                fflush(stderr);
+                raise(SIGKILL);
+            }
+            run_case(&shapes[i], (qkv_dist_layout)layout, seed++);
+        }
+    test_errors();
+
+    long failed = tu_failed, all_failed = 0;
+    MPI_Allreduce(&failed, &all_failed, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (g_rank == 0) printf("test_dist_ring: %d ranks, %ld checks failed over all ranks\n", g_size, all_failed);
+    int rc = tu_finish();
+    MPI_Finalize();
+    return all_failed ? 1 : rc;
+}
