@@ -182,9 +182,9 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb) {
             const float *dorows = f->dor + (bh * c->nq + i0) * Dv;
             for (int r0 = 0; r0 < rows; r0 += 8) {
                 int nv = nkr - r0 < 8 ? nkr - r0 : 8;
-                fa_pv_ranges(c, w->acc2 + r0 * ldDv, ldDv, NULL, w->s + r0 * FA_BQ, FA_BQ, dorows,
+                fa_pv_ranges(c, w->acc2 + r0 * ldDv, ldDv, NULL, w->s + r0 * FA_BQ, FA_BQ, 1, dorows,
                              (size_t)Dv, (size_t)Dv, w->a + r0, w->e + r0, nv);
-                fa_pv_ranges(c, w->acc1 + r0 * ldD, ldD, NULL, w->dp + r0 * FA_BQ, FA_BQ, qrows,
+                fa_pv_ranges(c, w->acc1 + r0 * ldD, ldD, NULL, w->dp + r0 * FA_BQ, FA_BQ, 1, qrows,
                              (size_t)D, (size_t)D, w->a + r0, w->e + r0, nv);
             }
         }
@@ -255,7 +255,7 @@ static void q_unit(void *vf, int64_t u, int t) {
                 for (int r = 0; r < nr; r++)
                     for (int j = w.a[r]; j < w.e[r]; j++) w.dp[r * FA_BK + j] *= w.dcap[r * FA_BK + j];
             for (int r0 = 0; r0 < rows; r0 += 8)
-                fa_pv_ranges(c, w.acc1 + r0 * ldD, ldD, NULL, w.dp + r0 * FA_BK, FA_BK,
+                fa_pv_ranges(c, w.acc1 + r0 * ldD, ldD, NULL, w.dp + r0 * FA_BK, FA_BK, 1,
                              krows + kt * D, (size_t)D, (size_t)D, w.a + r0, w.e + r0,
                              nr - r0 < 8 ? nr - r0 : 8);
         }

@@ -216,7 +216,7 @@ void fa_scores_cols(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
 }
 
 void fa_pv_ranges(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
-                  size_t ldp, const float *v, size_t ldv, size_t dv, const int *a, const int *e,
+                  size_t ldp, size_t pcs, const float *v, size_t ldv, size_t dv, const int *a, const int *e,
                   int nvalid) {
     const qkv_kernels *K = c->K;
     int c0 = 0, c1 = INT32_MAX;
@@ -225,20 +225,20 @@ void fa_pv_ranges(const fa_ctx *c, float *o, size_t ldo, const float *alpha, con
         if (e[r] < c1) c1 = e[r];
     }
     if (c0 < c1) {
-        K->pv(o, ldo, alpha, p + c0, ldp, v + (size_t)c0 * ldv, ldv, (size_t)(c1 - c0), dv, 8);
+        K->pv(o, ldo, alpha, p + c0 * pcs, ldp, pcs, v + (size_t)c0 * ldv, ldv, (size_t)(c1 - c0), dv, 8);
         for (int r = 0; r < nvalid; r++) {
             if (a[r] < c0)
-                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + a[r], ldp, v + (size_t)a[r] * ldv, ldv,
+                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + a[r] * pcs, ldp, pcs, v + (size_t)a[r] * ldv, ldv,
                       (size_t)(c0 - a[r]), dv, 1);
             if (e[r] > c1)
-                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + c1, ldp, v + (size_t)c1 * ldv, ldv,
+                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + c1 * pcs, ldp, pcs, v + (size_t)c1 * ldv, ldv,
                       (size_t)(e[r] - c1), dv, 1);
         }
     } else {
-        if (alpha) K->pv(o, ldo, alpha, p, ldp, v, ldv, 0, dv, 8);
+        if (alpha) K->pv(o, ldo, alpha, p, ldp, pcs, v, ldv, 0, dv, 8);
         for (int r = 0; r < nvalid; r++)
             if (e[r] > a[r])
-                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + a[r], ldp, v + (size_t)a[r] * ldv, ldv,
+                K->pv(o + r * ldo, ldo, NULL, p + r * ldp + a[r] * pcs, ldp, pcs, v + (size_t)a[r] * ldv, ldv,
                       (size_t)(e[r] - a[r]), dv, 1);
     }
 }

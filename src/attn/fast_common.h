@@ -107,7 +107,7 @@ void fa_scores_cols(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
  * goes through the 8-row kernel (with the rescale alpha), the rest row by row,
  * so a masked key's value is never multiplied, not even by 0. */
 void fa_pv_ranges(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
-                  size_t ldp, const float *v, size_t ldv, size_t dv, const int *a, const int *e,
+                  size_t ldp, size_t pcs, const float *v, size_t ldv, size_t dv, const int *a, const int *e,
                   int nvalid);
 
 /* COSINE backward: g <- J(x)^T g for x -> x / max(|x|, eps), in place, with

@@ -99,7 +99,7 @@ static void pv_holes(const fa_ctx *c, float *o, size_t ldo, const float *alpha, 
                      const float *v, size_t ldv, size_t dv, const int *a, const int *e,
                      const unsigned char *vis, int nvalid) {
     const qkv_kernels *K = c->K;
-    if (alpha) K->pv(o, ldo, alpha, p, FA_BK, v, ldv, 0, dv, 8);
+    if (alpha) K->pv(o, ldo, alpha, p, FA_BK, 1, v, ldv, 0, dv, 8);
     for (int r = 0; r < nvalid; r++) {
         const unsigned char *vr = vis + (size_t)r * FA_BK;
         for (int j = a[r]; j < e[r];) {
@@ -109,7 +109,7 @@ static void pv_holes(const fa_ctx *c, float *o, size_t ldo, const float *alpha, 
             }
             int j1 = j;
             while (j1 < e[r] && vr[j1]) j1++;
-            K->pv(o + r * ldo, ldo, NULL, p + (size_t)r * FA_BK + j, FA_BK, v + (size_t)j * ldv, ldv,
+            K->pv(o + r * ldo, ldo, NULL, p + (size_t)r * FA_BK + j, FA_BK, 1, v + (size_t)j * ldv, ldv,
                   (size_t)(j1 - j), dv, 1);
             j = j1;
         }
@@ -185,7 +185,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                              w.a + g, w.e + g, w.vis + (size_t)g * FA_BK, nv);
                 else
                     fa_pv_ranges(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
-                                 pw + (size_t)g * FA_BK, FA_BK, vb + kt * Dv, (size_t)Dv,
+                                 pw + (size_t)g * FA_BK, FA_BK, 1, vb + kt * Dv, (size_t)Dv,
                                  (size_t)Dv, w.a + g, w.e + g, nv);
             }
         }

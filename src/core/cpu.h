@@ -31,10 +31,12 @@ typedef struct qkv_kernels {
      * for r < rows (a multiple of 8) and c < 32*npanels. */
     void (*qk)(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
                size_t npanels, float *s, size_t lds);
-    /* o[r*ldo + c] = a_r * o[r*ldo + c] + sum_{j<nk} p[r*ldp + j] * v[j*ldv + c]
+    /* o[r*ldo + c] = a_r * o[r*ldo + c] + sum_{j<nk} p[r*ldp + j*pcs] * v[j*ldv + c]
      * for r < rows (1..8), c < dv; a_r = alpha[r], or 1 when alpha is NULL.
-     * Reads exactly v[j*ldv + c] for j < nk, c < dv. */
-    void (*pv)(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+     * pcs = 1 reads p row by row; pcs = its row stride with ldp = 1 reads the
+     * transpose (the backward's dQ from a key-major tile). Reads exactly
+     * v[j*ldv + c] for j < nk, c < dv. */
+    void (*pv)(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp, size_t pcs,
                const float *v, size_t ldv, size_t nk, size_t dv, size_t rows);
     /* One online-softmax step over rows r < rows of s (cols entries each,
      * -inf = masked), whose logits in base 2 are c * s (c > 0):

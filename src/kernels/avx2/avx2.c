@@ -101,7 +101,7 @@ static void qk_avx2(const float *q, size_t ldq, const float *kp, size_t D, size_
 
 /* R rows (R <= 6) x 16 output columns of o = alpha o + p v. */
 QKV_INLINE void pv_tile(const int R, float *o, size_t ldo, const float *alpha, const float *p,
-                        size_t ldp, const float *v, size_t ldv, size_t nk, size_t dv) {
+                        size_t ldp, size_t pcs, const float *v, size_t ldv, size_t nk, size_t dv) {
     for (size_t c = 0; c < dv; c += 16) {
         __m256i m0 = tail_mask(dv - c), m1 = tail_mask(dv - c > 8 ? dv - c - 8 : 0);
         __m256 a0[6], a1[6];
@@ -129,7 +129,7 @@ QKV_INLINE void pv_tile(const int R, float *o, size_t ldo, const float *alpha, c
                 __m256 v1 = _mm256_loadu_ps(vc + j * ldv + 8);
 #pragma GCC unroll 6
                 for (int r = 0; r < R; r++) {
-                    __m256 x = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+                    __m256 x = _mm256_broadcast_ss(p + (size_t)r * ldp + j * pcs);
                     a0[r] = _mm256_fmadd_ps(x, v0, a0[r]);
                     a1[r] = _mm256_fmadd_ps(x, v1, a1[r]);
                 }
@@ -140,7 +140,7 @@ QKV_INLINE void pv_tile(const int R, float *o, size_t ldo, const float *alpha, c
                 __m256 v1 = _mm256_maskload_ps(vc + j * ldv + 8, m1);
 #pragma GCC unroll 6
                 for (int r = 0; r < R; r++) {
-                    __m256 x = _mm256_broadcast_ss(p + (size_t)r * ldp + j);
+                    __m256 x = _mm256_broadcast_ss(p + (size_t)r * ldp + j * pcs);
                     a0[r] = _mm256_fmadd_ps(x, v0, a0[r]);
                     a1[r] = _mm256_fmadd_ps(x, v1, a1[r]);
                 }
@@ -160,9 +160,9 @@ QKV_INLINE void pv_tile(const int R, float *o, size_t ldo, const float *alpha, c
 }
 
 static void pv_avx2(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
-                    const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
+                    size_t pcs, const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
     size_t r = 0;
-#define PV_AT(R) pv_tile(R, o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, v, ldv, nk, dv)
+#define PV_AT(R) pv_tile(R, o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, pcs, v, ldv, nk, dv)
     if (rows == 8) { /* 4 + 4: each tile keeps 8 FMA chains busy (6 + 2 would leave 4) */
         PV_AT(4);
         r = 4;

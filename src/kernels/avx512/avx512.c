@@ -81,7 +81,7 @@ static void qk_avx512(const float *q, size_t ldq, const float *kp, size_t D, siz
     }
 }
 
-static void pv8(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+static void pv8(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp, size_t pcs,
                 const float *v, size_t ldv, size_t nk, size_t dv) {
     for (size_t c = 0; c < dv; c += 32) {
         __mmask16 m0 = tail_mask(dv - c), m1 = dv - c > 16 ? tail_mask(dv - c - 16) : 0;
@@ -103,7 +103,7 @@ static void pv8(float *o, size_t ldo, const float *alpha, const float *p, size_t
             __m512 v1 = _mm512_maskz_loadu_ps(m1, vc + j * ldv + 16);
 #define FMA(r)                                                \
     {                                                         \
-        __m512 x = _mm512_set1_ps(p[(r) * ldp + j]);          \
+        __m512 x = _mm512_set1_ps(p[(r) * ldp + j * pcs]);    \
         a0[r] = _mm512_fmadd_ps(x, v0, a0[r]);                \
         a1[r] = _mm512_fmadd_ps(x, v1, a1[r]);                \
     }
@@ -118,26 +118,26 @@ static void pv8(float *o, size_t ldo, const float *alpha, const float *p, size_t
     }
 }
 
-static void pv1(float *o, const float *alpha, const float *p, const float *v, size_t ldv,
+static void pv1(float *o, const float *alpha, const float *p, size_t pcs, const float *v, size_t ldv,
                 size_t nk, size_t dv) {
     for (size_t c = 0; c < dv; c += 16) {
         __mmask16 m0 = tail_mask(dv - c);
         __m512 a = _mm512_maskz_loadu_ps(m0, o + c);
         if (alpha) a = _mm512_mul_ps(_mm512_set1_ps(alpha[0]), a);
         for (size_t j = 0; j < nk; j++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m0, v + j * ldv + c), a);
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[j * pcs]), _mm512_maskz_loadu_ps(m0, v + j * ldv + c), a);
         _mm512_mask_storeu_ps(o + c, m0, a);
     }
 }
 
 static void pv_avx512(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
-                      const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
+                      size_t pcs, const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
     if (rows == 8) {
-        pv8(o, ldo, alpha, p, ldp, v, ldv, nk, dv);
+        pv8(o, ldo, alpha, p, ldp, pcs, v, ldv, nk, dv);
         return;
     }
     for (size_t r = 0; r < rows; r++)
-        pv1(o + r * ldo, alpha ? alpha + r : NULL, p + r * ldp, v, ldv, nk, dv);
+        pv1(o + r * ldo, alpha ? alpha + r : NULL, p + r * ldp, pcs, v, ldv, nk, dv);
 }
 
 static void exp2_avx512(float *x, size_t n) {

@@ -25,7 +25,7 @@ static void qk_generic(const float *q, size_t ldq, const float *kp, size_t D, si
 }
 
 static void pv_generic(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
-                       const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
+                       size_t pcs, const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
     for (size_t r = 0; r < rows; r++) {
         float *orow = o + r * ldo;
         if (alpha) {
@@ -34,7 +34,7 @@ static void pv_generic(float *o, size_t ldo, const float *alpha, const float *p,
         }
         const float *prow = p + r * ldp;
         for (size_t j = 0; j < nk; j++) {
-            float w = prow[j];
+            float w = prow[j * pcs];
             const float *vj = v + j * ldv;
             for (size_t c = 0; c < dv; c++) orow[c] += w * vj[c];
         }
