@@ -28,7 +28,9 @@ enum {
     OPT_HELP, OPT_Q, OPT_K, OPT_V, OPT_OUT, OPT_MASK, OPT_SCORE, OPT_SCALE, OPT_TEMPERATURE,
     OPT_NORM, OPT_RELU_COUNT, OPT_SOFTCAP, OPT_KEY_LENGTHS, OPT_SEQ_OFFSETS, OPT_BIAS,
     OPT_ATTN, OPT_LSE, OPT_DTYPE, OPT_IMPL, OPT_THREADS, OPT_PRINT, OPT_GRAD_OUT, OPT_DQ,
-    OPT_DK, OPT_DV, OPT_DBIAS, OPT_COUNT
+    OPT_DK, OPT_DV, OPT_DBIAS,
+    OPT_DISTRIBUTED, /* mpirun -np P qkv attend --distributed ... (see the end of this file) */
+    OPT_COUNT
 };
 
 /* Indexed by id: options[id].id == id. */
@@ -59,6 +61,7 @@ static const cli_opt options[OPT_COUNT] = {
     {"--dk", NULL, 1, OPT_DK},
     {"--dv", NULL, 1, OPT_DV},
     {"--dbias", NULL, 1, OPT_DBIAS},
+    {"--distributed", NULL, 0, OPT_DISTRIBUTED},
 };
 
 static const char *opt_name(int id) { return options[id].name; }
@@ -135,6 +138,8 @@ static void help(void) {
         "                      (plain loops in double) or fast (error if it does not apply)\n"
         "                      (plain loops accumulating in double)\n"
         "  --threads N         worker threads, 0 (default) = QKV_NUM_THREADS or all cores\n"
+        "  --distributed       under mpirun -np P: ring attention over the P ranks (rank 0\n"
+        "                      reads and writes the files; docs/DISTRIBUTED.md)\n"
         "  -h, --help          show this help and exit\n"
         "\n"
         "Options take their value as the next argument or after '=' (--mask=causal).\n"
@@ -916,10 +921,13 @@ static int run(const config *c, job *j) {
     return CLI_EXIT_OK;
 }
 
+static int attend_distributed(const config *c); /* the end of this file */
+
 int cli_cmd_attend(int argc, char **argv) {
     config c;
     int rc = parse_args(argc, argv, &c);
     if (rc != PARSE_CONTINUE) return rc;
+    if (c.given[OPT_DISTRIBUTED]) return attend_distributed(&c);
     job j;
     memset(&j, 0, sizeof j);
     rc = run(&c, &j);
@@ -930,3 +938,233 @@ int cli_cmd_attend(int argc, char **argv) {
     }
     return rc;
 }
+
+/* ------------------------------------------------------------------------- */
+/* --distributed: mpirun -np P qkv attend --distributed ... reads and writes
+ * the same files as one process. Rank 0 reads and checks the inputs, sends
+ * each rank its positions (zig-zag pieces for a causal mask, contiguous
+ * ones otherwise: qkv_dist_partition), every rank runs the ring attention
+ * (qkv_ring_attention_forward/backward) on its slice, and rank 0 gathers the
+ * slices and writes the outputs. Only rank 0 holds whole arrays (for the
+ * I/O); the attention itself uses O(n/P) memory per rank. Every rank exits
+ * with rank 0's status. */
+#ifdef QKV_HAVE_MPI
+
+/* What rank 0 tells the others before the data. */
+typedef struct dist_head {
+    int ok;                 /* 0: rank 0 failed (message printed); stop */
+    int backward, want_lse, has_kl;
+    qkv_attn_desc desc;     /* pointers cleared */
+} dist_head;
+
+static int dist_fail(const char *fmt, const char *detail) {
+    cli_error(CMD, "--distributed", NULL, fmt, detail);
+    return -1;
+}
+
+/* Rows of one rank's pieces of a [B, n, x] float tensor <-> [B, nloc, x]. */
+static void dist_rows(float *local, float *full, int64_t B, int64_t n, int64_t x, const int64_t st[2],
+                      const int64_t ln[2], int64_t nloc, int to_local) {
+    for (int64_t b = 0; b < B; b++) {
+        int64_t at = 0;
+        for (int t = 0; t < 2; t++) {
+            float *l = local + (b * nloc + at) * x, *f = full + (b * n + st[t]) * x;
+            size_t bytes = (size_t)(ln[t] * x) * sizeof(float);
+            if (to_local) memcpy(l, f, bytes);
+            else memcpy(f, l, bytes);
+            at += ln[t];
+        }
+    }
+}
+
+/* One tensor's slices: scattered from rank 0 (to_local) or gathered to it.
+ * full: rank 0's whole tensor; local: this rank's [B, nloc, x]; lse_rows:
+ * a [B*H, n] lse instead (rows of x = 1 with B*H "batches"). */
+static int dist_move(MPI_Comm comm, int rank, int size, float *full, float *local, int64_t B, int64_t n,
+                     int64_t x, qkv_dist_layout layout, int to_local, float *tmp) {
+    for (int r = 0; r < size; r++) {
+        int64_t st[2], ln[2], nl;
+        qkv_dist_partition(n, size, r, layout, st, ln, &nl);
+        int64_t count = B * nl * x;
+        if (count > INT32_MAX) return -1;
+        if (rank == 0) {
+            float *buf = r == 0 ? local : tmp;
+            if (to_local) {
+                dist_rows(buf, full, B, n, x, st, ln, nl, 1);
+                if (r != 0 && MPI_Send(buf, (int)count, MPI_FLOAT, r, 11, comm) != MPI_SUCCESS) return -1;
+            } else {
+                if (r != 0 && MPI_Recv(buf, (int)count, MPI_FLOAT, r, 12, comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                    return -1;
+                dist_rows(buf, full, B, n, x, st, ln, nl, 0);
+            }
+        } else if (r == rank) {
+            int rc = to_local ? MPI_Recv(local, (int)count, MPI_FLOAT, 0, 11, comm, MPI_STATUS_IGNORE)
+                              : MPI_Send(local, (int)count, MPI_FLOAT, 0, 12, comm);
+            if (rc != MPI_SUCCESS) return -1;
+        }
+    }
+    return 0;
+}
+
+static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int size) {
+    job j;
+    memset(&j, 0, sizeof j);
+    dist_head hd;
+    memset(&hd, 0, sizeof hd);
+    int64_t kl[4096];
+    dims dq = {1, 1, 1, 1};
+    int rc = CLI_EXIT_FAIL;
+    if (rank == 0) {
+        hd.desc = c->desc;
+        for (int i = 0; i < OUT_COUNT; i++) j.out[i].opt = output_opt[i];
+        hd.ok = load_inputs(c, &j, &hd.desc, &dq) == 0;
+        if (hd.ok && (c->given[OPT_ATTN] || c->print))
+            hd.ok = dist_fail("%s: the n x n attention matrix is not computed by the ring", "--attn/--print") == 0;
+        if (hd.ok && (c->given[OPT_BIAS] || c->given[OPT_SEQ_OFFSETS]))
+            hd.ok = dist_fail("%s are not supported by the ring attention", "--bias and --seq-offsets") == 0;
+        if (hd.ok && hd.desc.dtype != QKV_F32)
+            hd.ok = dist_fail("%s: the ring attention computes in float32 only", "--dtype") == 0;
+        if (hd.ok && hd.desc.batch > (int64_t)(sizeof kl / sizeof kl[0]))
+            hd.ok = dist_fail("%s: at most 4096 batches", "--q") == 0;
+        if (hd.ok) {
+            qkv_status s = qkv_attn_desc_check(&hd.desc);
+            if (s != QKV_OK) {
+                status_error(&j, "invalid attention request", s);
+                hd.ok = 0;
+            }
+        }
+        hd.backward = c->backward;
+        hd.want_lse = c->given[OPT_LSE];
+        hd.has_kl = hd.ok && hd.desc.key_lengths != NULL;
+        if (hd.has_kl) memcpy(kl, hd.desc.key_lengths, (size_t)hd.desc.batch * sizeof(int64_t));
+        hd.desc.key_lengths = NULL;
+        hd.desc.bias = NULL;
+        hd.desc.seq_offsets_q = hd.desc.seq_offsets_k = NULL;
+    }
+    if (MPI_Bcast(&hd, (int)sizeof hd, MPI_BYTE, 0, comm) != MPI_SUCCESS || !hd.ok) {
+        job_free(&j);
+        return CLI_EXIT_FAIL;
+    }
+    qkv_attn_desc d = hd.desc;
+    if (hd.has_kl) {
+        MPI_Bcast(kl, (int)d.batch, MPI_INT64_T, 0, comm);
+        d.key_lengths = kl;
+    }
+    const int64_t B = d.batch, H = d.heads, Hkv = d.heads_kv ? d.heads_kv : H, D = d.dim,
+                  Dv = d.dim_v ? d.dim_v : D;
+    qkv_dist_layout layout = d.mask == QKV_MASK_CAUSAL ? QKV_DIST_ZIGZAG : QKV_DIST_CONTIGUOUS;
+    int64_t qs[2], ql[2], nql, ks[2], kln[2], nkl, maxq = 0, maxk = 0;
+    for (int r = 0; r < size; r++) {
+        qkv_dist_partition(d.n_q, size, r, layout, qs, ql, &nql);
+        qkv_dist_partition(d.n_k, size, r, layout, ks, kln, &nkl);
+        if (nql > maxq) maxq = nql;
+        if (nkl > maxk) maxk = nkl;
+    }
+    qkv_dist_partition(d.n_q, size, rank, layout, qs, ql, &nql);
+    qkv_dist_partition(d.n_k, size, rank, layout, ks, kln, &nkl);
+    size_t rq = (size_t)(B * nql * H), rk = (size_t)(B * nkl * Hkv);
+    size_t tmp_n = (size_t)(B * (maxq > maxk ? maxq : maxk) * H * (D > Dv ? D : Dv)) + 1;
+    float *lq = malloc((rq * (size_t)D + 1) * sizeof(float)), *lk = malloc((rk * (size_t)D + 1) * sizeof(float));
+    float *lv = malloc((rk * (size_t)Dv + 1) * sizeof(float)), *lo = malloc((rq * (size_t)Dv + 1) * sizeof(float));
+    float *ll_ = malloc((rq + 1) * sizeof(float)), *lg = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
+    float *tmp = rank == 0 ? malloc(tmp_n * sizeof(float)) : NULL;
+    int ok = lq && lk && lv && lo && ll_ && (rank != 0 || tmp);
+    if (ok && hd.backward) {
+        lg = malloc((rq * (size_t)Dv + 1) * sizeof(float));
+        ldq = malloc((rq * (size_t)D + 1) * sizeof(float));
+        ldk = malloc((rk * (size_t)D + 1) * sizeof(float));
+        ldv = malloc((rk * (size_t)Dv + 1) * sizeof(float));
+        ok = lg && ldq && ldk && ldv;
+    }
+    int all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+    if (!all_ok) {
+        if (!ok) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", rank);
+        goto out;
+    }
+    /* Scatter the inputs. */
+    if (dist_move(comm, rank, size, rank == 0 ? j.in[IN_Q].a.data : NULL, lq, B, d.n_q, H * D, layout, 1, tmp) ||
+        dist_move(comm, rank, size, rank == 0 ? j.in[IN_K].a.data : NULL, lk, B, d.n_k, Hkv * D, layout, 1, tmp) ||
+        dist_move(comm, rank, size, rank == 0 ? j.in[IN_V].a.data : NULL, lv, B, d.n_k, Hkv * Dv, layout, 1, tmp) ||
+        (hd.backward &&
+         dist_move(comm, rank, size, rank == 0 ? j.in[IN_DOUT].a.data : NULL, lg, B, d.n_q, H * Dv, layout, 1, tmp))) {
+        cli_error(CMD, "--distributed", NULL, "rank %d: sending the inputs failed", rank);
+        goto out;
+    }
+    qkv_status s = qkv_ring_attention_forward(&d, layout, comm, lq, lk, lv, lo, ll_);
+    if (s == QKV_OK && hd.backward)
+        s = qkv_ring_attention_backward(&d, layout, comm, lq, lk, lv, lo, ll_, lg, ldq, ldk, ldv);
+    if (s != QKV_OK) {
+        if (rank == 0) status_error(&j, "ring attention failed", s);
+        goto out;
+    }
+    /* Gather the outputs into rank 0's arrays, shaped as one process's. */
+    int want_o = 0;
+    if (rank == 0) {
+        const qkv_array *qa = &j.in[IN_Q].a;
+        int r = qa->ndim, m = 0, ma = 0;
+        int64_t o_shape[4], l_shape[3];
+        if (r == 4) o_shape[m++] = dq.b;
+        o_shape[m++] = dq.n;
+        if (r >= 3) o_shape[m++] = dq.h;
+        o_shape[m++] = Dv;
+        if (r == 4) l_shape[ma++] = dq.b;
+        if (r >= 3) l_shape[ma++] = dq.h;
+        l_shape[ma++] = dq.n;
+        want_o = c->given[OPT_OUT];
+        if (alloc_output(&j, OUT_O, want_o ? c->val[OPT_OUT] : NULL, QKV_F32, r, o_shape, "the output") ||
+            (hd.want_lse && alloc_output(&j, OUT_LSE, c->val[OPT_LSE], QKV_F32, ma, l_shape, "the log-sum-exp")) ||
+            (hd.backward &&
+             (alloc_output(&j, OUT_DQ, c->val[OPT_DQ], QKV_F32, qa->ndim, qa->shape, "dL/dQ") ||
+              alloc_output(&j, OUT_DK, c->val[OPT_DK], QKV_F32, j.in[IN_K].a.ndim, j.in[IN_K].a.shape, "dL/dK") ||
+              alloc_output(&j, OUT_DV, c->val[OPT_DV], QKV_F32, j.in[IN_V].a.ndim, j.in[IN_V].a.shape, "dL/dV"))))
+            ok = 0;
+    }
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+    if (!all_ok) goto out;
+    if (dist_move(comm, rank, size, rank == 0 ? j.out[OUT_O].a.data : NULL, lo, B, d.n_q, H * Dv, layout, 0, tmp) ||
+        (hd.want_lse &&
+         dist_move(comm, rank, size, rank == 0 ? j.out[OUT_LSE].a.data : NULL, ll_, B * H, d.n_q, 1, layout, 0, tmp)) ||
+        (hd.backward &&
+         (dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DQ].a.data : NULL, ldq, B, d.n_q, H * D, layout, 0, tmp) ||
+          dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DK].a.data : NULL, ldk, B, d.n_k, Hkv * D, layout, 0, tmp) ||
+          dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DV].a.data : NULL, ldv, B, d.n_k, Hkv * Dv, layout, 0, tmp)))) {
+        cli_error(CMD, "--distributed", NULL, "rank %d: gathering the outputs failed", rank);
+        goto out;
+    }
+    rc = CLI_EXIT_OK;
+    if (rank == 0 && write_outputs(&j) != 0) rc = CLI_EXIT_FAIL;
+out:
+    free(lq); free(lk); free(lv); free(lo); free(ll_); free(lg); free(ldq); free(ldk); free(ldv); free(tmp);
+    job_free(&j);
+    return rc;
+}
+
+static int attend_distributed(const config *c) {
+    int inited = 0, provided = 0, rank = 0, size = 1;
+    MPI_Initialized(&inited);
+    if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        cli_error(CMD, "--distributed", NULL, "MPI_Init failed");
+        return CLI_EXIT_FAIL;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int rc = attend_distributed_run(c, MPI_COMM_WORLD, rank, size);
+    /* Every rank exits with rank 0's status (the one that wrote or not). */
+    int worst = rc;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!inited) MPI_Finalize();
+    return worst;
+}
+
+#else /* built without MPI */
+
+static int attend_distributed(const config *c) {
+    (void)c;
+    cli_error(CMD, "--distributed", NULL,
+              "this qkv was built without MPI (install Open MPI, e.g. apt-get install openmpi-bin "
+              "libopenmpi-dev, and rebuild: CMake finds it; docs/DISTRIBUTED.md)");
+    return CLI_EXIT_USAGE;
+}
+
+#endif /* QKV_HAVE_MPI */
