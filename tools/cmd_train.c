@@ -129,6 +129,108 @@ static qkv_status evaluate(qkv_model *m, const train_run *r, int64_t examples, u
 
 #define EVAL_SEED_SALT 0x5EED0E7A1ull
 
+/* ---- data parallelism under mpirun (docs/DISTRIBUTED.md) -------------------
+ * mpirun -np P qkv train ...: every rank builds the same model (same seed,
+ * or the same checkpoint), draws the same whole batch and trains on its
+ * slice of it (rows r*B/P ..); the gradients are summed across ranks, each
+ * weighted by its share of the batch's targeted positions, so every rank
+ * takes the step one process would take on the whole batch, and the loss
+ * logged is the whole batch's. Rank 0 alone writes the log and the
+ * checkpoints (atomically, as always) and prints. Started without mpirun
+ * (no launcher in the environment), qkv train is one process as before. */
+typedef struct dp_ctx {
+    int rank, size, inited;
+#ifdef QKV_HAVE_MPI
+    MPI_Comm comm;
+#endif
+} dp_ctx;
+
+static int dp_launched(void) { /* set by mpirun / the PMI(x) launchers */
+    const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!s) s = getenv("PMI_SIZE");
+    if (!s) s = getenv("PMIX_SIZE");
+    return s && atoi(s) > 1;
+}
+
+static int dp_begin(dp_ctx *dp) {
+    dp->rank = 0;
+    dp->size = 1;
+    dp->inited = 0;
+    if (!dp_launched()) return 0;
+#ifdef QKV_HAVE_MPI
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+            cli_error(CMD, NULL, NULL, "started by mpirun, but MPI_Init failed");
+            return -1;
+        }
+        dp->inited = 1;
+    }
+    dp->comm = MPI_COMM_WORLD;
+    MPI_Comm_rank(dp->comm, &dp->rank);
+    MPI_Comm_size(dp->comm, &dp->size);
+    return 0;
+#else
+    cli_error(CMD, NULL, NULL, "started by mpirun with several ranks, but this qkv was built without MPI "
+              "(install Open MPI and rebuild; docs/DISTRIBUTED.md)");
+    return -1;
+#endif
+}
+
+/* 1 when `bad` is set on any rank (so that all ranks stop together). */
+static int dp_any(const dp_ctx *dp, int bad) {
+#ifdef QKV_HAVE_MPI
+    if (dp->size > 1) {
+        int any = bad;
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, dp->comm);
+        return any;
+    }
+#else
+    (void)dp;
+#endif
+    return bad;
+}
+
+/* This rank's rows [*b0, *b0 + *bn) of a batch of B, and its weight: its
+ * share of the batch's targeted positions (tgt [B, N], -1 = none). */
+static void dp_slice(const dp_ctx *dp, int64_t B, int64_t N, const int32_t *tgt, int64_t *b0, int64_t *bn,
+                     double *weight) {
+    *b0 = B * dp->rank / dp->size;
+    *bn = B * (dp->rank + 1) / dp->size - *b0;
+    int64_t all = 0, mine = 0;
+    for (int64_t i = 0; i < B * N; i++)
+        if (tgt[i] >= 0) {
+            all++;
+            if (i >= *b0 * N && i < (*b0 + *bn) * N) mine++;
+        }
+    *weight = all ? (double)mine / (double)all : 1.0 / dp->size;
+}
+
+/* Sum the weighted gradients and losses over the ranks. */
+static qkv_status dp_reduce(const dp_ctx *dp, qkv_model *m, double weight, double *loss) {
+#ifdef QKV_HAVE_MPI
+    if (dp->size > 1) {
+        double mine = *loss * weight;
+        if (MPI_Allreduce(&mine, loss, 1, MPI_DOUBLE, MPI_SUM, dp->comm) != MPI_SUCCESS) return QKV_ERR_IO;
+        return qkv_model_allreduce_grads(m, weight, 0, dp->comm);
+    }
+#else
+    (void)dp;
+    (void)m;
+    (void)weight;
+    (void)loss;
+#endif
+    return QKV_OK;
+}
+
+static void dp_end(dp_ctx *dp) {
+#ifdef QKV_HAVE_MPI
+    if (dp->inited) MPI_Finalize();
+#endif
+    dp->inited = 0;
+}
+
 /* ---- training ---------------------------------------------------------------- */
 
 static int save_checkpoint(const char *dir, const qkv_model *m, const qkv_adamw *opt, const train_run *r) {
@@ -202,7 +304,18 @@ static int parse_task_option(const char *v, train_run *r) {
     return 0;
 }
 
+static int train_main(int argc, char **argv, const dp_ctx *dp);
+
 int cli_cmd_train(int argc, char **argv) {
+    dp_ctx dp;
+    if (dp_begin(&dp) != 0) return CLI_EXIT_FAIL;
+    int rc = train_main(argc, argv, &dp);
+    if (dp.size > 1) rc = dp_any(&dp, rc); /* the worst status of any rank */
+    dp_end(&dp);
+    return rc;
+}
+
+static int train_main(int argc, char **argv, const dp_ctx *dp) {
     cli_args a = {CMD, argc, argv, 1};
     train_run r;
     memset(&r, 0, sizeof r);
@@ -278,6 +391,7 @@ int cli_cmd_train(int argc, char **argv) {
         cli_usage_hint(CMD);
         return CLI_EXIT_USAGE;
     }
+    if (dp->rank != 0) quiet = 1; /* data parallel: rank 0 reports */
     if (resume && (have_task || (out && strcmp(out, resume) != 0) || explicit_model)) {
         cli_error(CMD, "--resume", resume, "continues the run as it was: give only --threads (and --quiet) with it");
         return CLI_EXIT_USAGE;
@@ -364,8 +478,16 @@ int cli_cmd_train(int argc, char **argv) {
         int64_t V, N;
         int causal;
         qkv_task_shape(&r.task, &V, &N, &causal);
-        FILE *log = open_log(out, r.step);
-        if (!log) goto done;
+        FILE *log = dp->rank == 0 ? open_log(out, r.step) : fopen("/dev/null", "w");
+        if (dp_any(dp, !log)) {
+            if (log) fclose(log);
+            goto done;
+        }
+        if (dp->size > 1 && r.batch < dp->size) {
+            cli_error(CMD, "--batch", NULL, "%lld rows cannot be shared by %d ranks", (long long)r.batch, dp->size);
+            fclose(log);
+            goto done;
+        }
         int32_t *tok = malloc((size_t)(r.batch * N) * sizeof(int32_t)), *tgt = malloc((size_t)(r.batch * N) * sizeof(int32_t));
         if (!tok || !tgt) {
             free(tok);
@@ -388,8 +510,16 @@ int cli_cmd_train(int argc, char **argv) {
             if ((s = qkv_task_batch(&r.task, r.seed, r.step, r.batch, tok, tgt)) != QKV_OK) break;
             qkv_model_set_step(m, r.seed, r.step);
             qkv_model_zero_grad(m);
-            if ((s = qkv_model_forward(m, r.batch, N, tok, tgt, 1, NULL, &loss)) != QKV_OK ||
-                (s = qkv_model_backward(m)) != QKV_OK || (s = qkv_adamw_step(opt, lr, r.clip, &gnorm)) != QKV_OK)
+            int64_t b0 = 0, bn = r.batch;
+            double share = 1.0;
+            if (dp->size > 1) dp_slice(dp, r.batch, N, tgt, &b0, &bn, &share);
+            s = qkv_model_forward(m, bn, N, tok + b0 * N, tgt + b0 * N, 1, NULL, &loss);
+            if (s == QKV_OK) s = qkv_model_backward(m);
+            if (dp_any(dp, s != QKV_OK)) { /* every rank stops together */
+                if (s == QKV_OK) s = QKV_ERR_IO;
+                break;
+            }
+            if ((s = dp_reduce(dp, m, share, &loss)) != QKV_OK || (s = qkv_adamw_step(opt, lr, r.clip, &gnorm)) != QKV_OK)
                 break;
             double te = now_s();
             double tps = (double)(r.batch * N) / (te - ts);
@@ -399,7 +529,7 @@ int cli_cmd_train(int argc, char **argv) {
                 int64_t keep = r.step;
                 r.step++;
                 fflush(log);
-                if (save_checkpoint(out, m, opt, &r) != 0) {
+                if (dp_any(dp, dp->rank == 0 && save_checkpoint(out, m, opt, &r) != 0)) {
                     failed = 1;
                     break;
                 }
@@ -430,6 +560,10 @@ int cli_cmd_train(int argc, char **argv) {
             goto done;
         }
         double acc, tacc, eloss;
+        if (dp->rank != 0) { /* rank 0 evaluates and reports */
+            rc = CLI_EXIT_OK;
+            goto done;
+        }
         if ((s = evaluate(m, &r, 512, r.seed ^ EVAL_SEED_SALT, &acc, &tacc, &eloss)) == QKV_OK)
             printf("%s: exact-sequence accuracy %.2f%%, token accuracy %.2f%%, loss %.4f on 512 fresh examples\n",
                    qkv_task_name(r.task.task), 100 * acc, 100 * tacc, eloss);
