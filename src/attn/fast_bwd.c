@@ -2,18 +2,18 @@
  * weights are recomputed tile by tile from Q, K and the saved log-sum-exp
  * (P = exp(s - lse)), never stored; D_i = rowsum(dO_i * O_i).
  *
- * Two passes, so that no two threads ever add into the same memory and the
- * result is bitwise identical for any thread count:
- *  1. key blocks (unit = one block of FA_BK keys of one (b, kv head); with a
- *     bias gradient, one key block of every (b, kv head), so that each dbias
- *     column block has one owner summing over batch and heads in a fixed
- *     order): for every query block of every query head sharing the kv head,
- *     S^T = K Q^T, dP^T = V dO^T, P, dS = P (dP - D), then dV += P^T dO and
- *     dK += dS^T Q into the block's accumulators;
- *  2. query blocks (unit = one block of FA_BQ queries of one (b, h)): S, dP,
- *     dS again and dQ += dS K.
- * Pass 2 recomputes two products that pass 1 had (7 tile products instead of
- * 5): the price of determinism without atomics or per-thread dQ copies.
+ * One pass over key blocks computes everything, and no two threads ever add
+ * into the same memory, so the result is bitwise identical for any thread
+ * count. For each key block of a (b, kv head) and every query block of every
+ * query head sharing it: S^T = K Q^T, dP^T = V dO^T, P, dS = P (dP - D), then
+ * dV += P^T dO and dK += dS^T Q into the block's accumulators (5 tile
+ * products in all, as FlashAttention-2), and dQ += dS K into a partial dQ.
+ * The partial dQ belongs to a "chunk" of key blocks (block kb is in chunk
+ * kb mod C, C = min(blocks, FA_DQ_CHUNKS), a function of the problem only):
+ * a work unit is one chunk of one (b, kv head) and owns that chunk's partial
+ * rows; a last, cheap pass sums the C partials in chunk order. With a bias
+ * gradient a unit is one chunk of every (b, kv head), so that each dbias
+ * column block has one owner summing over batch and heads in a fixed order.
  * Masks skip tiles as in the forward. The scale (and 1/temperature) is
  * applied once to the finished dQ and dK rows; cosine scores apply the
  * normalisation's chain rule there too. */
@@ -34,21 +34,27 @@ typedef struct bwd_ctx {
     float *L2;            /* [B, H, n_q] lse in base 2 (+inf for an empty row) */
     float *Dd;            /* [B, H, n_q] rowsum(dO * O) (softmax) */
     float *cnt;           /* [B, H, n_q] visible keys (ReLU divided by count) */
-    float *kt, *vt, *qt, *dot; /* packed panels */
-    const float *kr, *qr, *dor; /* contiguous rows per head: K [nk, D], Q [nq, D], dO [nq, Dv]
-                                   (the inputs themselves when one head: already so) */
-    float *kr_own, *qr_own, *dor_own;
-    int64_t kt_stride, vt_stride, qt_stride, dot_stride;
+    float *qt, *dot;      /* Q and dO packed in panels of 32 queries per (b, h) */
+    const float *qr, *dor; /* contiguous rows per (b, h): Q [nq, D], dO [nq, Dv]
+                              (the inputs themselves when one head: already so) */
+    float *qr_own, *dor_own;
+    int64_t qt_stride, dot_stride;
+    int64_t chunks;       /* C: partial dQ copies */
+    float *dqp;           /* [C, B, H, n_q, D] partial dQ */
     int64_t ldD, ldDv;    /* accumulator row strides */
     unsigned char *ws;
     size_t ws_stride;
 } bwd_ctx;
 
+#define FA_DQ_CHUNKS 4
+
 typedef struct bwd_ws {
-    float *xb, *yb;       /* block copies: K and V rows (pass 1), Q and dO rows (pass 2) */
-    float *s, *dp, *dcap; /* tiles */
-    float *acc1, *acc2;   /* dK, dV (pass 1) or dQ (pass 2) accumulators */
-    int *a, *e;
+    float *xb, *yb;       /* block copies: K and V rows */
+    float *s, *dp, *dcap; /* tiles, key-major [FA_BK, FA_BQ] */
+    float *acc1, *acc2;   /* dK, dV accumulators of the key block */
+    float *dqt;           /* dQ of one query block from one key block [FA_BQ, ldD] */
+    int *a, *e;           /* per key: visible queries of the tile */
+    int *qa, *qe;         /* per query: visible keys of the tile */
 } bwd_ws;
 
 #define BT (FA_BK > FA_BQ ? FA_BK : FA_BQ) /* rows of the biggest block */
@@ -67,8 +73,11 @@ static size_t bwd_ws_layout(const bwd_ctx *f, unsigned char *base, bwd_ws *w) {
     CARVE(dcap, float, FA_BK * FA_BQ);
     CARVE(acc1, float, BT * f->ldD);
     CARVE(acc2, float, BT * f->ldDv);
+    CARVE(dqt, float, FA_BQ * f->ldD);
     CARVE(a, int, BT);
     CARVE(e, int, BT);
+    CARVE(qa, int, FA_BQ);
+    CARVE(qe, int, FA_BQ);
 #undef CARVE
     return at;
 }
@@ -128,7 +137,7 @@ static void store_grad(float *dst, int64_t ldd, const float *acc, int64_t ld, in
 
 /* ---- pass 1: key blocks -------------------------------------------------- */
 
-static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb) {
+static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, float *dqp_c) {
     const fa_ctx *c = &f->c;
     const qkv_kernels *K = c->K;
     const int64_t D = c->D, Dv = c->Dv, j0 = kb * FA_BK;
@@ -187,6 +196,24 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb) {
                 fa_pv_ranges(c, w->acc1 + r0 * ldD, ldD, NULL, w->dp + r0 * FA_BQ, FA_BQ, 1, qrows,
                              (size_t)D, (size_t)D, w->a + r0, w->e + r0, nv);
             }
+            /* dQ (this block's part) = dS K, reading the key-major dS tile
+             * transposed (row stride 1, column stride FA_BQ). */
+            const int qrows8 = (int)fa_round_up(nqc, 8);
+            for (int i = 0; i < nqc; i++) {
+                int64_t x = lo[i] - j0, y = hi[i] - j0;
+                if (x < 0) x = 0;
+                if (y > nkr) y = nkr;
+                if (y < x) x = y = 0;
+                w->qa[i] = (int)x;
+                w->qe[i] = (int)y;
+            }
+            memset(w->dqt, 0, (size_t)qrows8 * ldD * sizeof(float));
+            for (int g0 = 0; g0 < qrows8; g0 += 8)
+                fa_pv_ranges(c, w->dqt + g0 * ldD, ldD, NULL, w->dp + g0, 1, FA_BQ, w->xb, (size_t)D,
+                             (size_t)D, w->qa + g0, w->qe + g0, nqc - g0 < 8 ? nqc - g0 : 8);
+            float *dst = dqp_c + (bh * c->nq + i0) * D;
+            for (int i = 0; i < nqc; i++)
+                for (int64_t t = 0; t < D; t++) dst[i * D + t] += w->dqt[i * ldD + t];
         }
     }
     const int64_t off_k = ((b * c->nk + j0) * c->Hkv + kv) * D;
@@ -196,72 +223,48 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb) {
                Dv, 1.0, NULL, 0);
 }
 
+/* Unit: chunk ch of one (b, kv head), or of all of them with a bias
+ * gradient; its partial dQ rows are zeroed here and only written by it. */
 static void kv_unit(void *vf, int64_t u, int t) {
     bwd_ctx *f = vf;
+    const fa_ctx *c = &f->c;
     bwd_ws w;
     bwd_ws_layout(f, f->ws + (size_t)t * f->ws_stride, &w);
+    const int64_t C = f->chunks, ch = u % C, per_chunk = c->B * c->H * c->nq * c->D;
+    float *dqp_c = f->dqp + ch * per_chunk;
     if (f->dbias) {
-        for (int64_t b = 0; b < f->c.B; b++)
-            for (int64_t kv = 0; kv < f->c.Hkv; kv++) kv_block(f, &w, b, kv, u);
+        memset(dqp_c, 0, (size_t)per_chunk * sizeof(float));
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t kv = 0; kv < c->Hkv; kv++)
+                for (int64_t kb = ch; kb < f->nkb; kb += C) kv_block(f, &w, b, kv, kb, dqp_c);
     } else {
-        int64_t kb = u % f->nkb, bk = u / f->nkb;
-        kv_block(f, &w, bk / f->c.Hkv, bk % f->c.Hkv, kb);
+        int64_t bk = u / C, b = bk / c->Hkv, kv = bk % c->Hkv;
+        for (int64_t g = 0; g < c->G; g++)
+            memset(dqp_c + ((b * c->H + kv * c->G + g) * c->nq) * c->D, 0,
+                   (size_t)(c->nq * c->D) * sizeof(float));
+        for (int64_t kb = ch; kb < f->nkb; kb += C) kv_block(f, &w, b, kv, kb, dqp_c);
     }
 }
 
-/* ---- pass 2: query blocks ------------------------------------------------ */
-
-static void q_unit(void *vf, int64_t u, int t) {
+/* dQ = scale * (sum of the chunks' partials, in chunk order), then the
+ * cosine chain rule; unit = one (b, h). */
+static void dq_unit(void *vf, int64_t u, int t) {
+    (void)t;
     bwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
-    const qkv_kernels *K = c->K;
-    bwd_ws w;
-    bwd_ws_layout(f, f->ws + (size_t)t * f->ws_stride, &w);
-    const int64_t qb = u % f->nqb, bh = u / f->nqb, h = bh % c->H, b = bh / c->H, kv = h / c->G;
-    const int64_t i0 = qb * FA_BQ, D = c->D, Dv = c->Dv;
-    const int nr = (int)(c->nq - i0 < FA_BQ ? c->nq - i0 : FA_BQ);
-    const int rows = (int)fa_round_up(nr, 8);
-    const int softmax = c->norm == QKV_NORM_SOFTMAX;
-    const size_t ldD = (size_t)f->ldD;
-    const int64_t blo = f->BLO[b * f->nqb + qb], bhi = f->BHI[b * f->nqb + qb];
-    const int64_t *lo = f->LO + b * c->nq + i0, *hi = f->HI + b * c->nq + i0;
-    const int64_t off_q = ((b * c->nq + i0) * c->H + h) * D;
-
-    memset(w.acc1, 0, (size_t)rows * ldD * sizeof(float));
-    if (bhi > blo) {
-        copy_rows(w.xb, c->q + off_q, c->ldq, nr, rows, D);
-        copy_rows(w.yb, f->dout + ((b * c->nq + i0) * c->H + h) * Dv, c->ldo, nr, rows, Dv);
-        for (int r = nr; r < rows; r++) w.a[r] = w.e[r] = 0;
-        const float *ktb = f->kt + (b * c->Hkv + kv) * f->kt_stride;
-        const float *vtb = f->vt + (b * c->Hkv + kv) * f->vt_stride;
-        const float *krows = f->kr + (b * c->Hkv + kv) * c->nk * D;
-        const int64_t at = bh * c->nq + i0;
-        for (int64_t kt = blo / QKV_PANEL * QKV_PANEL; kt < bhi; kt += FA_BK) {
-            int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
-            size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
-            K->qk(w.xb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
-                  np, w.s, FA_BK);
-            K->qk(w.yb, (size_t)Dv, vtb + (kt / QKV_PANEL) * Dv * QKV_PANEL, (size_t)Dv,
-                  (size_t)rows, np, w.dp, FA_BK);
-            fa_scores_rows(c, w.s, FA_BK, h, i0, nr, kt, ncols, lo, hi, w.a, w.e, w.dcap, FA_BK);
-            if (softmax)
-                K->bwd_softmax(w.s, w.dp, FA_BK, (size_t)nr, (size_t)ncols, c->sc, f->L2 + at,
-                               f->Dd + at, 0);
-            else
-                elementwise_bwd(c, w.s, w.dp, FA_BK, nr, ncols, w.a, w.e, f->cnt ? f->cnt + at : NULL, 0);
-            for (int r = nr; r < rows; r++)
-                for (int j = 0; j < ncols; j++) w.dp[r * FA_BK + j] = 0.0f;
-            if (c->cap > 0.0)
-                for (int r = 0; r < nr; r++)
-                    for (int j = w.a[r]; j < w.e[r]; j++) w.dp[r * FA_BK + j] *= w.dcap[r * FA_BK + j];
-            for (int r0 = 0; r0 < rows; r0 += 8)
-                fa_pv_ranges(c, w.acc1 + r0 * ldD, ldD, NULL, w.dp + r0 * FA_BK, FA_BK, 1,
-                             krows + kt * D, (size_t)D, (size_t)D, w.a + r0, w.e + r0,
-                             nr - r0 < 8 ? nr - r0 : 8);
+    const int64_t b = u / c->H, h = u % c->H, D = c->D, per_chunk = c->B * c->H * c->nq * D;
+    const int cosine = c->p->d.score == QKV_SCORE_COSINE;
+    for (int64_t i = 0; i < c->nq; i++) {
+        const float *src = f->dqp + (u * c->nq + i) * D;
+        int64_t at = ((b * c->nq + i) * c->H + h) * D;
+        float *dst = f->dq + at;
+        for (int64_t d = 0; d < D; d++) {
+            float acc = src[d];
+            for (int64_t ch = 1; ch < f->chunks; ch++) acc += src[ch * per_chunk + d];
+            dst[d] = (float)(acc * c->scale_nat);
         }
+        if (cosine) fa_normalise_backward(c->q_in + at, dst, D);
     }
-    store_grad(f->dq + off_q, c->ldq, w.acc1, (int64_t)ldD, nr, D, c->scale_nat,
-               c->p->d.score == QKV_SCORE_COSINE ? c->q_in + off_q : NULL, c->ldq);
 }
 
 /* ---- preparation ------------------------------------------------------- */
@@ -270,26 +273,17 @@ static void pack_unit(void *vf, int64_t u, int t) {
     (void)t;
     bwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
-    const int64_t nkv = c->B * c->Hkv, nh = c->B * c->H;
-    if (u < nkv) {
-        int64_t b = u / c->Hkv, kv = u % c->Hkv;
-        fa_pack_panels(f->kt + u * f->kt_stride, c->k + (b * c->nk * c->Hkv + kv) * c->D, c->nk,
-                       c->ldk, c->D, 1.0f);
-        fa_pack_panels(f->vt + u * f->vt_stride, c->v + (b * c->nk * c->Hkv + kv) * c->Dv, c->nk,
-                       c->ldv, c->Dv, 1.0f);
-        if (f->kr_own) fa_copy_rows(f->kr_own + u * c->nk * c->D, c->k + (b * c->nk * c->Hkv + kv) * c->D, c->nk, c->ldk,
+    int64_t b = u / c->H, h = u % c->H;
+    fa_pack_panels(f->qt + u * f->qt_stride, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq,
+                   c->D, 1.0f);
+    fa_pack_panels(f->dot + u * f->dot_stride, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq,
+                   c->ldo, c->Dv, 1.0f);
+    if (f->qr_own)
+        fa_copy_rows(f->qr_own + u * c->nq * c->D, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq,
                      c->D);
-    } else if (u < nkv + nh) {
-        u -= nkv;
-        int64_t b = u / c->H, h = u % c->H;
-        fa_pack_panels(f->qt + u * f->qt_stride, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq,
-                       c->D, 1.0f);
-        fa_pack_panels(f->dot + u * f->dot_stride, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq,
-                       c->ldo, c->Dv, 1.0f);
-        if (f->qr_own) fa_copy_rows(f->qr_own + u * c->nq * c->D, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq, c->D);
-        if (f->dor_own) fa_copy_rows(f->dor_own + u * c->nq * c->Dv, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq, c->ldo,
-                     c->Dv);
-    }
+    if (f->dor_own)
+        fa_copy_rows(f->dor_own + u * c->nq * c->Dv, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq,
+                     c->ldo, c->Dv);
 }
 
 /* Per-row tables: ranges, lse in base 2, D = rowsum(dO * O), visible counts. */
@@ -360,12 +354,11 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
     }
     if (st == QKV_OK && p->d.score == QKV_SCORE_COSINE) st = fa_normalise_inputs(c, &qn, &kn);
 
-    const int64_t npk = (c->nk + QKV_PANEL - 1) / QKV_PANEL, npq = (c->nq + QKV_PANEL - 1) / QKV_PANEL;
-    f.kt_stride = npk * QKV_PANEL * c->D;
-    f.vt_stride = npk * QKV_PANEL * c->Dv;
+    const int64_t npq = (c->nq + QKV_PANEL - 1) / QKV_PANEL;
     f.qt_stride = npq * QKV_PANEL * c->D;
     f.dot_stride = npq * QKV_PANEL * c->Dv;
-    int64_t units1 = f.dbias ? f.nkb : c->B * c->Hkv * f.nkb, units2 = c->B * c->H * f.nqb;
+    f.chunks = f.nkb < FA_DQ_CHUNKS ? f.nkb : FA_DQ_CHUNKS;
+    int64_t units1 = f.dbias ? f.chunks : c->B * c->Hkv * f.chunks, units2 = c->B * c->H;
     int64_t umax = units1 > units2 ? units1 : units2;
     int threads = c->threads < umax ? c->threads : (int)umax;
     if (st == QKV_OK) {
@@ -378,36 +371,33 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
             f.Dd = fa_alloc((size_t)rows_q * sizeof(float));
         }
         if (c->norm == QKV_NORM_RELU && c->relu_div) f.cnt = fa_alloc((size_t)rows_q * sizeof(float));
-        f.kt = fa_alloc((size_t)(f.kt_stride * c->B * c->Hkv) * sizeof(float));
-        f.vt = fa_alloc((size_t)(f.vt_stride * c->B * c->Hkv) * sizeof(float));
         f.qt = fa_alloc((size_t)(f.qt_stride * c->B * c->H) * sizeof(float));
         f.dot = fa_alloc((size_t)(f.dot_stride * c->B * c->H) * sizeof(float));
+        f.dqp = fa_alloc((size_t)(f.chunks * rows_q * c->D) * sizeof(float));
         /* Page faults on fresh workspace are a visible cost for small
          * problems: copy rows only when the layout interleaves heads. */
-        if (c->Hkv > 1) f.kr_own = fa_alloc((size_t)(c->nk * c->D * c->B * c->Hkv) * sizeof(float));
         if (c->H > 1) f.qr_own = fa_alloc((size_t)(c->nq * c->D * c->B * c->H) * sizeof(float));
         if (c->H > 1) f.dor_own = fa_alloc((size_t)(c->nq * c->Dv * c->B * c->H) * sizeof(float));
-        f.kr = c->Hkv > 1 ? f.kr_own : c->k;
         f.qr = c->H > 1 ? f.qr_own : c->q;
         f.dor = c->H > 1 ? f.dor_own : dout;
         f.ws_stride = bwd_ws_layout(&f, NULL, NULL);
         f.ws = fa_alloc(f.ws_stride * (size_t)threads);
         if (!f.LO || !f.HI || !f.BLO || !f.BHI || (softmax && (!f.L2 || !f.Dd)) ||
-            (c->norm == QKV_NORM_RELU && c->relu_div && !f.cnt) || !f.kt || !f.vt || !f.qt || !f.dot ||
-            !f.kr || !f.qr || !f.dor || !f.ws)
+            (c->norm == QKV_NORM_RELU && c->relu_div && !f.cnt) || !f.qt || !f.dot || !f.dqp ||
+            !f.qr || !f.dor || !f.ws)
             st = QKV_ERR_OUT_OF_MEMORY;
     }
     if (st == QKV_OK) {
         prepare_rows(&f, out, lse);
-        qkv_parallel_for(threads, c->B * (c->Hkv + c->H), pack_unit, &f);
+        qkv_parallel_for(threads, c->B * c->H, pack_unit, &f);
         if (f.dbias) memset(f.dbias, 0, (size_t)p->n_bias_elems * sizeof(float));
         qkv_parallel_for(threads, units1, kv_unit, &f);
-        qkv_parallel_for(threads, units2, q_unit, &f);
+        qkv_parallel_for(threads, units2, dq_unit, &f);
     }
     fa_free(f.LO); fa_free(f.HI); fa_free(f.BLO); fa_free(f.BHI);
     fa_free(f.L2); fa_free(f.Dd); fa_free(f.cnt);
-    fa_free(f.kt); fa_free(f.vt); fa_free(f.qt); fa_free(f.dot);
-    fa_free(f.kr_own); fa_free(f.qr_own); fa_free(f.dor_own);
+    fa_free(f.qt); fa_free(f.dot); fa_free(f.dqp);
+    fa_free(f.qr_own); fa_free(f.dor_own);
     fa_free(f.ws);
     fa_free(qn); fa_free(kn); fa_free(o_tmp); fa_free(lse_tmp);
     return st;
