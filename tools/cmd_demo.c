@@ -371,6 +371,36 @@ static int run(const char *dir, uint64_t seed, int64_t steps) {
            "   into the input I. (The articles draw vectors as columns; here each row is\n"
            "   one word.)\n");
     print_matrix("I", I, N, E, 0);
+    {
+        /* The articles' figure of the sinusoidal e^i: one column per
+         * position, at a size where its pattern shows (E = 64, 100
+         * positions); the demo's model uses its first 8 rows, 6 columns. */
+        enum { PE_N = 100, PE_E = 64 };
+        float *pe_big = malloc(sizeof(float) * PE_N * PE_E), *pe_t = malloc(sizeof(float) * PE_N * PE_E);
+        if (!pe_big || !pe_t || qkv_posenc_sinusoidal(PE_N, PE_E, 0, pe_big) != QKV_OK) {
+            free(pe_big);
+            free(pe_t);
+            cli_error(CMD, NULL, NULL, "positional encoding: out of memory");
+            goto done;
+        }
+        for (int i = 0; i < PE_N; i++)
+            for (int e = 0; e < PE_E; e++) pe_t[e * PE_N + i] = pe_big[i * PE_E + e];
+        char *path = g_n_written < MAX_OUTPUTS ? g_written[g_n_written] : NULL;
+        qkv_status ps = QKV_ERR_BAD_SIZE;
+        if (path && join_path(path, sizeof g_written[0], dir, "positional_encoding.png") == 0) {
+            errno = 0;
+            ps = qkv_matrix_save_png(path, pe_t, PE_E, PE_N, "sinusoidal positional encoding: column i is e^i",
+                                     "position i", "dimension");
+            if (ps != QKV_OK)
+                cli_error(CMD, "--out", path, "cannot write the picture: %s%s%s", qkv_status_string(ps),
+                          errno ? ": " : "", errno ? strerror(errno) : "");
+        }
+        free(pe_big);
+        free(pe_t);
+        if (ps != QKV_OK) goto done;
+        g_n_written++;
+        printf("  wrote %s (the articles' figure of e^i, 64 dimensions x 100 positions)\n", path);
+    }
 
     float q[H][N * DH], k[H][N * DH], v[H][N * DH];
     for (int h = 0; h < H; h++) {

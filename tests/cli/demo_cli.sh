@@ -22,7 +22,7 @@ is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a
 rc=$?
 [ "$rc" -eq 0 ] && pass || fail "demo exit $rc: $(cat "$TMP/stderr")"
 [ ! -s "$TMP/stderr" ] && pass || fail "demo wrote to stderr: $(cat "$TMP/stderr")"
-for f in attention.png attention_head0.png attention_head1.png attention_heads.png attention_window.png loss.png; do
+for f in attention.png attention_head0.png attention_head1.png attention_heads.png attention_window.png loss.png positional_encoding.png; do
     if [ -f "$TMP/out/$f" ] && is_png "$TMP/out/$f"; then pass; else fail "missing or not PNG: $f"; fi
     grep -q "wrote $TMP/out/$f" "$TMP/stdout" && pass || fail "path of $f not printed"
 done
