@@ -1087,7 +1087,9 @@ qkv_status qkv_neighborhood2d_forward(int64_t height, int64_t width, int64_t hea
 
 /* Backward of qkv_neighborhood2d_forward: dout [H*W, heads, D_v] given,
  * dq, dk, dv (shaped as q, k, v) written (overwritten, not accumulated).
- * Errors as the forward. */
+ * Computed directly per pixel (the weights recomputed, double
+ * accumulators) on one thread, deterministic; threads is checked but
+ * unused. Errors as the forward. */
 qkv_status qkv_neighborhood2d_backward(int64_t height, int64_t width, int64_t heads, int64_t dim,
                                        int64_t dim_v, int64_t kernel, double scale, int threads,
                                        const float *q, const float *k, const float *v,
