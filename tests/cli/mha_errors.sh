@@ -131,7 +131,7 @@ expect 2 "--rope-base: needs --pos rope" "${SELF[@]}" --x "$X" --rope-base 100 "
 expect 2 "--rope-base: '1' must be > 1" "${SELF[@]}" --x "$X" --pos rope --rope-base 1 "${OUT[@]}"
 expect 2 "--rope-base: 'inf' is not a finite number" "${SELF[@]}" --x "$X" --pos rope --rope-base inf \
     "${OUT[@]}"
-expect 2 "--impl: unknown implementation 'fast'" "${SELF[@]}" --x "$X" --impl fast "${OUT[@]}"
+expect 2 "--impl: unknown implementation 'quick'" "${SELF[@]}" --x "$X" --impl quick "${OUT[@]}"
 expect 2 "--threads: '-1' is out of range" "${SELF[@]}" --x "$X" --threads -1 "${OUT[@]}"
 expect 2 "-o and --attn name the same file" "${SELF[@]}" --x "$X" -o @O@/y.npy --attn @O@/y.npy
 expect 2 "--x: given twice" "${SELF[@]}" --x "$X" --x "$X" "${OUT[@]}"

@@ -105,6 +105,7 @@ ok "--mask window:0,0" "${SELF[@]}" --x "$FX/x.npy" -o "$O/yw0.npy" --mask windo
 ok "--key-lengths" "${SELF[@]}" --x "$FX/x.npy" -o "$O/yp.npy" --key-lengths "$FX/lens.npy"
 ok "--impl reference" "${SELF[@]}" --x "$FX/x.npy" -o "$O/yr.npy" --impl reference
 ok "--impl auto" "${SELF[@]}" --x "$FX/x.npy" -o "$O/ya.npy" --impl auto
+ok "--impl fast" "${SELF[@]}" --x "$FX/x.npy" -o "$O/yf.npy" --impl fast
 ok "--threads 1" "${SELF[@]}" --x "$FX/x.npy" -o "$O/yt1.npy" --threads 1
 ok "--threads 4" "${SELF[@]}" --x "$FX/x.npy" -o "$O/yt4.npy" --threads 4
 same "bitwise the same for any thread count" "$O/yt1.npy" "$O/yt4.npy"
