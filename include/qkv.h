@@ -37,6 +37,10 @@
  *     pthread_once, read-only afterwards.
  *   - the environment variables QKV_NUM_THREADS and QKV_ARCH, read with
  *     getenv (do not setenv while qkv runs).
+ *   - an atomic count of the worker threads of all calls in flight: with
+ *     threads = 0 a call takes only the cores the others leave (at least
+ *     one). Results never depend on the thread count, so this changes speed
+ *     only.
  * Each call that uses several threads (threads != 1) starts and joins its own
  * workers; no thread pool or scratch buffer outlives a call.
  */
@@ -266,7 +270,8 @@ typedef struct qkv_attn_desc {
      * (and, in the backward, dout, out and lse when given; lse may be -inf
      * for rows without keys) and returns QKV_ERR_NOT_FINITE, writing nothing,
      * if any holds NaN or +-inf (bias: NaN or +inf; -inf stays a mask). The
-     * scan reads every element once: O(size of the inputs). */
+     * scan reads every element once: O(size of the inputs). Tensors stored
+     * as float32 or float64 are scanned (half-precision storage is not). */
     int check_finite;
 } qkv_attn_desc;
 
