@@ -9,7 +9,7 @@ mpiexec=$1
 qkv=$2
 tmp=$(mktemp -d "${QKV_TEST_TMP:-/tmp}/train_dp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-args=(--task copy --seq 6 --symbols 8 --layers 1 --dim 32 --heads 2 --batch 12 --steps 24 --warmup 3
+args=(--task copy --seq 6 --symbols 8 --layers 1 --dim 32 --heads 2 --batch 10 --steps 24 --warmup 3
       --seed 5 --threads 1 --ckpt-every 12 --quiet)
 "$qkv" train "${args[@]}" --out "$tmp/one" >/dev/null || { echo "FAIL: one process" >&2; exit 1; }
 fails=0
