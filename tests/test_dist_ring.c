@@ -257,6 +257,71 @@ static void test_errors(void) {
     CHECK(qkv_memory_in_use() == 0, "%zu bytes still held", qkv_memory_in_use());
 }
 
+/* Data parallelism: qkv_model_bcast_params makes every rank's parameters
+ * rank 0's; qkv_model_allreduce_grads gives every rank sum_r w_r grad_r,
+ * also with buckets smaller than a segment (many reductions in flight). */
+static void test_data_parallel(void) {
+    qkv_model_config cfg;
+    qkv_model_config_init(&cfg, 16, 8);
+    cfg.dim = 16;
+    cfg.heads = 2;
+    cfg.layers = 1;
+    cfg.threads = 1;
+    qkv_model *m = NULL, *m0 = NULL;
+    CHECK_STATUS(qkv_model_create(&cfg, 100 + (uint64_t)g_rank, &m), QKV_OK);
+    CHECK_STATUS(qkv_model_create(&cfg, 100, &m0), QKV_OK);
+    if (!m || !m0) return;
+    CHECK_STATUS(qkv_model_bcast_params(m, 0, MPI_COMM_WORLD), QKV_OK);
+    int64_t nseg = qkv_model_segment_count(m), diff = 0, total = 0;
+    for (int64_t i = 0; i < nseg; i++) {
+        const char *name;
+        float *p, *g, *p0, *g0;
+        int64_t n, n0;
+        qkv_model_segment(m, i, &name, &p, &g, &n);
+        qkv_model_segment(m0, i, &name, &p0, &g0, &n0);
+        for (int64_t j = 0; j < n; j++) diff += p[j] != p0[j];
+        for (int64_t j = 0; j < n; j++) g[j] = (float)((g_rank + 1) * ((total + j) % 7 + 1));
+        total += n;
+    }
+    CHECK(diff == 0, "rank %d: %lld parameters differ from rank 0's after the broadcast", g_rank, (long long)diff);
+    /* weights w_r = (r + 1) / S, S = p (p + 1) / 2: sum_r w_r (r + 1) c = c sum (r+1)^2 / S */
+    double S = g_size * (g_size + 1) / 2.0, want_f = 0;
+    for (int r = 0; r < g_size; r++) want_f += (double)(r + 1) * (r + 1) / S;
+    size_t buckets[2] = {0, 1000};
+    for (int t = 0; t < 2; t++) {
+        if (t == 1) { /* again from the same values, with 1000-byte buckets */
+            int64_t at = 0;
+            for (int64_t i = 0; i < nseg; i++) {
+                const char *name;
+                float *p, *g;
+                int64_t n;
+                qkv_model_segment(m, i, &name, &p, &g, &n);
+                for (int64_t j = 0; j < n; j++) g[j] = (float)((g_rank + 1) * ((at + j) % 7 + 1));
+                at += n;
+            }
+        }
+        CHECK_STATUS(qkv_model_allreduce_grads(m, (g_rank + 1) / S, buckets[t], MPI_COMM_WORLD), QKV_OK);
+        double worst = 0;
+        int64_t at = 0;
+        for (int64_t i = 0; i < nseg; i++) {
+            const char *name;
+            float *p, *g;
+            int64_t n;
+            qkv_model_segment(m, i, &name, &p, &g, &n);
+            for (int64_t j = 0; j < n; j++) {
+                double w = want_f * (double)((at + j) % 7 + 1), e = fabs(g[j] - w) / w;
+                if (e > worst) worst = e;
+            }
+            at += n;
+        }
+        CHECK(worst < 1e-6, "rank %d: allreduce (bucket %zu bytes): relative error %.3g", g_rank, buckets[t], worst);
+    }
+    CHECK_STATUS(qkv_model_allreduce_grads(m, -1.0, 0, MPI_COMM_WORLD), QKV_ERR_BAD_PARAMETER);
+    CHECK_STATUS(qkv_model_allreduce_grads(NULL, 1.0, 0, MPI_COMM_WORLD), QKV_ERR_NULL_POINTER);
+    qkv_model_free(m);
+    qkv_model_free(m0);
+}
+
 /* --bench N H D CAUSAL LAYOUT REPS (under mpirun): time and memory per rank
  * of the ring forward and backward on a sequence of N positions (B = 1,
  * H heads, head dim D, GQA off), for docs/DISTRIBUTED.md. Each rank makes
@@ -422,6 +487,7 @@ int main(int argc, char **argv) {
             run_case(&shapes[i], (qkv_dist_layout)layout, seed++);
         }
     test_errors();
+    test_data_parallel();
 
     long failed = tu_failed, all_failed = 0;
     MPI_Allreduce(&failed, &all_failed, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);

@@ -224,6 +224,18 @@ static qkv_status dp_reduce(const dp_ctx *dp, qkv_model *m, double weight, doubl
     return QKV_OK;
 }
 
+/* Every rank starts from rank 0's parameters (they are equal already when
+ * built from one seed or one checkpoint; this makes it so in any case). */
+static qkv_status dp_sync(const dp_ctx *dp, qkv_model *m) {
+#ifdef QKV_HAVE_MPI
+    if (dp->size > 1) return qkv_model_bcast_params(m, 0, dp->comm);
+#else
+    (void)dp;
+    (void)m;
+#endif
+    return QKV_OK;
+}
+
 static void dp_end(dp_ctx *dp) {
 #ifdef QKV_HAVE_MPI
     if (dp->inited) MPI_Finalize();
@@ -465,6 +477,10 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
             cli_error(CMD, "--out", out, "cannot create the folder: %s", strerror(errno));
             goto done;
         }
+    }
+    if ((s = dp_sync(dp, m)) != QKV_OK) {
+        cli_error(CMD, NULL, NULL, "data parallel: %s", qkv_status_string(s));
+        goto done;
     }
     if ((s = qkv_adamw_create(m, 0.9, 0.95, 1e-8, r.weight_decay, &opt)) != QKV_OK) {
         cli_error(CMD, NULL, NULL, "optimiser: %s", qkv_status_string(s));
