@@ -135,7 +135,7 @@ static void store_grad(float *dst, int64_t ldd, const float *acc, int64_t ld, in
     }
 }
 
-/* ---- pass 1: key blocks -------------------------------------------------- */
+/* ---- the key-block pass -------------------------------------------------- */
 
 static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, float *dqp_c) {
     const fa_ctx *c = &f->c;
