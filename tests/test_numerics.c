@@ -200,7 +200,6 @@ static void test_extreme_logits(void) {
             double worst = 0.0;
             int nan = 0;
             for (int i = 0; i < N; i++) {
-                double sum = 0.0;
                 for (int j = 0; j < N; j++) {
                     double a = get(&attn, m, i * N + j), want;
                     if (how == 0) /* the keys of the query's sign share the weight */
@@ -213,7 +212,6 @@ static void test_extreme_logits(void) {
                     }
                     nan |= isnan(a);
                     if (fabs(a - want) > worst) worst = fabs(a - want);
-                    sum += a;
                 }
                 for (int t = 0; t < D; t++) nan |= !isfinite(get(&out, m, i * D + t));
             }
