@@ -180,6 +180,28 @@ qkv_status qkv_plot_save_png(const char *path, const qkv_plot *p) {
         }
     if (n_lab > 0) {
         int64_t bw = lw + 34, bh = n_lab * 14 + 8, bx = left + pw - bw - 8, by = top + 8, row = 0;
+        /* The corner that covers the fewest data points (top right on a tie). */
+        const int64_t cx[4] = {left + pw - bw - 8, left + pw - bw - 8, left + 8, left + 8},
+                      cy[4] = {top + 8, top + ph - bh - 8, top + 8, top + ph - bh - 8};
+        int64_t best = -1;
+        for (int k = 0; k < 4; k++) {
+            int64_t hits = 0;
+            for (int64_t si = 0; si < p->n_series; si++) {
+                const qkv_plot_series *se = &p->series[si];
+                for (int64_t i = 0; i < se->count; i++) {
+                    double x = se->x ? se->x[i] : (double)i, y = se->y[i];
+                    if (!usable(x, p->log_x) || !usable(y, p->log_y)) continue;
+                    int64_t X = left + (int64_t)lround((tr(x, ax.log) - ax.lo) / (ax.hi - ax.lo) * (double)(pw - 1));
+                    int64_t Y = top + ph - 1 - (int64_t)lround((tr(y, ay.log) - ay.lo) / (ay.hi - ay.lo) * (double)(ph - 1));
+                    hits += X >= cx[k] - 4 && X < cx[k] + bw + 4 && Y >= cy[k] - 4 && Y < cy[k] + bh + 4;
+                }
+            }
+            if (best < 0 || hits < best) {
+                best = hits;
+                bx = cx[k];
+                by = cy[k];
+            }
+        }
         viz_fill_rect(&cv, bx, by, bw, bh, white);
         viz_fill_rect(&cv, bx, by, bw, 1, grey);
         viz_fill_rect(&cv, bx, by + bh - 1, bw, 1, grey);
