@@ -81,7 +81,7 @@ typedef struct owned {
 } owned;
 
 static void owned_of(int64_t n, int p, int r, qkv_dist_layout layout, owned *o) {
-    int64_t st[2], ln[2], ln_all;
+    int64_t st[2] = {0, 0}, ln[2] = {0, 0}, ln_all = 0; /* set by the partition; gcc cannot see it */
     (void)qkv_dist_partition(n, p, r, layout, st, ln, &ln_all);
     o->n = layout == QKV_DIST_ZIGZAG ? 2 : 1;
     o->local_n = ln_all;
