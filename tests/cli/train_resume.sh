@@ -19,8 +19,9 @@ for trial in 1 2 3; do
   d="$T/killed$trial"
   "$QKV" train "${args[@]}" --out "$d" > /dev/null 2>&1 &
   pid=$!
-  # Wait for a first checkpoint, then kill at a random moment after it.
-  for _ in $(seq 1 200); do [ -f "$d/model.safetensors" ] && break; sleep 0.05; done
+  # Wait for a first checkpoint (up to 2 minutes: the machine may be
+  # loaded), then kill at a random moment after it.
+  for _ in $(seq 1 1200); do [ -f "$d/model.safetensors" ] && break; sleep 0.1; done
   sleep "$((RANDOM % 2)).$((RANDOM % 10))"
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null
