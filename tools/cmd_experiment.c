@@ -805,7 +805,7 @@ static int exp_diagonal(const ctx *c) {
            "key projection makes the score asymmetric, so a token need not attend most\n"
            "to itself.\n",
            100 * total_off / cells, 100 * chance_sum / 2, 100 * total_sym / cells);
-    char path[4096], titles[16][32];
+    char path[4096], titles[16][48];
     const char *tp[16];
     if (!pic || path_in(c, "experiment_diagonal.png", path, sizeof path) != 0) {
         free(pic);
