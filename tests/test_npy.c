@@ -115,6 +115,7 @@ static void fill_pattern(qkv_array *a) {
         case QKV_F64: ((double *)a->data)[i] = v * 1e-5; break;
         case QKV_I32: ((int32_t *)a->data)[i] = (int32_t)(i * 1000003 % 2000000011 - 1000000000); break;
         case QKV_I64: ((int64_t *)a->data)[i] = (int64_t)i * 3000000000007LL - INT64_C(4000000000000000000); break;
+        case QKV_BF16: case QKV_F16: break; /* not array dtypes */
         }
     }
 }
@@ -850,6 +851,7 @@ static void test_convert(void) {
                 case QKV_F64: ((double *)a.data)[k] = vals[k]; break;
                 case QKV_I32: ((int32_t *)a.data)[k] = (int32_t)vals[k]; break;
                 case QKV_I64: ((int64_t *)a.data)[k] = (int64_t)vals[k]; break;
+                case QKV_BF16: case QKV_F16: break; /* not array dtypes */
                 }
             CHECK_STATUS(qkv_array_convert(&a, dt[j], &b), QKV_OK);
             CHECK(b.dtype == dt[j] && b.ndim == 2 && b.shape[0] == 1 && b.shape[1] == 5, "%d -> %d", i, j);
@@ -859,6 +861,7 @@ static void test_convert(void) {
                 case QKV_F64: same &= ((double *)b.data)[k] == vals[k]; break;
                 case QKV_I32: same &= ((int32_t *)b.data)[k] == (int32_t)vals[k]; break;
                 case QKV_I64: same &= ((int64_t *)b.data)[k] == (int64_t)vals[k]; break;
+                case QKV_BF16: case QKV_F16: break; /* not array dtypes */
                 }
             CHECK(same, "values %d -> %d", i, j);
             qkv_array_free(&a);

@@ -159,6 +159,7 @@ static qkv_array make_array(qkv_dtype dt, int ndim, const int64_t *shape, double
         case QKV_F64: ((double *)a.data)[i] = v / 3.0; break;
         case QKV_I32: ((int32_t *)a.data)[i] = (int32_t)(i * 7 - 100000 + (int64_t)base); break;
         case QKV_I64: ((int64_t *)a.data)[i] = (int64_t)i * 3000000000LL - 5 + (int64_t)base; break;
+        case QKV_BF16: case QKV_F16: break; /* not array dtypes */
         }
     }
     return a;

@@ -147,6 +147,8 @@ const char *cli_dtype_name(qkv_dtype dtype) {
     case QKV_F64: return "float64";
     case QKV_I32: return "int32";
     case QKV_I64: return "int64";
+    case QKV_BF16: return "bfloat16";
+    case QKV_F16: return "float16";
     }
     return "unknown";
 }

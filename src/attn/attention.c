@@ -2,6 +2,7 @@
  * implementation. Every implementation sees the same validated plan, so
  * argument checking lives here and nowhere else. */
 #include "attn/fast.h"
+#include "attn/half.h"
 #include "core/internal.h"
 #include "ref/ref.h"
 
@@ -51,6 +52,7 @@ static qkv_status attention_backward(const qkv_attn_desc *desc, const void *q, c
 qkv_status qkv_attention_forward(const qkv_attn_desc *desc, const void *q, const void *k,
                                  const void *v, void *out, void *attn, void *lse) {
     (void)qkv_alloc_take_refusal();
+    if (desc && qkv_half_dtype(desc->dtype)) return qkv_half_forward(desc, q, k, v, out, attn, lse);
     qkv_status s = qkv_attn_check_finite(desc, q, k, v, NULL, NULL, NULL);
     if (s == QKV_OK) s = attention_forward(desc, q, k, v, out, attn, lse);
     return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
@@ -60,6 +62,8 @@ qkv_status qkv_attention_backward(const qkv_attn_desc *desc, const void *q, cons
                                   const void *v, const void *out, const void *lse,
                                   const void *dout, const qkv_attn_grads *grads) {
     (void)qkv_alloc_take_refusal();
+    if (desc && qkv_half_dtype(desc->dtype))
+        return qkv_half_backward(desc, q, k, v, out, lse, dout, grads);
     qkv_status s = qkv_attn_check_finite(desc, q, k, v, dout, out, lse);
     if (s == QKV_OK) s = attention_backward(desc, q, k, v, out, lse, dout, grads);
     return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;

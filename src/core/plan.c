@@ -32,7 +32,8 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
     memset(plan, 0, sizeof *plan);
 
     if (d.dtype == QKV_I32 || d.dtype == QKV_I64) return QKV_ERR_DTYPE; /* a dtype, not for attention */
-    if (d.dtype != QKV_F32 && d.dtype != QKV_F64) return QKV_ERR_BAD_ENUM;
+    if (d.dtype != QKV_F32 && d.dtype != QKV_F64 && d.dtype != QKV_BF16 && d.dtype != QKV_F16)
+        return QKV_ERR_BAD_ENUM; /* BF16/F16: attention/half_attn.c converts, then F32 */
     if ((unsigned)d.score > QKV_SCORE_ADDITIVE || (unsigned)d.norm > QKV_NORM_SIGMOID ||
         (unsigned)d.mask > QKV_MASK_CAUSAL_WINDOW || (unsigned)d.bias_kind > QKV_BIAS_PER_HEAD ||
         (unsigned)d.impl > QKV_IMPL_FAST)

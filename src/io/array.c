@@ -11,6 +11,7 @@ size_t qkv_dtype_size(qkv_dtype dtype) {
     case QKV_F64: return 8;
     case QKV_I32: return 4;
     case QKV_I64: return 8;
+    case QKV_BF16: case QKV_F16: return 0; /* attention storage only, not array dtypes */
     }
     return 0;
 }
@@ -122,6 +123,7 @@ static qkv_status convert(const qkv_array *src, qkv_dtype to, qkv_array *result)
             case QKV_F64: ((double *)dst.data)[i] = v; break;
             case QKV_I32: ok = f_to_i32(v, &((int32_t *)dst.data)[i]); break;
             case QKV_I64: ok = f_to_i64(v, &((int64_t *)dst.data)[i]); break;
+            case QKV_BF16: case QKV_F16: ok = 0; break; /* unreachable: size 0 */
             }
         } else {
             int64_t v = src->dtype == QKV_I32 ? (int64_t)((const int32_t *)src->data)[i]
@@ -134,6 +136,7 @@ static qkv_status convert(const qkv_array *src, qkv_dtype to, qkv_array *result)
                 if (ok) ((int32_t *)dst.data)[i] = (int32_t)v;
                 break;
             case QKV_I64: ((int64_t *)dst.data)[i] = v; break;
+            case QKV_BF16: case QKV_F16: ok = 0; break; /* unreachable: size 0 */
             }
         }
         if (!ok) {
