@@ -133,7 +133,19 @@ typedef enum qkv_dtype {
     QKV_F32 = 0,
     QKV_F64 = 1,
     QKV_I32 = 2,   /* .npy I/O only */
-    QKV_I64 = 3    /* .npy I/O only */
+    QKV_I64 = 3,   /* .npy I/O only */
+    /* Half-precision storage for the attention core (docs/HALF.md): 2 bytes
+     * per element, as uint16_t bit patterns. QKV_BF16: bfloat16 (the top 16
+     * bits of a float32); QKV_F16: IEEE binary16. qkv_attention_forward and
+     * qkv_attention_backward accept them for q, k, v, out, dout and the
+     * gradients dq, dk, dv; every other tensor of such a call (attn, lse,
+     * bias, dbias, the additive, ALiBi and relative-position parameters and
+     * their gradients) is float32. Arithmetic is float32 (accumulation and
+     * softmax statistics), rounded to nearest-even when stored; NaN stays NaN.
+     * Not array dtypes yet: qkv_dtype_size returns 0 for them and the .npy,
+     * safetensors and qkv_array functions reject them (QKV_ERR_DTYPE). */
+    QKV_BF16 = 4,
+    QKV_F16 = 5
 } qkv_dtype;
 
 /* Size in bytes of one element of a dtype; 0 for an unknown value. */
