@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/half.h"
 #include "core/cpu.h"
 #include "core/half.h"
 #include "core/internal.h"
@@ -380,8 +381,10 @@ static void test_attention(qkv_dtype dt, int backward) {
     };
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
         const cfg *f = &cfgs[c];
-        for (int arch = -1; arch < QKV_ARCH_COUNT; arch++) {
+        /* arch -2: the default table with the bf16 fast path turned off */
+        for (int arch = -2; arch < QKV_ARCH_COUNT; arch++) {
             if (arch >= 0 && !qkv_cpu_force_arch(arch)) continue;
+            qkv_half_force_portable(arch == -2);
             for (int impl = 0; impl < 2; impl++) {
                 hprob p;
                 memset(&p, 0, sizeof p);
@@ -406,12 +409,59 @@ static void test_attention(qkv_dtype dt, int backward) {
                 }
                 char what[160];
                 snprintf(what, sizeof what, "%s cfg %zu arch %s impl %s", dt == QKV_BF16 ? "bf16" : "fp16", c,
-                         arch < 0 ? "default" : qkv_arch_name(arch), impl ? "fast" : "auto");
+                         arch == -2 ? "portable" : arch < 0 ? "default" : qkv_arch_name(arch),
+                         impl ? "fast" : "auto");
                 check_problem(&p, what, backward && arch < 0);
                 hp_free(&p);
             }
         }
         qkv_cpu_force_arch(-1);
+        qkv_half_force_portable(0);
+    }
+}
+
+/* The bf16 fast forward: bitwise the same for any thread count and across
+ * calls; larger problems (several tiles and query blocks) against the
+ * reference; each row's visible keys beyond the pairs every row of its group
+ * sees (odd window edges, causal diagonals). */
+static void test_fast_path(void) {
+    printf("bf16 fast forward (AVX512-BF16) %s\n", qkv_half_fast_available() ? "available" : "not available here");
+    static const cfg cfgs[] = {
+        {1, 300, 300, 2, 1, 64, 0, QKV_MASK_CAUSAL, 0, 0, 0, 0},
+        {2, 257, 333, 2, 2, 80, 48, QKV_MASK_WINDOW, 37, 0, 1, 0},
+        {1, 200, 200, 1, 0, 128, 0, QKV_MASK_CAUSAL_WINDOW, 1, 0, 0, 0},
+        {1, 131, 131, 1, 0, 3, 5, QKV_MASK_WINDOW, 2, 3, 0, 0},
+        {1, 64, 513, 8, 2, 64, 0, QKV_MASK_NONE, 0, 0, 0, 0},
+    };
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        const cfg *f = &cfgs[c];
+        hprob p;
+        memset(&p, 0, sizeof p);
+        qkv_attn_desc_init(&p.d);
+        p.d.batch = f->B; p.d.n_q = f->nq; p.d.n_k = f->nk; p.d.heads = f->H;
+        p.d.heads_kv = f->Hkv; p.d.dim = f->D; p.d.dim_v = f->Dv;
+        p.d.mask = f->mask; p.d.window_left = f->wl; p.d.window_right = f->wr;
+        if (f->lengths) {
+            p.kl[0] = f->nk - 3;
+            p.kl[1] = f->nk / 3;
+            p.d.key_lengths = p.kl;
+        }
+        if (!hp_make(&p, QKV_BF16, 300 + c, 2.0)) continue;
+        char what[64];
+        snprintf(what, sizeof what, "bf16 fast cfg %zu", c);
+        check_problem(&p, what, 0);
+        uint16_t *o1 = malloc((size_t)p.no * 2), *o2 = malloc((size_t)p.no * 2);
+        float *l1 = malloc((size_t)p.nl * 4), *l2 = malloc((size_t)p.nl * 4);
+        p.d.threads = 1;
+        CHECK_STATUS(qkv_attention_forward(&p.d, p.q, p.k, p.v, o1, NULL, l1), QKV_OK);
+        for (int th = 2; th <= 3; th++) {
+            p.d.threads = th;
+            CHECK_STATUS(qkv_attention_forward(&p.d, p.q, p.k, p.v, o2, NULL, l2), QKV_OK);
+            CHECK(memcmp(o1, o2, (size_t)p.no * 2) == 0 && memcmp(l1, l2, (size_t)p.nl * 4) == 0,
+                  "%s: %d threads differ from 1", what, th);
+        }
+        free(o1); free(o2); free(l1); free(l2);
+        hp_free(&p);
     }
 }
 
@@ -541,6 +591,7 @@ int main(void) {
     test_f16_conversions();
     test_attention(QKV_BF16, 1);
     test_attention(QKV_F16, 1);
+    test_fast_path();
     test_masked_nan(QKV_BF16);
     test_masked_nan(QKV_F16);
     test_errors_and_alloc();

@@ -22,4 +22,9 @@ qkv_status qkv_half_backward(const qkv_attn_desc *desc, const void *q, const voi
 qkv_status qkv_half_fast_forward(const qkv_plan *p, const uint16_t *q, const uint16_t *k,
                                  const uint16_t *v, uint16_t *out, float *lse);
 
+/* Whether the bf16 fast forward runs here (CPU, OS and QKV_ARCH); and, for
+ * tests, force the portable path (on != 0) or restore the default. */
+int qkv_half_fast_available(void);
+void qkv_half_force_portable(int on);
+
 #endif

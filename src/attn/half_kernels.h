@@ -1,0 +1,33 @@
+/* Micro-kernels of the bf16 fast forward (attn/half_fwd.c), one file per ISA
+ * in src/kernels/<isa>/ compiled with that ISA's flags only; chosen at run
+ * time. Data are bf16 pairs in 32-bit words (low half = the even index), the
+ * layout of the VNNI-style dot products (AVX512-BF16 vdpbf16ps, and AMX's
+ * TDPBF16PS):
+ *   Q block   qp[r * ldq + t]                 = (Q[r][2t], Q[r][2t+1])
+ *   K panels  kp[(p * dp2 + t) * 32 + c]      = (K[32p+c][2t], K[32p+c][2t+1])
+ *   V pairs   vp[u * ldv + c]                 = (V[2u][c], V[2u+1][c])
+ *   P pairs   pp[r * ldp + u]                 = (P[r][2u], P[r][2u+1])
+ * with zeros past the last key, dimension or value column. Accumulation is
+ * float32. Kernels never allocate. */
+#ifndef QKV_ATTN_HALF_KERNELS_H
+#define QKV_ATTN_HALF_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* s[r*lds + c] = sum_{t<dp2} qp[r*ldq+t] . kp[((c/32)*dp2 + t)*32 + c%32]
+ * for r < rows (a multiple of 8), c < 32 * npanels. */
+void qkv_bf16_qk_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *kp, size_t dp2,
+                            size_t rows, size_t npanels, float *s, size_t lds);
+
+/* o[r*ldo + c] += sum_{u0<=u<u1} pp[r*ldp+u] . vp[u*ldv + c] for r < rows
+ * (1..4), c < dvp (a multiple of 16). */
+void qkv_bf16_pv_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp,
+                            size_t ldv, size_t u0, size_t u1, size_t dvp, size_t rows);
+
+/* pp[r*ldp + u] = bf16 pairs of p[r*lds + 2u], p[r*lds + 2u+1] (nearest even)
+ * for r < rows, u < npairs (reads 2*npairs floats per row). */
+void qkv_bf16_pack_p_avx512bf16(uint32_t *pp, size_t ldp, const float *p, size_t lds, size_t rows,
+                                size_t npairs);
+
+#endif
