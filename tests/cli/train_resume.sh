@@ -8,7 +8,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $2" >&2; fi; }
-args=(--task copy --seq 4 --symbols 6 --dim 16 --layers 1 --heads 2 --batch 8 --steps 600 --ckpt-every 25 --seed 3 --quiet)
+args=(--task copy --seq 4 --symbols 6 --dim 16 --layers 1 --heads 2 --batch 8 --steps 1500 --ckpt-every 25 --seed 3 --quiet)
 
 "$QKV" train "${args[@]}" --out "$T/full" > "$T/full.out" 2>&1
 ok $? "uninterrupted run"
@@ -22,7 +22,7 @@ for trial in 1 2 3; do
   # Wait for a first checkpoint (up to 2 minutes: the machine may be
   # loaded), then kill at a random moment after it.
   for _ in $(seq 1 1200); do [ -f "$d/model.safetensors" ] && break; sleep 0.1; done
-  sleep "$((RANDOM % 2)).$((RANDOM % 10))"
+  sleep "0.$((RANDOM % 10))"
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null
   "$QKV" eval --ckpt "$d" --examples 8 > /dev/null 2>&1
