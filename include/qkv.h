@@ -354,6 +354,16 @@ qkv_status qkv_attention_backward(const qkv_attn_desc *desc,
                                   const void *out, const void *lse,
                                   const void *dout, const qkv_attn_grads *grads);
 
+/* Rows row0 .. row0+rows-1 of the attention matrix A' (for every batch and
+ * head), for inspecting long inputs a block at a time: only
+ * [B, H, rows, n_k] is written, recomputed from Q and K in double (O(n_k)
+ * workspace), so the n x n matrix never has to exist. Same values as the
+ * forward's attn output (before dropout). V is not needed. Errors: as
+ * qkv_attention_forward, plus QKV_ERR_BAD_SIZE when the rows are not inside
+ * 0 .. n_q. */
+qkv_status qkv_attention_rows(const qkv_attn_desc *desc, const void *q, const void *k, int64_t row0,
+                              int64_t rows, void *attn_rows);
+
 /* ------------------------------------------------------------------------- */
 /* Positional encodings. Absolute ones are added to the token embeddings by
  * the caller (or the model); RoPE rotates q and k inside the multi-head

@@ -68,3 +68,16 @@ qkv_status qkv_attention_backward(const qkv_attn_desc *desc, const void *q, cons
     if (s == QKV_OK) s = attention_backward(desc, q, k, v, out, lse, dout, grads);
     return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
 }
+
+qkv_status qkv_attention_rows(const qkv_attn_desc *desc, const void *q, const void *k, int64_t row0,
+                              int64_t rows, void *attn_rows) {
+    qkv_plan p;
+    qkv_status s = qkv_plan_make(desc, &p);
+    if (s != QKV_OK) return s;
+    if (!q || !k || !attn_rows) return QKV_ERR_NULL_POINTER;
+    if (p.d.dtype != QKV_F32 && p.d.dtype != QKV_F64) return QKV_ERR_DTYPE;
+    if (row0 < 0 || rows <= 0 || row0 > p.d.n_q - rows) return QKV_ERR_BAD_SIZE;
+    int64_t f[4] = {p.d.batch, p.d.heads, rows, p.d.n_k}, n;
+    if (!qkv_count_ok(&n, sizeof(double), 4, f)) return QKV_ERR_SIZE_OVERFLOW;
+    return qkv_ref_attention_rows(&p, q, k, row0, rows, attn_rows);
+}

@@ -12,4 +12,8 @@ qkv_status qkv_ref_forward(const qkv_plan *p, const void *q, const void *k, cons
 qkv_status qkv_ref_backward(const qkv_plan *p, const void *q, const void *k, const void *v,
                             const void *dout, const qkv_attn_grads *g);
 
+/* Rows [row0, row0 + rows) of A' into attn_rows [B, H, rows, n_k]. */
+qkv_status qkv_ref_attention_rows(const qkv_plan *p, const void *q, const void *k, int64_t row0, int64_t rows,
+                                  void *attn_rows);
+
 #endif

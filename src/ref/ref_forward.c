@@ -54,3 +54,28 @@ qkv_status qkv_ref_forward(const qkv_plan *p, const void *q, const void *k, cons
     ref_inputs_free(&in);
     return QKV_OK;
 }
+
+qkv_status qkv_ref_attention_rows(const qkv_plan *p, const void *q, const void *k, int64_t row0, int64_t rows,
+                                  void *attn_rows) {
+    const qkv_attn_desc *d = &p->d;
+    ref_inputs in;
+    /* V is never read: the logits and weights need only Q and K. */
+    qkv_status st = ref_inputs_make(p, q, k, NULL, &in);
+    if (st != QKV_OK) return st;
+    for (int64_t b = 0; b < d->batch; b++)
+        for (int64_t h = 0; h < d->heads; h++) {
+            ref_prepare_head(p, &in, b, h);
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t i = row0 + r, lo, hi;
+                qkv_plan_key_range(p, b, i, &lo, &hi);
+                int64_t visible = ref_row_logits(p, &in, b, h, i, lo, hi);
+                double row_lse;
+                ref_row_normalise(p, &in, lo, hi, visible, &row_lse);
+                int64_t at = ((b * d->heads + h) * rows + r) * d->n_k;
+                for (int64_t j = 0; j < d->n_k; j++)
+                    ref_store(attn_rows, d->dtype, at + j, (j >= lo && j < hi) ? in.p[j] : 0.0);
+            }
+        }
+    ref_inputs_free(&in);
+    return QKV_OK;
+}
