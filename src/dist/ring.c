@@ -186,6 +186,15 @@ static int pair_desc(ring *g, const chunk *qc, const chunk *kc, int kind, qkv_at
 
 static int mpi_ok(int rc) { return rc == MPI_SUCCESS; }
 
+/* Drive the transfers in flight between two blocks: without an asynchronous
+ * progress thread, MPI moves the fragments of a large message only inside
+ * MPI calls, so a test between blocks lets the next block's keys travel
+ * while this rank computes (completed requests become MPI_REQUEST_NULL). */
+static int progress(int n, MPI_Request *req) {
+    int flag = 0;
+    return mpi_ok(MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE));
+}
+
 /* What the library supports on the ring (see qkv.h). */
 static qkv_status ring_check(const qkv_attn_desc *desc, int backward) {
     qkv_status s = qkv_attn_desc_check(desc);
@@ -359,6 +368,7 @@ qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout
                                                kv_v(&g, buf[cur], ko, tk), ob, NULL, lb);
                     if (cs == QKV_OK)
                         merge(acc + B * qc->off * H * Dv, acc_l + B * H * qc->off, ob, lb, B, qc->len, H, Dv);
+                    if (!progress(2, req)) comm_ok = 0;
                 }
             }
             if (!mpi_ok(MPI_Waitall(2, req, MPI_STATUSES_IGNORE))) comm_ok = 0;
@@ -508,6 +518,7 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
                             add_to(dvc, scratch + nk_el, nv_el);
                         }
                     }
+                    if (!progress(3, req)) comm_ok = 0;
                 }
             }
             if (comm_ok && !mpi_ok(MPI_Wait(&req[2], MPI_STATUS_IGNORE))) comm_ok = 0;
