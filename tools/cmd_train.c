@@ -50,7 +50,8 @@ static void help(void) {
           "Trains a transformer (pre-LayerNorm, decoder for copy/reverse/sort/recall/text,\n"
           "encoder for label/mlm) with AdamW, warm-up + cosine learning rate and gradient\n"
           "clipping. Writes to DIR: model.safetensors (the checkpoint: weights, optimiser\n"
-          "state, configuration), loss.csv (step, loss, lr, grad_norm, tokens_per_s).\n"
+          "state, configuration), loss.csv (step, loss, lr, grad_norm, tokens_per_s),\n"
+          "loss.png (the loss curve).\n"
           "\n"
           "Task:\n"
           "  --task NAME [FILE]  copy, reverse, sort: L symbols, a separator, the answer;\n"
@@ -291,6 +292,46 @@ static FILE *open_log(const char *dir, int64_t from_step) {
         return NULL;
     }
     return out;
+}
+
+/* DIR/loss.png from DIR/loss.csv (the whole run, resumed parts included).
+ * Returns 0, or -1 after printing why. */
+static int write_loss_png(const char *dir) {
+    char path[2048], png[2048], line[512];
+    snprintf(path, sizeof path, "%s/loss.csv", dir);
+    snprintf(png, sizeof png, "%s/loss.png", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        cli_error(CMD, "--out", path, "cannot read: %s", strerror(errno));
+        return -1;
+    }
+    size_t cap = 1024, n = 0;
+    double *st = malloc(cap * sizeof(double)), *lo = malloc(cap * sizeof(double));
+    while (st && lo && fgets(line, sizeof line, f)) {
+        double a, b;
+        if (sscanf(line, "%lf,%lf", &a, &b) != 2) continue; /* the header */
+        if (n == cap) {
+            cap *= 2;
+            double *s2 = realloc(st, cap * sizeof(double)), *l2 = s2 ? realloc(lo, cap * sizeof(double)) : NULL;
+            if (s2) st = s2;
+            if (!s2 || !l2) {
+                n = 0;
+                break;
+            }
+            lo = l2;
+        }
+        st[n] = a;
+        lo[n++] = b;
+    }
+    fclose(f);
+    qkv_status s = n ? qkv_loss_curve_save_png(png, st, lo, (int64_t)n, "training loss") : QKV_ERR_OUT_OF_MEMORY;
+    free(st);
+    free(lo);
+    if (s != QKV_OK) {
+        cli_error(CMD, "--out", png, "cannot draw the loss curve: %s", qkv_status_string(s));
+        return -1;
+    }
+    return 0;
 }
 
 static void fmt_time(char *buf, size_t len, double s) {
@@ -583,7 +624,9 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         if ((s = evaluate(m, &r, 512, r.seed ^ EVAL_SEED_SALT, &acc, &tacc, &eloss)) == QKV_OK)
             printf("%s: exact-sequence accuracy %.2f%%, token accuracy %.2f%%, loss %.4f on 512 fresh examples\n",
                    qkv_task_name(r.task.task), 100 * acc, 100 * tacc, eloss);
-        printf("checkpoint: %s/%s\nloss log:   %s/loss.csv\n", out, TRAIN_CKPT_FILE, out);
+        if (write_loss_png(out) != 0) goto done;
+        printf("checkpoint: %s/%s\nloss log:   %s/loss.csv\nloss curve: %s/loss.png\n", out, TRAIN_CKPT_FILE, out,
+               out);
         rc = CLI_EXIT_OK;
     }
 done:

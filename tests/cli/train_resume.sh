@@ -37,6 +37,26 @@ done
 [ "$killed" -ge 1 ]
 ok $? "at least one run was killed mid-way ($killed of 3)"
 
+# A full disk during a checkpoint write (a file-size limit; SIGXFSZ ignored
+# so the write fails with EFBIG as on a full disk): a clear error, a failing
+# exit, and the previous checkpoint kept intact.
+d="$T/full_disk"
+"$QKV" train "${args[@]}" --steps 50 --ckpt-every 25 --out "$d" > /dev/null 2>&1
+cp "$d/model.safetensors" "$T/before.safetensors"
+size=$(( $(stat -c %s "$d/model.safetensors") / 1024 / 2 ))   # KiB: half a checkpoint
+( trap '' XFSZ; ulimit -f "$size"; "$QKV" train "${args[@]}" --steps 50 --ckpt-every 25 --seed 4 --out "$d" > /dev/null 2> "$T/err" ) 2>/dev/null
+rc=$?
+[ $rc -ne 0 ] && grep -q "cannot write the checkpoint" "$T/err" && cmp -s "$d/model.safetensors" "$T/before.safetensors"
+ok $? "full disk: error '$(head -c 200 "$T/err")', previous checkpoint intact"
+"$QKV" eval --ckpt "$d" --examples 8 > /dev/null 2>&1
+ok $? "full disk: the kept checkpoint still loads"
+[ -z "$(ls "$d" | grep -i tmp)" ]
+ok $? "full disk: no temporary file left behind"
+
+# The loss curve picture.
+[ -s "$T/full/loss.png" ] && [ "$(head -c 8 "$T/full/loss.png" | od -An -c | tr -d ' ')" = '211PNG\r\n032\n' ]
+ok $? "loss.png is a PNG"
+
 # Thread count does not change the numbers.
 "$QKV" train "${args[@]}" --threads 1 --out "$T/t1" > /dev/null 2>&1 && cut -d, -f1-4 "$T/t1/loss.csv" > "$T/t1.curve"
 cmp -s "$T/full.curve" "$T/t1.curve"
