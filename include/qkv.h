@@ -285,6 +285,15 @@ typedef struct qkv_attn_desc {
      * scan reads every element once: O(size of the inputs). Tensors stored
      * as float32 or float64 are scanned (half-precision storage is not). */
     int check_finite;
+
+    /* 2-D relative positions (images: Swin / NAT-style learned relative
+     * bias): when > 0, positions are pixels of a row-major image of this
+     * width (query p and key j at (p / W, p % W) and (j / W, j % W)) and
+     * rel_table [H, (2m+1)^2] with m = rel_max_distance holds one bias per
+     * clipped offset (dy, dx) in [-m, m]^2, at (dy + m) * (2m + 1) + dx + m;
+     * rel_buckets must be (2m+1)^2 and rel_bidirectional is ignored. Not
+     * with packed sequences. 0: the 1-D T5 buckets above. */
+    int64_t rel2d_width;
 } qkv_attn_desc;
 
 /* T5's bucket of a relative offset r = key - query. Returns -1 for invalid

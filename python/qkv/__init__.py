@@ -76,7 +76,7 @@ class _AttnDesc(ctypes.Structure):
         ("threads", ctypes.c_int), ("alibi_slopes", _p), ("rel_table", _p),
         ("rel_buckets", _i64), ("rel_max_distance", _i64), ("rel_bidirectional", ctypes.c_int),
         ("dropout", ctypes.c_double), ("dropout_seed", ctypes.c_uint64),
-        ("check_finite", ctypes.c_int),
+        ("check_finite", ctypes.c_int), ("rel2d_width", _i64),
     ]
 
 

@@ -65,6 +65,10 @@ void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, in
  * sequence are at offset r = j - position (r <= 0 is the past). */
 int64_t qkv_plan_query_position(const qkv_plan *p, int64_t i);
 
+/* The relative-position bucket of key j for a query at aligned position
+ * pos: T5's 1-D buckets, or the clipped 2-D offset when rel2d_width > 0. */
+int64_t qkv_plan_rel_bucket(const qkv_plan *p, int64_t pos, int64_t j);
+
 /* Attention dropout: the factor of entry (b, h, i, j) - 0 (dropped) or
  * 1 / (1 - p) - from the counter-based hash; 1 when dropout is off. */
 double qkv_attn_dropout_keep(const qkv_plan *p, int64_t b, int64_t h, int64_t i, int64_t j);

@@ -117,9 +117,16 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
         plan->packed = 1;
     }
 
+    if (d.rel2d_width < 0) return QKV_ERR_BAD_PARAMETER;
+    if (d.rel_table && d.rel2d_width > 0) {
+        int64_t side = 2 * d.rel_max_distance + 1;
+        if (d.rel_max_distance < 1 || d.rel_max_distance > (1 << 20) || d.rel_buckets != side * side)
+            return QKV_ERR_BAD_PARAMETER;
+        if (d.seq_offsets_q || d.num_seqs) return QKV_ERR_UNSUPPORTED;
+    }
     if (d.rel_table) {
         int64_t f_r[2] = {d.heads, d.rel_buckets};
-        if (d.rel_buckets < (d.rel_bidirectional ? 4 : 2) || d.rel_max_distance < 1)
+        if (d.rel2d_width == 0 && (d.rel_buckets < (d.rel_bidirectional ? 4 : 2) || d.rel_max_distance < 1))
             return QKV_ERR_BAD_PARAMETER;
         if (!qkv_count_ok(&plan->n_rel_elems, elem, 2, f_r)) return QKV_ERR_SIZE_OVERFLOW;
     }
@@ -240,4 +247,17 @@ double qkv_attn_dropout_keep(const qkv_plan *p, int64_t b, int64_t h, int64_t i,
     }
     double u = (double)(z >> 11) * 0x1.0p-53;
     return u < p->d.dropout ? 0.0 : 1.0 / (1.0 - p->d.dropout);
+}
+
+/* Floor division (positions may be negative when n_q > n_k). */
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+static int64_t clip(int64_t x, int64_t m) { return x < -m ? -m : (x > m ? m : x); }
+
+int64_t qkv_plan_rel_bucket(const qkv_plan *p, int64_t pos, int64_t j) {
+    const qkv_attn_desc *d = &p->d;
+    if (d->rel2d_width <= 0) return qkv_relpos_bucket(j - pos, d->rel_buckets, d->rel_max_distance, d->rel_bidirectional);
+    const int64_t W = d->rel2d_width, m = d->rel_max_distance;
+    int64_t qy = floor_div(pos, W), qx = pos - qy * W, ky = j / W, kx = j - ky * W;
+    return (clip(ky - qy, m) + m) * (2 * m + 1) + clip(kx - qx, m) + m;
 }

@@ -121,7 +121,7 @@ static void backward_row(const qkv_plan *p, ref_inputs *in, grad_acc *g, const d
         }
         if (g->drel) {
             g->drel[h * d->rel_buckets +
-                    qkv_relpos_bucket(j - pos, d->rel_buckets, d->rel_max_distance, d->rel_bidirectional)] += ds;
+                    qkv_plan_rel_bucket(p, pos, j)] += ds;
         }
         if (d->softcap > 0.0) {
             double t = tanh(R[j] / d->softcap);

@@ -135,7 +135,7 @@ int64_t ref_row_logits(const qkv_plan *p, ref_inputs *in, int64_t b, int64_t h, 
         if (in->alibi) s -= in->alibi[h] * (double)(j > pos ? j - pos : pos - j);
         if (in->rel)
             s += in->rel[h * d->rel_buckets +
-                         qkv_relpos_bucket(j - pos, d->rel_buckets, d->rel_max_distance, d->rel_bidirectional)];
+                         qkv_plan_rel_bucket(p, pos, j)];
         in->s[j] = s;
         if (s != -INFINITY) visible++;
     }
