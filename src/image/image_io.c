@@ -172,8 +172,14 @@ static void png_warn(png_structp png, png_const_charp msg) {
     (void)msg; /* a library does not print */
 }
 
+/* No buffer libpng needs for an image we accept (rows, a chunk of data the
+ * input really holds) comes near this; a chunk header can claim 2 GiB before
+ * its data is read, and some libpng versions allocate that up front
+ * (found by fuzz_image: an sPLT chunk of length 0x7f000006). */
+#define PNG_ALLOC_CAP ((png_alloc_size_t)256 << 20)
+
 static png_voidp png_mem_alloc(png_structp png, png_alloc_size_t size) {
-    void *p = qkv_alloc(size);
+    void *p = size <= PNG_ALLOC_CAP ? qkv_alloc(size) : NULL;
     if (!p) {
         png_ctx *ctx = png_get_error_ptr(png);
         if (ctx) ctx->alloc_failed = 1;
