@@ -152,3 +152,72 @@ const char *cli_dtype_name(qkv_dtype dtype) {
     }
     return "unknown";
 }
+
+/* ---- shared by the subcommands that take attention options ---------------- */
+
+int cli_usage_error(const char *cmd, const char *opt, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cli_error(cmd, opt, NULL, "%s", msg);
+    cli_usage_hint(cmd);
+    return CLI_EXIT_USAGE;
+}
+
+/* "L" of a window spec: a non-negative integer. */
+static int parse_extent(const char *cmd, const char *spec, const char *side, const char *text, int64_t *out) {
+    char label[160];
+    snprintf(label, sizeof label, "--mask %s: %s extent", spec, side);
+    return cli_parse_int64(cmd, label, text, 0, INT64_MAX, out);
+}
+
+int cli_parse_mask(const char *cmd, const char *spec, qkv_attn_desc *d) {
+    if (strcmp(spec, "none") == 0) {
+        d->mask = QKV_MASK_NONE;
+        return 0;
+    }
+    if (strcmp(spec, "causal") == 0) {
+        d->mask = QKV_MASK_CAUSAL;
+        return 0;
+    }
+    if (strncmp(spec, "window:", 7) == 0) {
+        const char *l = spec + 7;
+        const char *comma = strchr(l, ',');
+        if (!comma) {
+            cli_error(cmd, "--mask", NULL,
+                      "'%s': a window needs both extents, window:L,R (keys p-L..p+R)", spec);
+            return -1;
+        }
+        char left[64];
+        size_t len = (size_t)(comma - l);
+        if (len >= sizeof left) len = sizeof left - 1; /* too long to be a number anyway */
+        memcpy(left, l, len);
+        left[len] = '\0';
+        if (parse_extent(cmd, spec, "left", left, &d->window_left) != 0 ||
+            parse_extent(cmd, spec, "right", comma + 1, &d->window_right) != 0)
+            return -1;
+        d->mask = QKV_MASK_WINDOW;
+        return 0;
+    }
+    if (strncmp(spec, "causal-window:", 14) == 0) {
+        if (strchr(spec + 14, ',')) {
+            cli_error(cmd, "--mask", NULL,
+                      "'%s': a causal window has only a left extent, causal-window:L", spec);
+            return -1;
+        }
+        if (parse_extent(cmd, spec, "left", spec + 14, &d->window_left) != 0) return -1;
+        d->window_right = 0;
+        d->mask = QKV_MASK_CAUSAL_WINDOW;
+        return 0;
+    }
+    if (strcmp(spec, "window") == 0 || strcmp(spec, "causal-window") == 0) {
+        cli_error(cmd, "--mask", NULL, "'%s' needs its extents: window:L,R or causal-window:L",
+                  spec);
+        return -1;
+    }
+    cli_error(cmd, "--mask", NULL,
+              "unknown mask '%s' (expected none, causal, window:L,R or causal-window:L)", spec);
+    return -1;
+}

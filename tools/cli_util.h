@@ -68,4 +68,12 @@ const char *cli_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 /* "float32", "float64", "int32", "int64" or "unknown". */
 const char *cli_dtype_name(qkv_dtype dtype);
 
+/* Print "qkv <cmd>: <opt>: <message>" and the --help hint; returns
+ * CLI_EXIT_USAGE (for `return cli_usage_error(...)`). */
+int cli_usage_error(const char *cmd, const char *opt, const char *fmt, ...) CLI_PRINTF(3, 4);
+
+/* --mask none|causal|window:L,R|causal-window:L into d->mask and the window
+ * extents. Returns 0, or -1 after printing why. */
+int cli_parse_mask(const char *cmd, const char *spec, qkv_attn_desc *d);
+
 #endif

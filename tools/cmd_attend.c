@@ -166,73 +166,7 @@ typedef struct config {
 
 #define PARSE_CONTINUE (-1)
 
-static int usage_error(const char *opt, const char *fmt, ...) CLI_PRINTF(2, 3);
-static int usage_error(const char *opt, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cli_error(CMD, opt, NULL, "%s", msg);
-    cli_usage_hint(CMD);
-    return CLI_EXIT_USAGE;
-}
-
-/* "L" of a window spec: a non-negative integer. */
-static int parse_extent(const char *spec, const char *side, const char *text, int64_t *out) {
-    char label[160];
-    snprintf(label, sizeof label, "--mask %s: %s extent", spec, side);
-    return cli_parse_int64(CMD, label, text, 0, INT64_MAX, out);
-}
-
-static int parse_mask(const char *spec, qkv_attn_desc *d) {
-    if (strcmp(spec, "none") == 0) {
-        d->mask = QKV_MASK_NONE;
-        return 0;
-    }
-    if (strcmp(spec, "causal") == 0) {
-        d->mask = QKV_MASK_CAUSAL;
-        return 0;
-    }
-    if (strncmp(spec, "window:", 7) == 0) {
-        const char *l = spec + 7;
-        const char *comma = strchr(l, ',');
-        if (!comma) {
-            cli_error(CMD, "--mask", NULL,
-                      "'%s': a window needs both extents, window:L,R (keys p-L..p+R)", spec);
-            return -1;
-        }
-        char left[64];
-        size_t len = (size_t)(comma - l);
-        if (len >= sizeof left) len = sizeof left - 1; /* too long to be a number anyway */
-        memcpy(left, l, len);
-        left[len] = '\0';
-        if (parse_extent(spec, "left", left, &d->window_left) != 0 ||
-            parse_extent(spec, "right", comma + 1, &d->window_right) != 0)
-            return -1;
-        d->mask = QKV_MASK_WINDOW;
-        return 0;
-    }
-    if (strncmp(spec, "causal-window:", 14) == 0) {
-        if (strchr(spec + 14, ',')) {
-            cli_error(CMD, "--mask", NULL,
-                      "'%s': a causal window has only a left extent, causal-window:L", spec);
-            return -1;
-        }
-        if (parse_extent(spec, "left", spec + 14, &d->window_left) != 0) return -1;
-        d->window_right = 0;
-        d->mask = QKV_MASK_CAUSAL_WINDOW;
-        return 0;
-    }
-    if (strcmp(spec, "window") == 0 || strcmp(spec, "causal-window") == 0) {
-        cli_error(CMD, "--mask", NULL, "'%s' needs its extents: window:L,R or causal-window:L",
-                  spec);
-        return -1;
-    }
-    cli_error(CMD, "--mask", NULL,
-              "unknown mask '%s' (expected none, causal, window:L,R or causal-window:L)", spec);
-    return -1;
-}
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 static int parse_score(const char *s, qkv_attn_desc *d) {
     if (strcmp(s, "scaled") == 0) d->score = QKV_SCORE_SCALED_DOT;
@@ -268,7 +202,7 @@ static int take_value(config *c, int id, const char *v) {
     double x;
     int64_t n;
     switch (id) {
-    case OPT_MASK: return parse_mask(v, d);
+    case OPT_MASK: return cli_parse_mask(CMD, v, d);
     case OPT_SCORE: return parse_score(v, d);
     case OPT_NORM: return parse_norm(v, d);
     case OPT_SCALE:
