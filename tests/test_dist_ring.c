@@ -32,6 +32,10 @@ typedef struct shape {
     int key_lengths; /* batch 0 sees only part of the keys, the last batch none */
     qkv_score score;
     double softcap;
+    int64_t wl, wr;  /* WINDOW / CAUSAL_WINDOW sides */
+    qkv_norm norm;
+    int relu_div;
+    int bias;        /* 0 none, 1 SHARED, 2 PER_HEAD with some -inf (masked) entries */
 } shape;
 
 /* Rows of one rank's slice of a [B, n, X] tensor, copied out/in. */
@@ -105,9 +109,25 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     d.score = sh->score;
     d.softcap = sh->softcap;
     d.threads = 1;
+    d.window_left = sh->wl;
+    d.window_right = sh->wr;
+    d.norm = sh->norm;
+    d.relu_divide_by_count = sh->relu_div;
     if (sh->key_lengths) {
         for (int64_t b = 0; b < B; b++) kl[b] = b == B - 1 ? 0 : (nk * 2) / 3 + b;
         d.key_lengths = kl;
+    }
+    /* The whole bias [Hb, nq, nk] for one process; each rank passes the rows
+     * of its queries for every key, [Hb, nq_loc, nk]. */
+    const int64_t Hb = sh->bias == 2 ? H : 1;
+    float *bias = NULL;
+    if (sh->bias) {
+        bias = fill(&r, Hb * nq * nk);
+        if (sh->bias == 2)
+            for (int64_t t = 0; t < Hb * nq * nk; t++)
+                if ((t * 7) % 11 == 3) bias[t] = -INFINITY;
+        d.bias_kind = sh->bias == 2 ? QKV_BIAS_PER_HEAD : QKV_BIAS_SHARED;
+        d.bias = bias;
     }
     /* One process: the reference of this test. */
     float *o1 = malloc((size_t)(B * nq * H * Dv) * sizeof(float)), *l1 = malloc((size_t)(B * H * nq) * sizeof(float));
@@ -143,6 +163,12 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     slice(want_dq, dq1, B, nq, H * D, qs, ql, nql);
     slice(want_dk, dk1, B, nk, Hkv * D, ks, kln, nkl);
     slice(want_dv, dv1, B, nk, Hkv * Dv, ks, kln, nkl);
+    float *bias_loc = NULL;
+    if (bias) {
+        bias_loc = malloc((size_t)(Hb * nql * nk + 1) * sizeof(float));
+        slice(bias_loc, bias, Hb, nq, nk, qs, ql, nql); /* rows of each head */
+        d.bias = bias_loc;
+    }
 
     qkv_status s = qkv_ring_attention_forward(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, o2, l2);
     CHECK_STATUS(s, QKV_OK);
@@ -160,15 +186,17 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     double ek2 = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
     int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1;
     CHECK(ok,
-          "rank %d/%d %s B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld mask=%d kl=%d score=%d seed=%llu: "
+          "rank %d/%d %s B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld mask=%d(%lld,%lld) kl=%d score=%d "
+          "norm=%d/%d bias=%d seed=%llu: "
           "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g",
           g_rank, g_size, layout == QKV_DIST_ZIGZAG ? "zigzag" : "contiguous", (long long)B, (long long)nq,
           (long long)nk, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (int)sh->mask,
-          sh->key_lengths, (int)sh->score, (unsigned long long)seed, eo, el, eq, ek, ev, ek2);
+          (long long)sh->wl, (long long)sh->wr, sh->key_lengths, (int)sh->score, (int)sh->norm, sh->relu_div,
+          sh->bias, (unsigned long long)seed, eo, el, eq, ek, ev, ek2);
     (void)sync_ok(ok);
     free(q); free(k); free(v); free(dout); free(o1); free(l1); free(dq1); free(dk1); free(dv1);
     free(ql_q); free(ql_k); free(ql_v); free(ql_g); free(o2); free(l2); free(dq2); free(dk2); free(dv2);
-    free(want_o); free(want_l); free(want_dq); free(want_dk); free(want_dv);
+    free(want_o); free(want_l); free(want_dq); free(want_dk); free(want_dv); free(bias); free(bias_loc);
 }
 
 static void test_partition(void) {
@@ -203,22 +231,61 @@ static void test_errors(void) {
     d.dim = 4;
     d.threads = 1;
     float buf[8 * 2 * 4], out[8 * 2 * 4], dq[8 * 2 * 4], dk[8 * 2 * 4], dv[8 * 2 * 4];
+    qkv_status s0;
     for (int i = 0; i < 64; i++) buf[i] = (float)(i % 7) * 0.1f;
     /* Unsupported requests, the same on every rank. */
     qkv_attn_desc u = d;
     u.dtype = QKV_F64;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
+    /* Still unsupported: the in-kernel position biases, dropout, packed
+     * sequences, the additive score (docs/DISTRIBUTED.md). */
+    float slopes[2] = {0.5f, 0.25f};
     u = d;
-    u.mask = QKV_MASK_WINDOW;
-    u.window_left = u.window_right = 1;
+    u.alibi_slopes = slopes;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
     u = d;
-    u.mask = QKV_MASK_CAUSAL;
-    u.n_q = 4;
+    u.rel_table = buf;
+    u.rel_buckets = 8;
+    u.rel_max_distance = 16;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
+    u = d;
+    u.dropout = 0.1;
+    CHECK_STATUS(qkv_ring_attention_backward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, NULL, NULL, buf,
+                                             dq, dk, dv),
+                 QKV_ERR_UNSUPPORTED);
+    int64_t offs[3] = {0, 3, 8};
+    u = d;
+    u.num_seqs = 2;
+    u.seq_offsets_q = offs;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_UNSUPPORTED);
+    u = d;
+    u.score = QKV_SCORE_ADDITIVE;
+    u.additive_dim = 2;
+    u.additive_w1 = u.additive_w2 = u.additive_w = buf;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_UNSUPPORTED);
+    /* A bad window is the core's error, on every rank. */
+    u = d;
+    u.mask = QKV_MASK_CAUSAL_WINDOW;
+    u.window_left = 2;
+    u.window_right = 1;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_WINDOW);
+    u = d;
+    u.bias_kind = (qkv_bias_kind)5;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_BAD_ENUM);
+    /* A bias missing on one rank that holds queries: every rank fails. */
+    u = d;
+    u.bias_kind = QKV_BIAS_SHARED;
+    u.bias = g_rank == 0 ? NULL : buf;
+    s0 = qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL);
+    CHECK(s0 == QKV_ERR_NULL_POINTER, "NULL bias on rank 0: rank %d got %d (%s)", g_rank, (int)s0,
+          qkv_status_string(s0));
     u = d;
     u.impl = QKV_IMPL_REFERENCE;
     CHECK_STATUS(qkv_ring_attention_backward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, NULL, NULL, buf,
@@ -485,15 +552,30 @@ int main(int argc, char **argv) {
     test_partition();
     static const shape shapes[] = {
         /* B  nq  nk  H Hkv D  Dv  mask              kl score                softcap */
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0},
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0},    /* GQA, uneven */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0}, /* MQA, > one tile */
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0},     /* key lengths, a dead row */
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0},              /* n_q != n_k */
-        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0},       /* n < 2p: empty pieces */
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0},       /* cosine, softcap */
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},    /* GQA, uneven */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0}, /* MQA, > one tile */
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},     /* key lengths, a dead row */
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},              /* n_q != n_k */
+        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},       /* n < 2p: empty pieces */
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},       /* cosine, softcap */
+        /* masks, normalisers and biases beyond plain causal (the "same masks, scores as one process") */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0},
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
+        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
+        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0},
+        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0},
+        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0},
+        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0},
+        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1},
+        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2},
+        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2},
     };
     uint64_t seed = 1000;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

@@ -35,8 +35,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn/fast.h"
 #include "core/internal.h"
 #include "dist/dist_internal.h"
+#include "ref/ref.h"
 
 #define TAG_KV 7101
 #define TAG_DKV 7102
@@ -133,6 +135,11 @@ typedef struct ring {
     int64_t max_kn;         /* the largest local key count */
     int64_t kv_elems;       /* floats of a key/value message buffer */
     int64_t *blk_len;       /* [B] per-block key lengths */
+    qkv_plan gplan;         /* the whole problem's plan: the visible key range of every query */
+    int softmax;            /* merge by log-sum-exp (else the block outputs add) */
+    int relu_div;           /* RELU divided by the global count of visible keys */
+    int64_t bias_h;         /* heads of the bias (1 SHARED, H PER_HEAD, 0 none) */
+    float *bb;              /* one block's bias [bias_h, len_q, len_k] */
 } ring;
 
 /* Offsets inside a message buffer of owner o: K chunk t, then V chunk t. */
@@ -149,39 +156,113 @@ static int64_t kv_count(const ring *g, const owned *o) {
     return g->B * o->local_n * g->Hkv * (g->D + g->Dv);
 }
 
-/* The kinds of a (query chunk, key chunk) pair. */
-enum { PAIR_SKIP, PAIR_FULL, PAIR_DIAG };
+/* ---- one (query chunk, key chunk) pair ------------------------------------
+ *
+ * Every mask of the core is a window [pos_i - left, pos_i + right] around
+ * query i's bottom-right aligned position pos_i = i + n_k - n_q (NONE and
+ * CAUSAL are windows with unbounded sides), intersected with the key
+ * lengths. For the block of queries qs .. qs + lq - 1 against keys
+ * ks .. ks + lk - 1 the block's own aligned position is
+ * pos'_i' = i' + lk - lq, and
+ *     pos_i - ks = pos'_i' + c,   c = qs - ks + (n_k - n_q) - (lk - lq),
+ * so the global window is the block window [pos' - (left - c), pos' +
+ * (right + c)]: the same plan with shifted sides. These may be negative
+ * (the window lies wholly to one side of the block's diagonal), which the
+ * public descriptor cannot say but the plan's key ranges compute exactly
+ * (qkv_plan_key_range clamps a +- b for any b of sequence size), so each
+ * block is computed from a plan made here and passed to the fast path (or
+ * the reference) directly: the same kernels qkv_attention_forward runs. */
 
-static int pair_kind(const ring *g, const chunk *qc, const chunk *kc) {
-    if (qc->len == 0 || kc->len == 0) return PAIR_SKIP;
-    if (g->d.mask != QKV_MASK_CAUSAL) return PAIR_FULL;
-    /* n_q = n_k and both sides use the same partition: chunks coincide or
-     * are disjoint. */
-    if (kc->start >= qc->start + qc->len) return PAIR_SKIP;
-    if (kc->start == qc->start) return PAIR_DIAG;
-    return PAIR_FULL;
+#define SIDE_BIG ((int64_t)1 << 62) /* wider than any sequence: unbounded */
+
+static int64_t shift_side(int64_t side, int64_t by) {
+    if (side >= SIDE_BIG) return QKV_UNBOUNDED;
+    return side + by;
 }
 
-/* The descriptor of one pair; 0 when no key of the block is visible. */
-static int pair_desc(ring *g, const chunk *qc, const chunk *kc, int kind, qkv_attn_desc *bd) {
+/* Whether some query of qc sees some key of kc in some batch (the global
+ * key ranges are contiguous; O(B * len) per pair). */
+static int pair_visible(const ring *g, const chunk *qc, const chunk *kc) {
+    if (qc->len == 0 || kc->len == 0) return 0;
+    for (int64_t b = 0; b < g->B; b++)
+        for (int64_t i = qc->start; i < qc->start + qc->len; i++) {
+            int64_t lo, hi;
+            qkv_plan_key_range(&g->gplan, b, i, &lo, &hi);
+            if (lo < kc->start) lo = kc->start;
+            if (hi > kc->start + kc->len) hi = kc->start + kc->len;
+            if (lo < hi) return 1;
+        }
+    return 0;
+}
+
+/* The descriptor and window sides of one pair; 0 when no key of the block
+ * is visible to any of its queries. bias_loc: this rank's bias rows
+ * [bias_h, nq_loc, n_k] (copied into g->bb for the block). */
+static int pair_desc(ring *g, const chunk *qc, const chunk *kc, const float *bias_loc, qkv_attn_desc *bd,
+                     int64_t *left, int64_t *right) {
+    if (!pair_visible(g, qc, kc)) return 0;
     *bd = g->d;
     bd->batch = g->B;
     bd->n_q = qc->len;
     bd->n_k = kc->len;
-    bd->mask = kind == PAIR_DIAG ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+    bd->mask = QKV_MASK_NONE;
+    bd->window_left = bd->window_right = 0;
+    bd->relu_divide_by_count = 0; /* divided once by the global count */
     bd->key_lengths = NULL;
     if (g->d.key_lengths) {
-        int any = 0;
         for (int64_t b = 0; b < g->B; b++) {
             int64_t l = g->d.key_lengths[b] - kc->start;
-            l = l < 0 ? 0 : (l > kc->len ? kc->len : l);
-            g->blk_len[b] = l;
-            any |= l > 0;
+            g->blk_len[b] = l < 0 ? 0 : (l > kc->len ? kc->len : l);
         }
-        if (!any) return 0;
         bd->key_lengths = g->blk_len;
     }
+    if (g->bias_h > 0) {
+        const int64_t nq_loc = g->mq.local_n, nk = g->d.n_k;
+        for (int64_t h = 0; h < g->bias_h; h++)
+            for (int64_t i = 0; i < qc->len; i++)
+                memcpy(g->bb + (h * qc->len + i) * kc->len, bias_loc + (h * nq_loc + qc->off + i) * nk + kc->start,
+                       (size_t)kc->len * sizeof(float));
+        bd->bias = g->bb;
+    }
+    int64_t c = qc->start - kc->start + (g->d.n_k - g->d.n_q) - (kc->len - qc->len);
+    *left = shift_side(g->gplan.left, -c);
+    *right = shift_side(g->gplan.right, c);
     return 1;
+}
+
+/* qkv_attention_forward / backward of one block with the window sides
+ * given (see above): the same finite check, dispatch and status. */
+static qkv_status block_plan(const qkv_attn_desc *bd, int64_t left, int64_t right, qkv_plan *p) {
+    qkv_status s = qkv_plan_make(bd, p);
+    p->left = left;
+    p->right = right;
+    return s;
+}
+
+static qkv_status block_forward(const qkv_attn_desc *bd, int64_t left, int64_t right, const float *q, const float *k,
+                                const float *v, float *out, float *lse) {
+    qkv_plan p;
+    (void)qkv_alloc_take_refusal();
+    qkv_status s = qkv_attn_check_finite(bd, q, k, v, NULL, NULL, NULL);
+    if (s == QKV_OK) s = block_plan(bd, left, right, &p);
+    if (s == QKV_OK) {
+        if (p.d.impl == QKV_IMPL_REFERENCE) s = qkv_ref_forward(&p, q, k, v, out, NULL, lse);
+        else if (qkv_fast_supported(&p)) s = qkv_fast_forward(&p, q, k, v, out, NULL, lse);
+        else s = QKV_ERR_UNSUPPORTED;
+    }
+    return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
+}
+
+static qkv_status block_backward(const qkv_attn_desc *bd, int64_t left, int64_t right, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse,
+                                 const float *dout, const qkv_attn_grads *gr) {
+    qkv_plan p;
+    (void)qkv_alloc_take_refusal();
+    qkv_status s = qkv_attn_check_finite(bd, q, k, v, dout, out, lse);
+    if (s == QKV_OK) s = block_plan(bd, left, right, &p);
+    if (s == QKV_OK) s = qkv_fast_supported(&p) ? qkv_fast_backward(&p, q, k, v, out, lse, dout, gr)
+                                                : QKV_ERR_UNSUPPORTED;
+    return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
 }
 
 static int mpi_ok(int rc) { return rc == MPI_SUCCESS; }
@@ -195,17 +276,21 @@ static int progress(int n, MPI_Request *req) {
     return mpi_ok(MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE));
 }
 
-/* What the library supports on the ring (see qkv.h). */
+/* What the library supports on the ring (see qkv.h). The bias is a local
+ * tensor (this rank's rows), checked with the others, not here: a rank
+ * holding no query may pass NULL. */
 static qkv_status ring_check(const qkv_attn_desc *desc, int backward) {
-    qkv_status s = qkv_attn_desc_check(desc);
+    qkv_attn_desc d = *desc;
+    if (d.bias_kind != QKV_BIAS_NONE && d.bias_kind != QKV_BIAS_SHARED && d.bias_kind != QKV_BIAS_PER_HEAD)
+        return QKV_ERR_BAD_ENUM;
+    d.bias_kind = QKV_BIAS_NONE;
+    d.bias = NULL;
+    qkv_status s = qkv_attn_desc_check(&d);
     if (s != QKV_OK) return s;
-    if (desc->dtype != QKV_F32 || desc->norm != QKV_NORM_SOFTMAX ||
-        desc->score == QKV_SCORE_ADDITIVE || desc->bias_kind != QKV_BIAS_NONE ||
-        desc->seq_offsets_q || desc->num_seqs != 0 || desc->alibi_slopes || desc->rel_table ||
-        desc->dropout != 0.0 || (desc->mask != QKV_MASK_NONE && desc->mask != QKV_MASK_CAUSAL))
+    if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || d.seq_offsets_q || d.seq_offsets_k ||
+        d.num_seqs != 0 || d.alibi_slopes || d.rel_table || d.dropout != 0.0)
         return QKV_ERR_UNSUPPORTED;
-    if (desc->mask == QKV_MASK_CAUSAL && desc->n_q != desc->n_k) return QKV_ERR_UNSUPPORTED;
-    if (backward && desc->impl == QKV_IMPL_REFERENCE) return QKV_ERR_UNSUPPORTED;
+    if (backward && d.impl == QKV_IMPL_REFERENCE) return QKV_ERR_UNSUPPORTED;
     return QKV_OK;
 }
 
@@ -232,6 +317,15 @@ static qkv_status ring_begin(ring *g, const qkv_attn_desc *desc, qkv_dist_layout
     g->Hkv = desc->heads_kv ? desc->heads_kv : desc->heads;
     g->D = desc->dim;
     g->Dv = desc->dim_v ? desc->dim_v : desc->dim;
+    g->softmax = desc->norm == QKV_NORM_SOFTMAX;
+    g->relu_div = desc->norm == QKV_NORM_RELU && desc->relu_divide_by_count;
+    g->bias_h = desc->bias_kind == QKV_BIAS_SHARED ? 1 : desc->bias_kind == QKV_BIAS_PER_HEAD ? g->H : 0;
+    {
+        qkv_attn_desc gd = *desc;
+        gd.bias_kind = QKV_BIAS_NONE;
+        gd.bias = NULL;
+        (void)qkv_plan_make(&gd, &g->gplan); /* valid: ring_check */
+    }
     if (!mpi_ok(MPI_Comm_dup(comm, &g->comm))) {
         g->comm = MPI_COMM_NULL;
         return QKV_ERR_IO;
@@ -250,6 +344,16 @@ static qkv_status ring_begin(ring *g, const qkv_attn_desc *desc, qkv_dist_layout
     int64_t f[4] = {g->B, g->max_kn, g->Hkv, g->D + g->Dv};
     if (!qkv_count_ok(&g->kv_elems, sizeof(float) * 2, 4, f)) return QKV_ERR_SIZE_OVERFLOW;
     if (g->kv_elems > INT_MAX) return QKV_ERR_SIZE_OVERFLOW; /* one MPI message */
+    if (g->bias_h > 0) { /* one block's bias: my longest query chunk x the longest key chunk */
+        int64_t mq = g->mq.c[0].len > g->mq.c[1].len ? g->mq.c[0].len : g->mq.c[1].len, mk = 0, bbn;
+        for (int o = 0; o < g->p; o++)
+            for (int t = 0; t < 2; t++)
+                if (g->kown[o].c[t].len > mk) mk = g->kown[o].c[t].len;
+        int64_t fb[3] = {g->bias_h, mq, mk};
+        if (!qkv_count_ok(&bbn, sizeof(float), 3, fb)) return QKV_ERR_SIZE_OVERFLOW;
+        g->bb = qkv_alloc((size_t)bbn * sizeof(float) + 1);
+        if (!g->bb) return QKV_ERR_OUT_OF_MEMORY;
+    }
     return QKV_OK;
 }
 
@@ -257,6 +361,7 @@ static void ring_end(ring *g) {
     if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
     qkv_free(g->kown);
     qkv_free(g->blk_len);
+    qkv_free(g->bb);
 }
 
 /* Every rank's status agreed: QKV_OK only when all are; otherwise this
@@ -299,6 +404,57 @@ static void merge(float *o, float *lse, const float *ob, const float *lb, int64_
             }
 }
 
+/* ReLU and sigmoid weights are not normalised by the row: the output is
+ * the plain sum of the blocks' outputs, and the lse output (the log-sum-exp
+ * of the visible logits, whatever the normaliser) still merges by
+ * log-sum-exp. */
+static void merge_sum(float *o, float *lse, const float *ob, const float *lb, int64_t B, int64_t len,
+                      int64_t H, int64_t Dv) {
+    for (int64_t i = 0; i < B * len * H * Dv; i++) o[i] += ob[i];
+    for (int64_t r = 0; r < B * H * len; r++) {
+        float l2 = lb[r], l1 = lse[r];
+        if (l2 == -INFINITY) continue;
+        if (l1 == -INFINITY) {
+            lse[r] = l2;
+            continue;
+        }
+        double m = l1 > l2 ? (double)l1 : (double)l2;
+        if (isnan(l1) || isnan(l2)) m = NAN;
+        lse[r] = (float)(m + log(exp((double)l1 - m) + exp((double)l2 - m)));
+    }
+}
+
+/* RELU divided by the count of visible keys: the count is global (all the
+ * blocks of the row), known at home: the key range of the whole problem's
+ * plan, less the keys the bias masks (-inf; this rank holds its queries'
+ * bias rows for every key). Multiplies rows of x (chunk-major, [B, len, H,
+ * X] per chunk) by 1 / count, 0 for a row that sees nothing, as the core
+ * does. */
+static void relu_scale(const ring *g, const float *bias_loc, float *x, int64_t X) {
+    const int64_t B = g->B, H = g->H, nq_loc = g->mq.local_n, nk = g->d.n_k;
+    for (int t = 0; t < g->mq.n; t++) {
+        const chunk *c = &g->mq.c[t];
+        float *xc = x + B * c->off * H * X;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < c->len; i++) {
+                int64_t lo, hi;
+                qkv_plan_key_range(&g->gplan, b, c->start + i, &lo, &hi);
+                for (int64_t h = 0; h < H; h++) {
+                    float cnt = 0.0f;
+                    if (g->bias_h > 0) {
+                        const float *br = bias_loc + ((g->bias_h > 1 ? h : 0) * nq_loc + c->off + i) * nk;
+                        for (int64_t j = lo; j < hi; j++) cnt += br[j] != -INFINITY;
+                    } else if (hi > lo) {
+                        cnt = (float)(hi - lo);
+                    }
+                    float mul = cnt > 0 ? 1.0f / cnt : 0.0f;
+                    float *row = xc + ((b * c->len + i) * H + h) * X;
+                    for (int64_t d = 0; d < X; d++) row[d] *= mul;
+                }
+            }
+    }
+}
+
 /* ---- forward --------------------------------------------------------------- */
 
 qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout layout,
@@ -314,7 +470,9 @@ qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout
     const int64_t B = g.B, H = g.H, Hkv = g.Hkv, D = g.D, Dv = g.Dv, nq_loc = g.mq.local_n;
     const owned *mine = &g.kown[g.r];
     float *qp = NULL, *acc = NULL, *acc_l = NULL, *ob = NULL, *lb = NULL, *buf[2] = {NULL, NULL};
-    if (((!q || !out) && nq_loc > 0) || ((!k || !v) && mine->local_n > 0)) s = QKV_ERR_NULL_POINTER;
+    const float *bias_loc = g.d.bias;
+    if (((!q || !out || (g.bias_h > 0 && !bias_loc)) && nq_loc > 0) || ((!k || !v) && mine->local_n > 0))
+        s = QKV_ERR_NULL_POINTER;
     if (s == QKV_OK) {
         int64_t maxq = g.mq.c[0].len > g.mq.c[1].len ? g.mq.c[0].len : g.mq.c[1].len;
         size_t nq_rows = (size_t)(B * nq_loc * H);
@@ -361,19 +519,21 @@ qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout
                 float *qc_p = qp + B * qc->off * H * D;
                 for (int tk = 0; tk < ko->n && cs == QKV_OK; tk++) {
                     const chunk *kc = &ko->c[tk];
-                    int kind = pair_kind(&g, qc, kc);
                     qkv_attn_desc bd;
-                    if (kind == PAIR_SKIP || !pair_desc(&g, qc, kc, kind, &bd)) continue;
-                    cs = qkv_attention_forward(&bd, qc_p, kv_k(&g, buf[cur], ko, tk),
-                                               kv_v(&g, buf[cur], ko, tk), ob, NULL, lb);
+                    int64_t left, right;
+                    if (!pair_desc(&g, qc, kc, bias_loc, &bd, &left, &right)) continue;
+                    cs = block_forward(&bd, left, right, qc_p, kv_k(&g, buf[cur], ko, tk), kv_v(&g, buf[cur], ko, tk),
+                                       ob, lb);
                     if (cs == QKV_OK)
-                        merge(acc + B * qc->off * H * Dv, acc_l + B * H * qc->off, ob, lb, B, qc->len, H, Dv);
+                        (g.softmax ? merge : merge_sum)(acc + B * qc->off * H * Dv, acc_l + B * H * qc->off, ob, lb,
+                                                        B, qc->len, H, Dv);
                     if (!progress(2, req)) comm_ok = 0;
                 }
             }
             if (!mpi_ok(MPI_Waitall(2, req, MPI_STATUSES_IGNORE))) comm_ok = 0;
         }
         s = agree(g.comm, comm_ok ? cs : QKV_ERR_IO);
+        if (s == QKV_OK && g.relu_div) relu_scale(&g, bias_loc, acc, Dv);
         if (s == QKV_OK) {
             for (int t = 0; t < g.mq.n; t++) {
                 const chunk *c = &g.mq.c[t];
@@ -414,11 +574,15 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
     const owned *mine = &g.kown[g.r];
     float *qp = NULL, *op = NULL, *lp = NULL, *gp = NULL, *dqa = NULL, *dqb = NULL, *scratch = NULL;
     float *kv[2] = {NULL, NULL}, *dkv[2] = {NULL, NULL}, *dkvb = NULL, *o_own = NULL, *l_own = NULL;
-    if (((!q || !dout || !dq) && nq_loc > 0) || ((!k || !v || !dk || !dv) && mine->local_n > 0))
+    const float *bias_loc = g.d.bias;
+    if (((!q || !dout || !dq || (g.bias_h > 0 && !bias_loc)) && nq_loc > 0) ||
+        ((!k || !v || !dk || !dv) && mine->local_n > 0))
         s = QKV_ERR_NULL_POINTER;
     /* Without the forward's outputs on some rank: every rank runs the
-     * forward ring first (decided together: it is collective). */
-    int need = !out || !lse, need_any = need;
+     * forward ring first (decided together: it is collective). Only the
+     * softmax needs them (its global normaliser); ReLU and sigmoid weights
+     * depend on their own logit alone. */
+    int need = g.softmax && (!out || !lse), need_any = need;
     if (!mpi_ok(MPI_Allreduce(&need, &need_any, 1, MPI_INT, MPI_MAX, g.comm))) s = QKV_ERR_IO;
     size_t nq_rows = (size_t)(B * nq_loc * H);
     if (s == QKV_OK) {
@@ -456,10 +620,14 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
         for (int t = 0; t < g.mq.n; t++) {
             const chunk *c = &g.mq.c[t];
             pack_rows(qp + B * c->off * H * D, q, B, nq_loc, c, H * D);
-            pack_rows(op + B * c->off * H * Dv, out, B, nq_loc, c, H * Dv);
             pack_rows(gp + B * c->off * H * Dv, dout, B, nq_loc, c, H * Dv);
-            pack_lse(lp + B * H * c->off, lse, B, H, nq_loc, c);
+            if (g.softmax) {
+                pack_rows(op + B * c->off * H * Dv, out, B, nq_loc, c, H * Dv);
+                pack_lse(lp + B * H * c->off, lse, B, H, nq_loc, c);
+            }
         }
+        /* ReLU / count: the blocks run undivided on dO / count. */
+        if (g.relu_div) relu_scale(&g, bias_loc, gp, Dv);
         for (int t = 0; t < mine->n; t++) {
             pack_rows(kv_k(&g, kv[0], mine, t), k, B, mine->local_n, &mine->c[t], Hkv * D);
             pack_rows(kv_v(&g, kv[0], mine, t), v, B, mine->local_n, &mine->c[t], Hkv * Dv);
@@ -497,9 +665,9 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
                 const chunk *qc = &g.mq.c[tq];
                 for (int tk = 0; tk < ko->n && cs == QKV_OK; tk++) {
                     const chunk *kc = &ko->c[tk];
-                    int kind = pair_kind(&g, qc, kc);
                     qkv_attn_desc bd;
-                    if (kind == PAIR_SKIP || !pair_desc(&g, qc, kc, kind, &bd)) continue;
+                    int64_t left, right;
+                    if (!pair_desc(&g, qc, kc, bias_loc, &bd, &left, &right)) continue;
                     bd.impl = QKV_IMPL_FAST; /* the fast path uses the global O and lse given */
                     int64_t nk_el = B * kc->len * Hkv * D, nv_el = B * kc->len * Hkv * Dv;
                     float *dkc = kv_k(&g, dkvb, ko, tk), *dvc = kv_v(&g, dkvb, ko, tk);
@@ -508,9 +676,9 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
                     gr.dq = dqb;
                     gr.dk = scratch ? scratch : dkc; /* the core overwrites */
                     gr.dv = scratch ? scratch + nk_el : dvc;
-                    cs = qkv_attention_backward(&bd, qp + B * qc->off * H * D, kv_k(&g, kv[cur], ko, tk),
-                                                kv_v(&g, kv[cur], ko, tk), op + B * qc->off * H * Dv,
-                                                lp + B * H * qc->off, gp + B * qc->off * H * Dv, &gr);
+                    cs = block_backward(&bd, left, right, qp + B * qc->off * H * D, kv_k(&g, kv[cur], ko, tk),
+                                        kv_v(&g, kv[cur], ko, tk), g.softmax ? op + B * qc->off * H * Dv : NULL,
+                                        g.softmax ? lp + B * H * qc->off : NULL, gp + B * qc->off * H * Dv, &gr);
                     if (cs == QKV_OK) {
                         add_to(dqa + B * qc->off * H * D, dqb, B * qc->len * H * D);
                         if (scratch) {
