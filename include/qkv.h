@@ -484,8 +484,24 @@ typedef struct qkv_mha_config {
     int64_t rel_max_distance;   /* QKV_POS_RELATIVE: 0 means 128 */
     /* The attention itself: score, scale, temperature, softcap, norm,
      * relu_divide_by_count, mask, window_left/right, impl, threads are used;
-     * the sizes, dtype, tensors and bias fields are set by the layer. */
+     * the sizes, dtype, tensors and bias fields are set by the layer.
+     * score = QKV_SCORE_ADDITIVE gives the layer per-head additive
+     * parameters W1, W2 [H, A, Dh] and w [H, A] (A = attn.additive_dim, 0
+     * means Dh), trained like the others and saved as additive.w1,
+     * additive.w2, additive.w (qkv's names: torch has no such layer);
+     * the additive score runs on the reference path (impl FAST:
+     * QKV_ERR_UNSUPPORTED). */
     qkv_attn_desc attn;
+    /* torch's add_bias_kv: one learned extra key and value, bias_k and
+     * bias_v [1, 1, H_kv Dh], joined to the projected keys and values of
+     * every sequence and visible to every query whatever the mask or key
+     * lengths (as torch pads its masks with a visible column). The attention
+     * then has n_k + 1 keys; the attn output's last column is the extra key,
+     * as torch's. Masks: NONE and CAUSAL (then n_q <= n_k + 1, else the
+     * forward returns QKV_ERR_UNSUPPORTED); WINDOW and CAUSAL_WINDOW:
+     * QKV_ERR_UNSUPPORTED. ALiBi and relative biases see the extra key at
+     * position -1 (before the first key); RoPE leaves it unrotated. */
+    int add_bias_kv;
 } qkv_mha_config;
 
 typedef struct qkv_mha qkv_mha;     /* opaque: parameters, gradients, activations */

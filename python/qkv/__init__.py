@@ -90,7 +90,7 @@ class _MhaConfig(ctypes.Structure):
         ("embed_dim", _i64), ("heads", _i64), ("heads_kv", _i64), ("head_dim", _i64),
         ("kdim", _i64), ("vdim", _i64), ("bias", ctypes.c_int), ("join", ctypes.c_int),
         ("pos", ctypes.c_int), ("rope_base", ctypes.c_double), ("rel_buckets", _i64),
-        ("rel_max_distance", _i64), ("attn", _AttnDesc),
+        ("rel_max_distance", _i64), ("attn", _AttnDesc), ("add_bias_kv", ctypes.c_int),
     ]
 
 

@@ -1,6 +1,9 @@
 /* Incremental decoding: keys and values of past tokens are kept, new tokens
  * are projected, appended and attended with the bottom-right causal
- * alignment of the core, so position L + i sees keys 0 .. L + i. */
+ * alignment of the core, so position L + i sees keys 0 .. L + i. With
+ * add_bias_kv each batch row of the cache starts with one more slot that
+ * holds bias_k / bias_v (refreshed on every call), as the forward places
+ * them (mha_internal.h). */
 #include <string.h>
 
 #include "core/internal.h"
@@ -8,7 +11,8 @@
 
 struct qkv_kv_cache {
     int64_t batch, max_len, len, dkv;  /* dkv = H_kv * Dh floats per token */
-    float *k, *v;                      /* [B, max_len, H_kv, Dh] */
+    int64_t extra;                     /* 1 with add_bias_kv: slot 0 of each row */
+    float *k, *v;                      /* [B, extra + max_len, H_kv, Dh] */
     float *scratch;                    /* q, k, v, o (and mean) of the new tokens */
     int64_t scratch_cap;
     const qkv_mha *owner;
@@ -20,7 +24,8 @@ qkv_status qkv_kv_cache_create(const qkv_mha *m, int64_t batch, int64_t max_len,
     if (batch <= 0 || max_len <= 0) return QKV_ERR_BAD_SIZE;
     const qkv_mha_config *c = &m->cfg;
     if (c->kdim != c->embed_dim || c->vdim != c->embed_dim) return QKV_ERR_UNSUPPORTED; /* self-attention only */
-    int64_t dkv = c->heads_kv * c->head_dim, f[3] = {batch, max_len, dkv}, n;
+    if (max_len == INT64_MAX) return QKV_ERR_SIZE_OVERFLOW;
+    int64_t dkv = c->heads_kv * c->head_dim, f[3] = {batch, max_len + c->add_bias_kv, dkv}, n;
     if (!qkv_count_ok(&n, sizeof(float), 3, f)) return QKV_ERR_SIZE_OVERFLOW;
     qkv_kv_cache *kc = qkv_alloc_zeroed(sizeof *kc);
     if (!kc) return QKV_ERR_OUT_OF_MEMORY;
@@ -33,6 +38,7 @@ qkv_status qkv_kv_cache_create(const qkv_mha *m, int64_t batch, int64_t max_len,
     kc->batch = batch;
     kc->max_len = max_len;
     kc->dkv = dkv;
+    kc->extra = c->add_bias_kv;
     kc->owner = m;
     *out = kc;
     return QKV_OK;
@@ -59,7 +65,8 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
     if (t > kc->max_len - kc->len) return QKV_ERR_POSITION;
     const qkv_mha_config *c = &m->cfg;
     const int64_t B = kc->batch, E = c->embed_dim, H = c->heads, Dh = c->head_dim, Dq = H * Dh;
-    const int64_t Dkv = kc->dkv, L = kc->len, thr = c->attn.threads;
+    const int64_t Dkv = kc->dkv, L = kc->len, thr = c->attn.threads, X = kc->extra;
+    const int64_t rowlen = X + kc->max_len; /* slots per batch row */
     int64_t need = B * t * (2 * Dq + 2 * Dkv + Dh);
     if (kc->scratch_cap < need) {
         float *s = qkv_alloc((size_t)need * sizeof(float));
@@ -82,17 +89,21 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
         qkv_rope_apply(k, B, t, c->heads_kv, Dh, L, c->rope_base, 0);
     }
     for (int64_t b = 0; b < B; b++) {
-        memcpy(kc->k + (b * kc->max_len + L) * Dkv, k + b * t * Dkv, (size_t)(t * Dkv) * sizeof(float));
-        memcpy(kc->v + (b * kc->max_len + L) * Dkv, v + b * t * Dkv, (size_t)(t * Dkv) * sizeof(float));
+        memcpy(kc->k + (b * rowlen + X + L) * Dkv, k + b * t * Dkv, (size_t)(t * Dkv) * sizeof(float));
+        memcpy(kc->v + (b * rowlen + X + L) * Dkv, v + b * t * Dkv, (size_t)(t * Dkv) * sizeof(float));
+        if (X) {
+            memcpy(kc->k + b * rowlen * Dkv, P + m->off[MHA_BK], (size_t)Dkv * sizeof(float));
+            memcpy(kc->v + b * rowlen * Dkv, P + m->off[MHA_BV], (size_t)Dkv * sizeof(float));
+        }
     }
     /* One attention call per batch row: the cache rows of a batch are
      * contiguous, [L + t, H_kv, Dh]. */
     for (int64_t b = 0; b < B; b++) {
         qkv_attn_desc d;
-        mha_desc(m, 1, t, L + t, NULL, &d);
+        mha_desc(m, 1, t, X + L + t, NULL, &d);
         if (d.mask != QKV_MASK_CAUSAL && d.mask != QKV_MASK_CAUSAL_WINDOW) d.mask = QKV_MASK_CAUSAL;
-        s = qkv_attention_forward(&d, q + b * t * Dq, kc->k + b * kc->max_len * Dkv,
-                                  kc->v + b * kc->max_len * Dkv, o + b * t * Dq, NULL, NULL);
+        s = qkv_attention_forward(&d, q + b * t * Dq, kc->k + b * rowlen * Dkv, kc->v + b * rowlen * Dkv,
+                                  o + b * t * Dq, NULL, NULL);
         if (s != QKV_OK) return s;
     }
     const float *bo = c->bias ? P + m->off[MHA_BO] : NULL;

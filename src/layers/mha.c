@@ -52,7 +52,18 @@ static qkv_status resolve(const qkv_mha_config *in, qkv_mha_config *c) {
     d.num_seqs = 0;
     d.seq_offsets_q = d.seq_offsets_k = NULL;
     d.alibi_slopes = d.rel_table = NULL;
-    if (d.score == QKV_SCORE_ADDITIVE) return QKV_ERR_UNSUPPORTED; /* no projection weights for it here */
+    if (d.score == QKV_SCORE_ADDITIVE) {
+        /* The layer owns W1, W2 [H, A, Dh] and w [H, A]; the core computes
+         * this score on the reference path only. */
+        if (c->attn.additive_dim < 0) return QKV_ERR_BAD_SIZE;
+        if (c->attn.additive_dim == 0) c->attn.additive_dim = c->head_dim;
+        if (c->attn.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
+        d.additive_dim = c->attn.additive_dim;
+        d.additive_w1 = d.additive_w2 = d.additive_w = &d; /* non-NULL: only sizes are checked */
+    }
+    if (c->add_bias_kv && (c->attn.mask == QKV_MASK_WINDOW || c->attn.mask == QKV_MASK_CAUSAL_WINDOW))
+        return QKV_ERR_UNSUPPORTED; /* a window would hide the extra key from far queries */
+    c->add_bias_kv = c->add_bias_kv != 0;
     qkv_status s = qkv_attn_desc_check(&d);
     if (s != QKV_OK) return s;
     if (c->pos == QKV_POS_RELATIVE) {
@@ -71,10 +82,15 @@ static int layout(qkv_mha *m) {
     const qkv_mha_config *c = &m->cfg;
     int64_t E = c->embed_dim, Dq = c->heads * c->head_dim, Dkv = c->heads_kv * c->head_dim;
     int64_t Do = c->join == QKV_JOIN_MEAN ? c->head_dim : Dq;
-    int64_t sizes[7] = {Dq * E, Dkv * c->kdim, Dkv * c->vdim, c->bias ? Dq + 2 * Dkv : 0, E * Do,
-                        c->bias ? E : 0, c->pos == QKV_POS_RELATIVE ? c->heads * c->rel_buckets : 0};
+    int64_t A = c->attn.score == QKV_SCORE_ADDITIVE ? c->attn.additive_dim : 0;
+    int64_t aw = 0, av = 0, f3[3] = {c->heads, A, c->head_dim}, f2[2] = {c->heads, A};
+    if (A > 0 && (!qkv_count_ok(&aw, sizeof(float), 3, f3) || !qkv_count_ok(&av, sizeof(float), 2, f2)))
+        return 0;
+    int64_t sizes[MHA_PARAM_COUNT] = {Dq * E, Dkv * c->kdim, Dkv * c->vdim, c->bias ? Dq + 2 * Dkv : 0, E * Do,
+                                      c->bias ? E : 0, c->pos == QKV_POS_RELATIVE ? c->heads * c->rel_buckets : 0,
+                                      c->add_bias_kv ? Dkv : 0, c->add_bias_kv ? Dkv : 0, aw, aw, av};
     int64_t off = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < MHA_PARAM_COUNT; i++) {
         if (sizes[i] < 0 || off > INT64_MAX / 8 - sizes[i]) return 0;
         m->off[i] = off;
         off += sizes[i];
@@ -93,10 +109,19 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+static double uniform01(uint64_t *seed) { return (double)(splitmix(seed) >> 11) * 0x1.0p-53; }
+
 static void xavier(float *w, int64_t rows, int64_t cols, uint64_t *seed) {
     double a = sqrt(6.0 / (double)(rows + cols));
-    for (int64_t i = 0; i < rows * cols; i++)
-        w[i] = (float)(a * (2.0 * ((double)(splitmix(seed) >> 11) * 0x1.0p-53) - 1.0));
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = (float)(a * (2.0 * uniform01(seed) - 1.0));
+}
+
+/* N(0, std^2) by Box-Muller. */
+static void normal_fill(float *w, int64_t n, double std, uint64_t *seed) {
+    for (int64_t i = 0; i < n; i++) {
+        double u = 1.0 - uniform01(seed), v = uniform01(seed); /* u in (0, 1] */
+        w[i] = (float)(std * sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+    }
 }
 
 qkv_status qkv_mha_create(const qkv_mha_config *cfg, uint64_t seed, qkv_mha **out) {
@@ -134,6 +159,26 @@ qkv_status qkv_mha_create(const qkv_mha_config *cfg, uint64_t seed, qkv_mha **ou
     float *wo = m->params + m->off[MHA_WO];
     for (int64_t i = 0; i < c.embed_dim * Do; i++)
         wo[i] = (float)((2.0 * ((double)(splitmix(&s2) >> 11) * 0x1.0p-53) - 1.0) / sqrt((double)Do));
+    /* The optional parameters draw from streams of their own, so that turning
+     * them on leaves the others as they were. */
+    if (c.add_bias_kv) {
+        /* torch: xavier_normal_ of [1, 1, E]: std = sqrt(2 / (E + E)). */
+        uint64_t s3 = seed ^ 0xB1A5CAFEull;
+        normal_fill(m->params + m->off[MHA_BK], Dkv, 1.0 / sqrt((double)Dkv), &s3);
+        normal_fill(m->params + m->off[MHA_BV], Dkv, 1.0 / sqrt((double)Dkv), &s3);
+    }
+    if (c.attn.score == QKV_SCORE_ADDITIVE) {
+        /* W1, W2 xavier-uniform per head ([A, Dh] each), w like a Linear of
+         * fan-in A: U(+-1/sqrt(A)). Scores then start at O(1). */
+        uint64_t s4 = seed ^ 0xADD17F0Eull;
+        int64_t A = c.attn.additive_dim;
+        for (int64_t h = 0; h < c.heads; h++) {
+            xavier(m->params + m->off[MHA_AW1] + h * A * c.head_dim, A, c.head_dim, &s4);
+            xavier(m->params + m->off[MHA_AW2] + h * A * c.head_dim, A, c.head_dim, &s4);
+        }
+        float *w = m->params + m->off[MHA_AW];
+        for (int64_t i = 0; i < c.heads * A; i++) w[i] = (float)((2.0 * uniform01(&s4) - 1.0) / sqrt((double)A));
+    }
     *out = m;
     return QKV_OK;
 }
@@ -212,12 +257,42 @@ void mha_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, const i
     d->seq_offsets_q = d->seq_offsets_k = NULL;
     d->alibi_slopes = c->pos == QKV_POS_ALIBI ? m->slopes : NULL;
     d->rel_table = NULL;
+    d->additive_w1 = d->additive_w2 = d->additive_w = NULL;
+    if (c->attn.score == QKV_SCORE_ADDITIVE) {
+        d->additive_dim = c->attn.additive_dim;
+        d->additive_w1 = m->params + m->off[MHA_AW1];
+        d->additive_w2 = m->params + m->off[MHA_AW2];
+        d->additive_w = m->params + m->off[MHA_AW];
+    }
     if (c->pos == QKV_POS_RELATIVE) {
         d->rel_table = m->params + m->off[MHA_REL];
         d->rel_buckets = c->rel_buckets;
         d->rel_max_distance = c->rel_max_distance;
         d->rel_bidirectional = c->attn.mask != QKV_MASK_CAUSAL && c->attn.mask != QKV_MASK_CAUSAL_WINDOW;
     }
+}
+
+/* add_bias_kv: [B n, w] rows -> [B, n + 1, w] with the extra row first in
+ * every batch, in place (x holds B (n + 1) w floats). Batches move from the
+ * last down, so no source is overwritten before it is read. */
+static void spread_extra(float *x, int64_t B, int64_t n, int64_t w, const float *extra) {
+    for (int64_t b = B - 1; b >= 0; b--) {
+        memmove(x + (b * (n + 1) + 1) * w, x + b * n * w, (size_t)(n * w) * sizeof(float));
+        memcpy(x + b * (n + 1) * w, extra, (size_t)w * sizeof(float));
+    }
+}
+
+/* The backward of spread_extra: dextra += sum over batches of the extra
+ * rows (in double, batch by batch: a fixed order), then [B, n + 1, w] ->
+ * [B n, w] in place. */
+static void gather_extra(float *x, int64_t B, int64_t n, int64_t w, float *dextra) {
+    for (int64_t t = 0; t < w; t++) {
+        double acc = 0.0;
+        for (int64_t b = 0; b < B; b++) acc += x[b * (n + 1) * w + t];
+        dextra[t] += (float)acc;
+    }
+    for (int64_t b = 0; b < B; b++)
+        memmove(x + b * n * w, x + (b * (n + 1) + 1) * w, (size_t)(n * w) * sizeof(float));
 }
 
 static qkv_status check_call(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k) {
@@ -247,6 +322,16 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
     }
     qkv_status s = check_call(m, batch, n_q, n_k);
     if (s != QKV_OK) return s;
+    /* add_bias_kv: the core sees nkc = n_k + 1 keys, the extra one first
+     * (mha_internal.h). Under the bottom-right causal alignment query i then
+     * sits at p = i + n_k + 1 - n_q and sees keys 0 .. p: the extra key and
+     * the same n_k keys as without it - as long as p >= 0 for every query,
+     * that is n_q <= n_k + 1 (torch's padded mask shows the extra key to all). */
+    const int bkv = c->add_bias_kv;
+    if (bkv && n_k == INT64_MAX) return QKV_ERR_SIZE_OVERFLOW;
+    const int64_t nkc = n_k + bkv;
+    if (bkv && (s = check_call(m, batch, n_q, nkc)) != QKV_OK) return s;
+    if (bkv && c->attn.mask == QKV_MASK_CAUSAL && n_q > nkc) return QKV_ERR_UNSUPPORTED;
     if (key_lengths)
         for (int64_t b = 0; b < batch; b++)
             if (key_lengths[b] < 0 || key_lengths[b] > n_k) return QKV_ERR_KEY_LENGTHS;
@@ -254,8 +339,8 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
     const int64_t E = c->embed_dim, H = c->heads, Dh = c->head_dim, Dq = H * Dh, Dkv = c->heads_kv * Dh;
     const int thr = c->attn.threads;
     m->have_forward = 0;
-    if (!act_reserve(m, MHA_Q, batch * n_q * Dq) || !act_reserve(m, MHA_K, batch * n_k * Dkv) ||
-        !act_reserve(m, MHA_V, batch * n_k * Dkv) || !act_reserve(m, MHA_O, batch * n_q * Dq) ||
+    if (!act_reserve(m, MHA_Q, batch * n_q * Dq) || !act_reserve(m, MHA_K, batch * nkc * Dkv) ||
+        !act_reserve(m, MHA_V, batch * nkc * Dkv) || !act_reserve(m, MHA_O, batch * n_q * Dq) ||
         !act_reserve(m, MHA_LSE, batch * H * n_q) ||
         (c->join == QKV_JOIN_MEAN && !act_reserve(m, MHA_OMEAN, batch * n_q * Dh)))
         return QKV_ERR_OUT_OF_MEMORY;
@@ -274,11 +359,36 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
         qkv_rope_apply(Q, batch, n_q, H, Dh, n_k >= n_q ? n_k - n_q : 0, c->rope_base, 0);
         qkv_rope_apply(K, batch, n_k, c->heads_kv, Dh, 0, c->rope_base, 0);
     }
+    if (bkv) { /* the extra key and value, unrotated, first in every batch row */
+        spread_extra(K, batch, n_k, Dkv, P + m->off[MHA_BK]);
+        spread_extra(V, batch, n_k, Dkv, P + m->off[MHA_BV]);
+    }
+
+    /* Remember the key lengths (as the core sees them) for the backward. */
+    if (key_lengths) {
+        if (m->key_lengths_cap < batch) {
+            int64_t *kl = qkv_alloc((size_t)batch * sizeof(int64_t));
+            if (!kl) return QKV_ERR_OUT_OF_MEMORY;
+            qkv_free(m->key_lengths);
+            m->key_lengths = kl;
+            m->key_lengths_cap = batch;
+        }
+        for (int64_t b = 0; b < batch; b++) m->key_lengths[b] = key_lengths[b] + bkv; /* extra key visible */
+    }
 
     qkv_attn_desc d;
-    mha_desc(m, batch, n_q, n_k, key_lengths, &d);
+    mha_desc(m, batch, n_q, nkc, key_lengths ? m->key_lengths : NULL, &d);
     s = qkv_attention_forward(&d, Q, K, V, O, attn, m->act[MHA_LSE]);
     if (s != QKV_OK) return s;
+    if (bkv && attn) {
+        /* torch's order: the extra key's weight last in every row. */
+        float *a = attn;
+        for (int64_t r = 0; r < batch * H * n_q; r++, a += nkc) {
+            float first = a[0];
+            memmove(a, a + 1, (size_t)n_k * sizeof(float));
+            a[n_k] = first;
+        }
+    }
 
     const float *bo = c->bias ? P + m->off[MHA_BO] : NULL;
     if (c->join == QKV_JOIN_MEAN) {
@@ -296,16 +406,6 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
     if (s != QKV_OK) return s;
 
     /* Remember the call for the backward. */
-    if (key_lengths) {
-        if (m->key_lengths_cap < batch) {
-            int64_t *kl = qkv_alloc((size_t)batch * sizeof(int64_t));
-            if (!kl) return QKV_ERR_OUT_OF_MEMORY;
-            qkv_free(m->key_lengths);
-            m->key_lengths = kl;
-            m->key_lengths_cap = batch;
-        }
-        memcpy(m->key_lengths, key_lengths, (size_t)batch * sizeof(int64_t));
-    }
     m->has_key_lengths = key_lengths != NULL;
     m->batch = batch;
     m->n_q = n_q;
@@ -348,8 +448,10 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
     const int64_t B = m->batch, nq = m->n_q, nk = m->n_k, E = c->embed_dim, H = c->heads, Dh = c->head_dim;
     const int64_t Dq = H * Dh, Dkv = c->heads_kv * Dh, Do = c->join == QKV_JOIN_MEAN ? Dh : Dq;
     const int thr = c->attn.threads;
+    const int bkv = c->add_bias_kv;
+    const int64_t nkc = nk + bkv; /* keys the core saw */
     if (!act_reserve(m, MHA_DO, B * nq * Dq) || !act_reserve(m, MHA_DQ, B * nq * Dq) ||
-        !act_reserve(m, MHA_DK, B * nk * Dkv) || !act_reserve(m, MHA_DV, B * nk * Dkv) ||
+        !act_reserve(m, MHA_DK, B * nkc * Dkv) || !act_reserve(m, MHA_DV, B * nkc * Dkv) ||
         (c->join == QKV_JOIN_MEAN && !act_reserve(m, MHA_DOMEAN, B * nq * Dh)))
         return QKV_ERR_OUT_OF_MEMORY;
     const float *P = m->params;
@@ -373,27 +475,40 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
 
     /* Attention core. */
     qkv_attn_desc d;
-    mha_desc(m, B, nq, nk, m->has_key_lengths ? m->key_lengths : NULL, &d);
+    mha_desc(m, B, nq, nkc, m->has_key_lengths ? m->key_lengths : NULL, &d);
     qkv_attn_grads g;
     memset(&g, 0, sizeof g);
     g.dq = dQ;
     g.dk = dK;
     g.dv = dV;
-    float *drel_tmp = NULL;
-    if (c->pos == QKV_POS_RELATIVE) {
-        /* The core overwrites d_rel_table; the layer accumulates. */
-        drel_tmp = qkv_alloc((size_t)(H * c->rel_buckets) * sizeof(float));
-        if (!drel_tmp) return QKV_ERR_OUT_OF_MEMORY;
-        g.d_rel_table = drel_tmp;
+    /* The core overwrites the gradients of the relative table and the
+     * additive weights; the layer accumulates them: one scratch block
+     * [rel | W1 | W2 | w], laid out as the parameters are. */
+    const int64_t t0 = m->off[MHA_REL], t1 = m->off[MHA_REL + 1], a0 = m->off[MHA_AW1], a1 = m->n_params;
+    const int64_t nrel = t1 - t0, nadd = a1 - a0;
+    float *tmp = NULL;
+    if (nrel + nadd > 0) {
+        tmp = qkv_alloc((size_t)(nrel + nadd) * sizeof(float));
+        if (!tmp) return QKV_ERR_OUT_OF_MEMORY;
+        if (nrel) g.d_rel_table = tmp;
+        if (nadd) {
+            g.d_additive_w1 = tmp + nrel;
+            g.d_additive_w2 = tmp + nrel + (m->off[MHA_AW2] - a0);
+            g.d_additive_w = tmp + nrel + (m->off[MHA_AW] - a0);
+        }
     }
     s = qkv_attention_backward(&d, m->act[MHA_Q], m->act[MHA_K], m->act[MHA_V], m->act[MHA_O],
                                m->act[MHA_LSE], dO, &g);
-    if (s == QKV_OK && drel_tmp) {
-        float *gr = G + m->off[MHA_REL];
-        for (int64_t i = 0; i < H * c->rel_buckets; i++) gr[i] += drel_tmp[i];
+    if (s == QKV_OK) {
+        for (int64_t i = 0; i < nrel; i++) G[t0 + i] += tmp[i];
+        for (int64_t i = 0; i < nadd; i++) G[a0 + i] += tmp[nrel + i];
     }
-    qkv_free(drel_tmp);
+    qkv_free(tmp);
     if (s != QKV_OK) return s;
+    if (bkv) { /* d bias_k, d bias_v; then dK, dV of the projected keys alone */
+        gather_extra(dK, B, nk, Dkv, G + m->off[MHA_BK]);
+        gather_extra(dV, B, nk, Dkv, G + m->off[MHA_BV]);
+    }
     if (c->pos == QKV_POS_ROPE) {
         qkv_rope_apply(dQ, B, nq, H, Dh, nk >= nq ? nk - nq : 0, c->rope_base, 1);
         qkv_rope_apply(dK, B, nk, c->heads_kv, Dh, 0, c->rope_base, 1);

@@ -7,8 +7,12 @@
 
 /* Parameter blocks, in this order in one float array. With the fused layout
  * (kdim = vdim = E, H_kv = H, H*Dh = E) WQ, WK, WV are consecutive and form
- * torch's in_proj_weight [3E, E]. BIN is q, k, v biases (in_proj_bias). */
-enum { MHA_WQ, MHA_WK, MHA_WV, MHA_BIN, MHA_WO, MHA_BO, MHA_REL };
+ * torch's in_proj_weight [3E, E]. BIN is q, k, v biases (in_proj_bias).
+ * BK, BV: torch's bias_k, bias_v [H_kv Dh] (add_bias_kv). AW1, AW2, AW: the
+ * additive score's W1 [H, A, Dh], W2 [H, A, Dh], w [H, A]. Empty blocks
+ * (size 0) for the features a layer does not use. */
+enum { MHA_WQ, MHA_WK, MHA_WV, MHA_BIN, MHA_WO, MHA_BO, MHA_REL, MHA_BK, MHA_BV, MHA_AW1, MHA_AW2, MHA_AW,
+       MHA_PARAM_COUNT };
 
 /* Activations kept from the forward for the backward, and backward scratch. */
 enum { MHA_Q, MHA_K, MHA_V, MHA_O, MHA_LSE, MHA_OMEAN, MHA_DO, MHA_DQ, MHA_DK, MHA_DV, MHA_DOMEAN,
@@ -16,7 +20,7 @@ enum { MHA_Q, MHA_K, MHA_V, MHA_O, MHA_LSE, MHA_OMEAN, MHA_DO, MHA_DQ, MHA_DK, M
 
 struct qkv_mha {
     qkv_mha_config cfg;   /* resolved: heads_kv, head_dim, kdim, vdim, rope/rel defaults set */
-    int64_t off[7];       /* offsets of the parameter blocks */
+    int64_t off[MHA_PARAM_COUNT]; /* offsets of the parameter blocks */
     int64_t n_params;
     int fused;            /* torch stores in_proj_weight (else q/k/v_proj_weight) */
     float *params, *grads, *slopes;
@@ -25,8 +29,14 @@ struct qkv_mha {
     /* the most recent forward */
     int have_forward, self, kv_same, has_key_lengths;
     int64_t batch, n_q, n_k;
-    int64_t *key_lengths, key_lengths_cap;
+    int64_t *key_lengths, key_lengths_cap; /* as the core saw them: + 1 with add_bias_kv */
 };
+
+/* add_bias_kv: the extra key and value sit FIRST in the core's key sequence
+ * (index 0 of every batch row, so n_k + 1 keys), where the masks the layer
+ * accepts keep them visible to every query, as torch's padded masks do (it
+ * appends them last and pads attn_mask / key_padding_mask with a visible
+ * column); see mha.c. */
 
 qkv_status mha_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b,
                       int64_t outd, float *y, int threads);

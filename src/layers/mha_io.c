@@ -10,8 +10,10 @@ typedef struct named_block {
     const char *name;
     float *data;
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
 } named_block;
+
+enum { MAX_BLOCKS = 12 };
 
 /* The tensors of a layer, by torch name; returns how many. */
 static int blocks(const qkv_mha *m, named_block *nb) {
@@ -21,17 +23,27 @@ static int blocks(const qkv_mha *m, named_block *nb) {
     float *P = m->params;
     int n = 0;
     if (m->fused) {
-        nb[n++] = (named_block){"in_proj_weight", P + m->off[MHA_WQ], 2, {3 * E, E}};
+        nb[n++] = (named_block){"in_proj_weight", P + m->off[MHA_WQ], 2, {3 * E, E, 0}};
     } else {
-        nb[n++] = (named_block){"q_proj_weight", P + m->off[MHA_WQ], 2, {Dq, E}};
-        nb[n++] = (named_block){"k_proj_weight", P + m->off[MHA_WK], 2, {Dkv, c->kdim}};
-        nb[n++] = (named_block){"v_proj_weight", P + m->off[MHA_WV], 2, {Dkv, c->vdim}};
+        nb[n++] = (named_block){"q_proj_weight", P + m->off[MHA_WQ], 2, {Dq, E, 0}};
+        nb[n++] = (named_block){"k_proj_weight", P + m->off[MHA_WK], 2, {Dkv, c->kdim, 0}};
+        nb[n++] = (named_block){"v_proj_weight", P + m->off[MHA_WV], 2, {Dkv, c->vdim, 0}};
     }
-    if (c->bias) nb[n++] = (named_block){"in_proj_bias", P + m->off[MHA_BIN], 1, {Dq + 2 * Dkv, 0}};
-    nb[n++] = (named_block){"out_proj.weight", P + m->off[MHA_WO], 2, {E, Do}};
-    if (c->bias) nb[n++] = (named_block){"out_proj.bias", P + m->off[MHA_BO], 1, {E, 0}};
+    if (c->bias) nb[n++] = (named_block){"in_proj_bias", P + m->off[MHA_BIN], 1, {Dq + 2 * Dkv, 0, 0}};
+    nb[n++] = (named_block){"out_proj.weight", P + m->off[MHA_WO], 2, {E, Do, 0}};
+    if (c->bias) nb[n++] = (named_block){"out_proj.bias", P + m->off[MHA_BO], 1, {E, 0, 0}};
     if (c->pos == QKV_POS_RELATIVE)
-        nb[n++] = (named_block){"rel_table", P + m->off[MHA_REL], 2, {c->heads, c->rel_buckets}};
+        nb[n++] = (named_block){"rel_table", P + m->off[MHA_REL], 2, {c->heads, c->rel_buckets, 0}};
+    if (c->add_bias_kv) { /* torch's shape [1, 1, E]; E = H_kv Dh here */
+        nb[n++] = (named_block){"bias_k", P + m->off[MHA_BK], 3, {1, 1, Dkv}};
+        nb[n++] = (named_block){"bias_v", P + m->off[MHA_BV], 3, {1, 1, Dkv}};
+    }
+    if (c->attn.score == QKV_SCORE_ADDITIVE) { /* qkv's own names: torch has no additive score */
+        int64_t A = c->attn.additive_dim, Dh = c->head_dim;
+        nb[n++] = (named_block){"additive.w1", P + m->off[MHA_AW1], 3, {c->heads, A, Dh}};
+        nb[n++] = (named_block){"additive.w2", P + m->off[MHA_AW2], 3, {c->heads, A, Dh}};
+        nb[n++] = (named_block){"additive.w", P + m->off[MHA_AW], 2, {c->heads, A, 0}};
+    }
     return n;
 }
 
@@ -43,7 +55,7 @@ qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefi
                         size_t why_len) {
     if (why && why_len) why[0] = '\0';
     if (!m || !st) return QKV_ERR_NULL_POINTER;
-    named_block nb[8];
+    named_block nb[MAX_BLOCKS];
     int n = blocks(m, nb);
     char name[512];
     /* Check everything before changing anything: a failed load keeps the
@@ -55,16 +67,19 @@ qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefi
             if (why) snprintf(why, why_len, "tensor '%s' is missing", name);
             return QKV_ERR_FORMAT;
         }
-        int ok = a->ndim == nb[i].ndim && a->shape[0] == nb[i].shape[0] &&
-                 (nb[i].ndim == 1 || a->shape[1] == nb[i].shape[1]);
+        int ok = a->ndim == nb[i].ndim;
+        for (int k = 0; ok && k < nb[i].ndim; k++) ok = a->shape[k] == nb[i].shape[k];
         if (!ok) {
             if (why) {
                 if (nb[i].ndim == 1)
                     snprintf(why, why_len, "tensor '%s' should have shape [%lld]", name,
                              (long long)nb[i].shape[0]);
-                else
+                else if (nb[i].ndim == 2)
                     snprintf(why, why_len, "tensor '%s' should have shape [%lld, %lld]", name,
                              (long long)nb[i].shape[0], (long long)nb[i].shape[1]);
+                else
+                    snprintf(why, why_len, "tensor '%s' should have shape [%lld, %lld, %lld]", name,
+                             (long long)nb[i].shape[0], (long long)nb[i].shape[1], (long long)nb[i].shape[2]);
             }
             return QKV_ERR_SHAPE;
         }
@@ -86,7 +101,7 @@ qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefi
 
 qkv_status qkv_mha_save(const qkv_mha *m, qkv_safetensors *st, const char *prefix) {
     if (!m || !st) return QKV_ERR_NULL_POINTER;
-    named_block nb[8];
+    named_block nb[MAX_BLOCKS];
     int n = blocks(m, nb);
     char name[512];
     for (int i = 0; i < n; i++) {
@@ -95,8 +110,7 @@ qkv_status qkv_mha_save(const qkv_mha *m, qkv_safetensors *st, const char *prefi
         memset(&a, 0, sizeof a);
         a.dtype = QKV_F32;
         a.ndim = nb[i].ndim;
-        a.shape[0] = nb[i].shape[0];
-        a.shape[1] = nb[i].shape[1];
+        for (int k = 0; k < nb[i].ndim; k++) a.shape[k] = nb[i].shape[k];
         a.data = nb[i].data;
         qkv_status s = qkv_safetensors_put(st, name, &a);
         if (s != QKV_OK) return s;
