@@ -1,9 +1,10 @@
 /* `qkv mha` against PyTorch: runs the qkv program (its path in $QKV_CLI, set
  * by tests/CMakeLists.txt) on the fixtures of tests/data/cli/mha/ and compares
  * the .npy files it writes with torch.nn.MultiheadAttention's outputs (and,
- * for what torch lacks, --join mean, grouped-query heads, RoPE and ALiBi, with
- * a float64 numpy transcription of the formulas in qkv.h), all made by
- * tests/data/cli/mha/make_fixtures.py. Both sides are float32 outputs of
+ * for what torch lacks, --join mean, grouped-query heads, RoPE, ALiBi and the
+ * additive score, with a float64 numpy transcription of the formulas in
+ * qkv.h), all made by tests/data/cli/mha/make_fixtures.py and
+ * make_extra_fixtures.py (bias_k/bias_v, additive). Both sides are float32 outputs of
  * float32 weights with different summation orders: they agree to a few ulps,
  * so the bound is 1e-5 (values are O(1)). */
 #include <math.h>
@@ -207,6 +208,21 @@ int main(void) {
     check_run("grouped-query --heads-kv 2 --causal", "y_gqa_causal.npy", NULL, -1,
               "--weights '%s' --heads 4 --heads-kv 2 --x '%s' --causal", in_path("gqa.safetensors"),
               in_path("x.npy"));
+
+    /* torch's add_bias_kv=True (bias_k, bias_v): the extra key seen by every
+     * query, also under --causal and --key-lengths; --attn [B, H, n, n_k + 1]
+     * with the extra key last, as torch's (make_extra_fixtures.py). */
+    check_run("bias_k/bias_v", "y_bias_kv.npy", NULL, -1, "--weights '%s' --heads 2 --x '%s'",
+              in_path("bias_kv.safetensors"), in_path("x.npy"));
+    check_run("bias_k/bias_v --causal --key-lengths", "y_bias_kv_causal_padded.npy",
+              "attn_bias_kv_causal_padded.npy", -1, "--weights '%s' --heads 2 --x '%s' --causal --key-lengths '%s'",
+              in_path("bias_kv.safetensors"), in_path("x.npy"), in_path("lens.npy"));
+    /* The additive score from additive.w1/.w2/.w (a float64 numpy transcription). */
+    check_run("additive score", "y_additive.npy", NULL, -1, "--weights '%s' --heads 2 --x '%s'",
+              in_path("additive.safetensors"), in_path("x.npy"));
+    check_run("additive score --causal --key-lengths --impl reference", "y_additive_causal_padded.npy", NULL, -1,
+              "--weights '%s' --heads 2 --x '%s' --causal --key-lengths '%s' --impl reference",
+              in_path("additive.safetensors"), in_path("x.npy"), in_path("lens.npy"));
 
     return tu_finish();
 }

@@ -81,8 +81,17 @@ static void help(void) {
         "  v_proj_weight [H_kv Dh, vdim]             separate ones (cross-attention, GQA)\n"
         "  in_proj_bias [(H + 2 H_kv) Dh]            optional: then out_proj.bias [E] too\n"
         "  out_proj.weight [E, H Dh]                 ([E, Dh] with --join mean)\n"
-        "E, kdim, vdim, the head dim Dh (E / H for in_proj_weight) and H_kv are read\n"
-        "from these shapes; F32, F64, F16 and BF16 tensors are accepted.\n"
+        "  bias_k, bias_v [1, 1, H_kv Dh]            optional (torch's add_bias_kv=True)\n"
+        "  additive.w1, additive.w2 [H, A, Dh],\n"
+        "  additive.w [H, A]                         optional (qkv's names): the additive score\n"
+        "E, kdim, vdim, the head dim Dh (E / H for in_proj_weight), H_kv and A are\n"
+        "read from these shapes; F32, F64, F16 and BF16 tensors are accepted.\n"
+        "With bias_k, bias_v one learned extra key and value join the keys and values\n"
+        "of every sequence; every query sees it, whatever --mask and --key-lengths say\n"
+        "(as torch pads its masks); --attn then has n_k + 1 columns, the extra key last.\n"
+        "Not with a window mask; with --causal, n <= n_k + 1.\n"
+        "With additive.*, the score is s = w_h . tanh(W1_h q + W2_h k) per head h\n"
+        "instead of q.k / sqrt(Dh) (computed on the reference path, not --impl fast).\n"
         "\n"
         "Inputs (.npy, float32 or float64; computed in float32):\n"
         "  --weights FILE      the layer's weights (required)\n"
@@ -102,7 +111,7 @@ static void help(void) {
         "Outputs (float32; written only when everything succeeded):\n"
         "  -o, --out FILE      y: [n, E] or [B, n, E], the rank of x (required)\n"
         "  --attn FILE         the per-head attention weights: [H, n, n_k] or\n"
-        "                      [B, H, n, n_k] (masked entries are 0)\n"
+        "                      [B, H, n, n_k] (masked entries are 0; n_k + 1 with bias_k)\n"
         "\n",
         stdout);
     /* Split in two: C guarantees string literals of 4095 characters only. */
@@ -126,8 +135,8 @@ static void help(void) {
         "\n"
         "Computation:\n"
         "  --impl KIND         auto (default: the fast path where it applies), reference\n"
-        "                      (plain loops in double) or fast (error if it does not apply)\n"
-        "                      (plain loops accumulating in double)\n"
+        "                      (plain loops accumulating in double) or fast (error if it\n"
+        "                      does not apply)\n"
         "  --threads N         worker threads, 0 (default) = QKV_NUM_THREADS or all cores\n"
         "  -h, --help          show this help and exit\n"
         "\n"
@@ -536,11 +545,36 @@ static int layer_config(const config *c, job *j, qkv_mha_config *cfg) {
         w_error(j, "has '%s' but no '%s': the layer has both projection biases or neither", fo, fb);
         return -1;
     }
-    if (get(j, c, "bias_k", t1) || get(j, c, "bias_v", t2)) {
-        w_error(j, "has '%sbias_k'/'%sbias_v' (torch's add_bias_kv=True), which qkv's layer "
-                   "does not support",
-                c->prefix, c->prefix);
+    /* torch's add_bias_kv=True: bias_k and bias_v [1, 1, H_kv Dh], both or neither. */
+    const qkv_array *bk = get(j, c, "bias_k", t1), *bv = get(j, c, "bias_v", t2);
+    if (!bk != !bv) {
+        w_error(j, "has '%s' but no '%s' (torch's add_bias_kv=True gives both)", bk ? t1 : t2, bk ? t2 : t1);
         return -1;
+    }
+    if (bk && (c->attn.mask == QKV_MASK_WINDOW || c->attn.mask == QKV_MASK_CAUSAL_WINDOW)) {
+        cli_error(CMD, "--mask", NULL, "a window cannot be used with the layer's '%s'/'%s' (torch's "
+                  "add_bias_kv): the extra key is seen by every query, which a window does not allow",
+                  t1, t2);
+        return -1;
+    }
+
+    /* The additive (MLP) score: qkv's additive.w1 [H, A, Dh] (and additive.w2,
+     * additive.w, which the layer's load checks) - A is read from it. */
+    char fa[NAME_MAX_LEN];
+    const qkv_array *aw1 = get(j, c, "additive.w1", fa);
+    int64_t A = 0;
+    if (aw1) {
+        if (aw1->ndim != 3 || aw1->shape[0] != H || aw1->shape[1] < 1 || aw1->shape[2] != Dh) {
+            w_error(j, "tensor %s should be [H, A, Dh] = [%lld, A, %lld] (the additive score's W1)",
+                    tensor_str(t1, sizeof t1, fa, aw1), ll(H), ll(Dh));
+            return -1;
+        }
+        A = aw1->shape[1];
+        if (c->attn.impl == QKV_IMPL_FAST) {
+            cli_error(CMD, "--impl", NULL, "fast does not compute the additive score of '%s' (use auto "
+                      "or reference)", fa);
+            return -1;
+        }
     }
 
     /* out_proj.weight [E, H Dh], or [E, Dh] for --join mean: a hint for the
@@ -581,6 +615,11 @@ static int layer_config(const config *c, job *j, qkv_mha_config *cfg) {
     cfg->attn.window_right = c->attn.window_right;
     cfg->attn.impl = c->attn.impl;
     cfg->attn.threads = c->attn.threads;
+    cfg->add_bias_kv = bk != NULL;
+    if (A > 0) {
+        cfg->attn.score = QKV_SCORE_ADDITIVE;
+        cfg->attn.additive_dim = A;
+    }
 
     /* Separate matrices of a layer the library stores fused: concatenate. */
     if (!in_w && kdim == E && vdim == E && Hkv == H && H * Dh == E) {
@@ -869,7 +908,7 @@ static int run(const config *c, job *j) {
     y_shape[my++] = cfg.embed_dim;
     a_shape[ma++] = cfg.heads;
     a_shape[ma++] = sz.n;
-    a_shape[ma++] = sz.n_k;
+    a_shape[ma++] = sz.n_k + (cfg.add_bias_kv ? 1 : 0); /* the extra key last, as torch */
     if (alloc_output(j, OUT_Y, my, y_shape, "the output") ||
         (j->out[OUT_ATTN].path && alloc_output(j, OUT_ATTN, ma, a_shape, "the attention weights")))
         return CLI_EXIT_FAIL;
@@ -882,6 +921,11 @@ static int run(const config *c, job *j) {
     if (s != QKV_OK) {
         if (s == QKV_ERR_WINDOW)
             cli_error(CMD, "--mask", NULL, "multi-head attention failed: %s", qkv_status_string(s));
+        else if (s == QKV_ERR_UNSUPPORTED && cfg.add_bias_kv && cfg.attn.mask == QKV_MASK_CAUSAL &&
+                 sz.n > sz.n_k + 1)
+            cli_error(CMD, "--mask", NULL, "causal with the layer's bias_k/bias_v needs n <= n_k + 1 "
+                      "(here n = %lld, n_k = %lld): every query must see the extra key",
+                      ll(sz.n), ll(sz.n_k));
         else
             cli_error(CMD, NULL, NULL, "multi-head attention failed: %s", qkv_status_string(s));
         return CLI_EXIT_FAIL;

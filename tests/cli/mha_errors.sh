@@ -192,9 +192,38 @@ expect 1 "--weights $TMP/int_in.safetensors: tensor 'in_proj_weight' is not floa
 mkst "$TMP/outb_only.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 out_proj.bias=8
 expect 1 "--weights $TMP/outb_only.safetensors: has 'out_proj.bias' but no 'in_proj_bias'" \
     mha --weights "$TMP/outb_only.safetensors" --heads 2 --x "$X" "${OUT[@]}"
+# bias_k/bias_v (torch's add_bias_kv=True): both or neither, torch's shape,
+# and no window mask (the extra key is seen by every query).
+mkst "$TMP/bias_k_only.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 bias_k=1x1x8
+expect 1 "--weights $TMP/bias_k_only.safetensors: has 'bias_k' but no 'bias_v'" \
+    mha --weights "$TMP/bias_k_only.safetensors" --heads 2 --x "$X" "${OUT[@]}"
+mkst "$TMP/bias_v_only.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 bias_v=1x1x8
+expect 1 "--weights $TMP/bias_v_only.safetensors: has 'bias_v' but no 'bias_k'" \
+    mha --weights "$TMP/bias_v_only.safetensors" --heads 2 --x "$X" "${OUT[@]}"
+mkst "$TMP/bias_kv_bad.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 bias_k=1x1x8 bias_v=8
+expect 1 "--weights $TMP/bias_kv_bad.safetensors: tensor 'bias_v' should have shape [1, 1, 8]" \
+    mha --weights "$TMP/bias_kv_bad.safetensors" --heads 2 --x "$X" "${OUT[@]}"
 mkst "$TMP/bias_kv.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 bias_k=1x1x8 bias_v=1x1x8
-expect 1 "--weights $TMP/bias_kv.safetensors: has 'bias_k'/'bias_v' (torch's add_bias_kv=True)" \
-    mha --weights "$TMP/bias_kv.safetensors" --heads 2 --x "$X" "${OUT[@]}"
+expect 1 "--mask: a window cannot be used with the layer's 'bias_k'/'bias_v'" \
+    mha --weights "$TMP/bias_kv.safetensors" --heads 2 --x "$X" --mask window:1,1 "${OUT[@]}"
+expect 1 "--mask: a window cannot be used with the layer's 'bias_k'/'bias_v'" \
+    mha --weights "$TMP/bias_kv.safetensors" --heads 2 --x "$X" --mask causal-window:2 "${OUT[@]}"
+# The additive score: additive.w1 [H, A, Dh], additive.w2 alike, additive.w [H, A].
+mkst "$TMP/add_bad.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 additive.w1=2x3x5 \
+    additive.w2=2x3x4 additive.w=2x3
+expect 1 "--weights $TMP/add_bad.safetensors: tensor 'additive.w1' [2, 3, 5] should be [H, A, Dh] = [2, A, 4]" \
+    mha --weights "$TMP/add_bad.safetensors" --heads 2 --x "$X" "${OUT[@]}"
+mkst "$TMP/add_now.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 additive.w1=2x3x4 additive.w2=2x3x4
+expect 1 "--weights $TMP/add_now.safetensors: tensor 'additive.w' is missing" \
+    mha --weights "$TMP/add_now.safetensors" --heads 2 --x "$X" "${OUT[@]}"
+mkst "$TMP/add_w2.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 additive.w1=2x3x4 additive.w2=2x4x4 \
+    additive.w=2x3
+expect 1 "--weights $TMP/add_w2.safetensors: tensor 'additive.w2' should have shape [2, 3, 4]" \
+    mha --weights "$TMP/add_w2.safetensors" --heads 2 --x "$X" "${OUT[@]}"
+mkst "$TMP/add.safetensors" in_proj_weight=24x8 out_proj.weight=8x8 additive.w1=2x3x4 additive.w2=2x3x4 \
+    additive.w=2x3
+expect 1 "--impl: fast does not compute the additive score of 'additive.w1'" \
+    mha --weights "$TMP/add.safetensors" --heads 2 --x "$X" --impl fast "${OUT[@]}"
 mkst "$TMP/both.safetensors" in_proj_weight=24x8 q_proj_weight=8x8 out_proj.weight=8x8
 expect 1 "--weights $TMP/both.safetensors: has both 'in_proj_weight' and 'q_proj_weight'" \
     mha --weights "$TMP/both.safetensors" --heads 2 --x "$X" "${OUT[@]}"

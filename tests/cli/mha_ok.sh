@@ -73,7 +73,8 @@ if [ "$rc" -eq 0 ]; then pass; else fail "mha --help: exit $rc"; fi
 for opt in --weights --heads --heads-kv --prefix --x --kv --k --v --causal --mask none causal \
     window:L,R causal-window:L --key-lengths --pos sinusoidal rope alibi --join concat mean \
     --rope-base -o --attn --impl auto reference --threads in_proj_weight q_proj_weight \
-    k_proj_weight v_proj_weight in_proj_bias out_proj.weight out_proj.bias; do
+    k_proj_weight v_proj_weight in_proj_bias out_proj.weight out_proj.bias bias_k bias_v \
+    additive.w1 additive.w2 additive.w; do
     if grep -qF -- "$opt" "$TMP/stdout"; then pass; else fail "mha --help does not mention $opt"; fi
 done
 run help mha
@@ -111,6 +112,24 @@ ok "--threads 4" "${SELF[@]}" --x "$FX/x.npy" -o "$O/yt4.npy" --threads 4
 same "bitwise the same for any thread count" "$O/yt1.npy" "$O/yt4.npy"
 ok "--pos none" "${SELF[@]}" --x "$FX/x.npy" -o "$O/ypn.npy" --pos none
 same "--pos none is the default" "$O/y.npy" "$O/ypn.npy"
+
+# ---- bias_k/bias_v (torch's add_bias_kv) and the additive score -----------
+BKV=(mha --weights "$FX/bias_kv.safetensors" --heads 2)
+ok "bias_k/bias_v --attn" "${BKV[@]}" --x "$FX/x.npy" -o "$O/ybkv.npy" --attn "$O/abkv.npy"
+npy "$O/ybkv.npy" '<f4' '(2,5,8)'
+npy "$O/abkv.npy" '<f4' '(2,2,5,6)'
+ok "bias_k/bias_v rank 2 --causal --attn" "${BKV[@]}" --x "$FX/x1.npy" -o "$O/ybkv1.npy" --causal \
+    --attn "$O/abkv1.npy"
+npy "$O/abkv1.npy" '<f4' '(2,5,6)'
+ok "bias_k/bias_v --threads 1" "${BKV[@]}" --x "$FX/x.npy" -o "$O/ybkv_t1.npy" --threads 1
+ok "bias_k/bias_v --threads 3" "${BKV[@]}" --x "$FX/x.npy" -o "$O/ybkv_t3.npy" --threads 3
+same "bias_k/bias_v: bitwise the same for any thread count" "$O/ybkv_t1.npy" "$O/ybkv_t3.npy"
+ok "additive --attn" mha --weights "$FX/additive.safetensors" --heads 2 --x "$FX/x.npy" -o "$O/yadd.npy" \
+    --attn "$O/aadd.npy"
+npy "$O/aadd.npy" '<f4' '(2,2,5,5)'
+ok "additive --pos alibi --causal" mha --weights "$FX/additive.safetensors" --heads 2 --x "$FX/x.npy" \
+    -o "$O/yadd2.npy" --pos alibi --causal
+differ "additive: ALiBi and causal change the output" "$O/yadd.npy" "$O/yadd2.npy"
 
 # ---- rank 2: x [n, E] -----------------------------------------------------
 ok "rank 2" "${SELF[@]}" --x "$FX/x1.npy" -o "$O/y_r2.npy" --attn "$O/a_r2.npy"
