@@ -455,7 +455,12 @@ void qkv_floater_zero_grad(qkv_floater *f);
  *   q_proj_weight [H Dh, E], k_proj_weight [H_kv Dh, kdim], v_proj_weight
  *   [H_kv Dh, vdim] otherwise (biases stay in in_proj_bias [(H + 2 H_kv) Dh]),
  *   out_proj.weight [E, H Dh] ([E, Dh] for MEAN), out_proj.bias [E],
- *   rel_table [H, rel_buckets] with QKV_POS_RELATIVE.
+ *   bias_k, bias_v [1, 1, H_kv Dh] with add_bias_kv (torch's names),
+ *   rel_table [H, rel_buckets] with QKV_POS_RELATIVE, and with the additive
+ *   score additive.w1, additive.w2 [H, A, Dh], additive.w [H, A] (qkv's).
+ * The flat parameter array (qkv_mha_params) holds them in the order W_q,
+ * W_k, W_v, in-projection biases, W_o, b_o, rel_table, bias_k, bias_v,
+ * additive W1, W2, w (absent ones take no space). docs/MHA.md has more.
  * Inputs are [B, n, E] float (x_k [B, n_k, kdim], x_v [B, n_k, vdim]). */
 
 typedef enum qkv_head_join {
@@ -539,7 +544,9 @@ qkv_status qkv_mha_save(const qkv_mha *m, qkv_safetensors *st, const char *prefi
 
 /* Forward. x_k == NULL means x_k = x_q (self-attention); x_v == NULL means
  * x_v = x_k. key_lengths [B] (padding) or NULL. y [B, n_q, E] written; attn
- * [B, H, n_q, n_k] optional (the per-head attention matrices). The layer
+ * [B, H, n_q, n_k] optional (the per-head attention matrices; with
+ * add_bias_kv [B, H, n_q, n_k + 1], the extra key's weight last as in torch;
+ * QKV_ERR_UNSUPPORTED for a causal mask with n_q > n_k + 1). The layer
  * keeps the activations the backward needs (O(B n H Dh), never n x n), so
  * one layer object serves one forward/backward at a time. */
 qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k,
@@ -557,7 +564,8 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
                             const float *dy, float *dx_q, float *dx_k, float *dx_v);
 
 /* A key/value cache for incremental decoding with a self-attention layer:
- * memory 2 * batch * max_len * H_kv * Dh floats (plus the layer's own).
+ * memory 2 * batch * max_len * H_kv * Dh floats (plus the layer's own;
+ * max_len + 1 with add_bias_kv: each row keeps bias_k / bias_v in front).
  * Each qkv_mha_decode call appends the keys and values of t new tokens and
  * attends them causally to everything cached (aligned bottom-right, RoPE
  * positions continuing), without recomputing the past. Decoding n tokens one
