@@ -645,6 +645,20 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
  * targets before), QKV_ERR_OUT_OF_MEMORY. */
 qkv_status qkv_model_backward(qkv_model *m);
 
+/* Gradient-ready hook, for overlapping communication with the backward
+ * (data-parallel all-reduce: qkv_dp_reducer). When set, qkv_model_backward
+ * calls hook(user, segments, count) each time the gradients of some
+ * parameter segments are final, with their indices (as qkv_model_segment's):
+ * first the final norm and an untied output head, then each block from the
+ * last to the first (its MLP, norms and attention layer), then the FLOATER
+ * parameters, the embedding (with a tied head) and learned positions. Each
+ * segment is reported once per backward, always in the same order. The hook
+ * may read (not write) the reported gradients; a status other than QKV_OK
+ * stops the backward, which returns it. hook NULL removes it. Errors:
+ * QKV_ERR_NULL_POINTER (m). */
+typedef qkv_status (*qkv_grad_hook)(void *user, const int64_t *segments, int64_t count);
+qkv_status qkv_model_set_grad_hook(qkv_model *m, qkv_grad_hook hook, void *user);
+
 /* Attention weights of layer l from the most recent forward, for
  * inspection: attn [B, H, n, n] (written only when the forward ran with
  * qkv_model_keep_attention(m, 1)). Errors: QKV_ERR_UNSUPPORTED, bad l. */
@@ -935,6 +949,31 @@ qkv_status qkv_model_bcast_params(qkv_model *m, int root, MPI_Comm comm);
  * QKV_ERR_OUT_OF_MEMORY, QKV_ERR_UNSUPPORTED (MPI not initialised),
  * QKV_ERR_IO. */
 qkv_status qkv_model_allreduce_grads(qkv_model *m, double weight, size_t bucket_bytes, MPI_Comm comm);
+
+/* The same reduction overlapped with the backward pass: the reducer sets
+ * m's gradient hook (qkv_model_set_grad_hook) and packs each segment,
+ * scaled by weight, into a flat buffer as soon as the backward has finished
+ * it, starting a non-blocking MPI_Iallreduce on each bucket of
+ * bucket_bytes (0: 1 MiB) as soon as it is full - the last block's buckets
+ * travel while the earlier blocks are computed. Per step, on every rank:
+ *     qkv_dp_reducer_begin(r, weight);    before qkv_model_backward
+ *     s = qkv_model_backward(m);
+ *     s = qkv_dp_reducer_finish(r, s);    waits for every bucket; writes grads
+ * finish is collective and takes this rank's backward status: a rank whose
+ * backward failed (or did not run) still completes the reductions, and
+ * every rank returns an error (its own, else the largest code of the
+ * others), leaving the gradients unspecified. The buckets are the same on
+ * every run (the backward reports segments in a fixed order), so results
+ * are reproducible bit for bit for a given number of ranks. create is
+ * collective; the reducer holds 4 bytes per parameter. free removes the
+ * hook. Errors: QKV_ERR_NULL_POINTER, QKV_ERR_BAD_PARAMETER (weight < 0 or
+ * not finite), QKV_ERR_OUT_OF_MEMORY, QKV_ERR_UNSUPPORTED (MPI not
+ * initialised; begin twice without finish), QKV_ERR_IO. */
+typedef struct qkv_dp_reducer qkv_dp_reducer;
+qkv_status qkv_dp_reducer_create(qkv_model *m, size_t bucket_bytes, MPI_Comm comm, qkv_dp_reducer **out);
+qkv_status qkv_dp_reducer_begin(qkv_dp_reducer *r, double weight);
+qkv_status qkv_dp_reducer_finish(qkv_dp_reducer *r, qkv_status backward_status);
+void qkv_dp_reducer_free(qkv_dp_reducer *r);
 #endif /* QKV_HAVE_MPI */
 
 /* ------------------------------------------------------------------------- */

@@ -389,6 +389,155 @@ static void test_data_parallel(void) {
     qkv_model_free(m0);
 }
 
+/* The model's gradient hook: every segment reported exactly once per
+ * backward, the final norm first, then the blocks from the last to the
+ * first, the embedding last; a failing hook stops the backward. */
+typedef struct hook_log {
+    int64_t order[128], n, fail_at;
+} hook_log;
+
+static qkv_status log_hook(void *user, const int64_t *segs, int64_t count) {
+    hook_log *h = user;
+    for (int64_t i = 0; i < count && h->n < 128; i++) h->order[h->n++] = segs[i];
+    return h->fail_at >= 0 && h->n > h->fail_at ? QKV_ERR_IO : QKV_OK;
+}
+
+static void make_tokens(int32_t *tok, int32_t *tgt, int64_t B, int64_t n, int64_t V, uint64_t seed) {
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    for (int64_t i = 0; i < B * n; i++) tok[i] = (int32_t)(tu_rng_uniform(&r) * (double)V) % (int32_t)V;
+    for (int64_t i = 0; i < B * n; i++) tgt[i] = (i % n) + 1 < n ? tok[i + 1] : -1;
+}
+
+static void test_grad_hook(void) {
+    qkv_model_config cfg;
+    qkv_model_config_init(&cfg, 16, 8);
+    cfg.dim = 16;
+    cfg.heads = 2;
+    cfg.layers = 3;
+    cfg.threads = 1;
+    cfg.tie_embeddings = 0;
+    cfg.pos = QKV_POSENC_LEARNED;
+    qkv_model *m = NULL;
+    CHECK_STATUS(qkv_model_create(&cfg, 7, &m), QKV_OK);
+    if (!m) return;
+    int32_t tok[16], tgt[16];
+    make_tokens(tok, tgt, 2, 8, 16, 3);
+    hook_log h;
+    memset(&h, 0, sizeof h);
+    h.fail_at = -1;
+    CHECK_STATUS(qkv_model_set_grad_hook(NULL, log_hook, &h), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_model_set_grad_hook(m, log_hook, &h), QKV_OK);
+    double loss;
+    CHECK_STATUS(qkv_model_forward(m, 2, 8, tok, tgt, 1, NULL, &loss), QKV_OK);
+    CHECK_STATUS(qkv_model_backward(m), QKV_OK);
+    int64_t nseg = qkv_model_segment_count(m);
+    int seen[128] = {0}, bad = 0;
+    for (int64_t i = 0; i < h.n; i++) seen[h.order[i]]++;
+    for (int64_t i = 0; i < nseg; i++) bad += seen[i] != 1;
+    CHECK(h.n == nseg && bad == 0, "hook: %lld reports for %lld segments, %d not reported exactly once",
+          (long long)h.n, (long long)nseg, bad);
+    const char *first, *last, *mid;
+    qkv_model_segment(m, h.order[0], &first, NULL, NULL, NULL);
+    qkv_model_segment(m, h.order[h.n - 1], &last, NULL, NULL, NULL);
+    qkv_model_segment(m, h.order[3], &mid, NULL, NULL, NULL); /* after ln_f (2) and the head: block 2 */
+    CHECK(strcmp(first, "ln_f.weight") == 0 && strncmp(mid, "layers.2.", 9) == 0 && strcmp(last, "pos_emb.weight") == 0,
+          "hook order: first %s, fourth %s, last %s", first, mid, last);
+    /* A failing hook stops the backward with its status. */
+    memset(&h, 0, sizeof h);
+    h.fail_at = 5;
+    CHECK_STATUS(qkv_model_forward(m, 2, 8, tok, tgt, 1, NULL, &loss), QKV_OK);
+    CHECK_STATUS(qkv_model_backward(m), QKV_ERR_IO);
+    CHECK_STATUS(qkv_model_set_grad_hook(m, NULL, NULL), QKV_OK);
+    qkv_model_free(m);
+}
+
+/* The reducer overlapped with the backward gives the gradients of
+ * qkv_model_allreduce_grads (each rank its own tokens), with one bucket and
+ * with many small ones started during the backward; the same numbers bit for
+ * bit when repeated; a failure on one rank is every rank's error, and the
+ * reducer works again afterwards. */
+static void test_reducer(void) {
+    qkv_model_config cfg;
+    qkv_model_config_init(&cfg, 16, 8);
+    cfg.dim = 16;
+    cfg.heads = 2;
+    cfg.layers = 2;
+    cfg.threads = 1;
+    qkv_model *m = NULL;
+    CHECK_STATUS(qkv_model_create(&cfg, 11, &m), QKV_OK);
+    if (!m) return;
+    int32_t tok[24], tgt[24];
+    make_tokens(tok, tgt, 3, 8, 16, 50 + (uint64_t)g_rank);
+    int64_t total = qkv_model_param_count(m), nseg = qkv_model_segment_count(m);
+    float *want = malloc((size_t)total * sizeof(float)), *first = malloc((size_t)total * sizeof(float));
+    double w = 1.0 / g_size, loss;
+    /* The reference: backward, then qkv_model_allreduce_grads. */
+    qkv_model_zero_grad(m);
+    CHECK_STATUS(qkv_model_forward(m, 3, 8, tok, tgt, 1, NULL, &loss), QKV_OK);
+    CHECK_STATUS(qkv_model_backward(m), QKV_OK);
+    CHECK_STATUS(qkv_model_allreduce_grads(m, w, 0, MPI_COMM_WORLD), QKV_OK);
+    for (int64_t i = 0, at = 0; i < nseg; i++) {
+        float *g;
+        int64_t n;
+        qkv_model_segment(m, i, NULL, NULL, &g, &n);
+        memcpy(want + at, g, (size_t)n * sizeof(float));
+        at += n;
+    }
+    size_t buckets[2] = {0, 1000};
+    for (int t = 0; t < 2; t++) {
+        qkv_dp_reducer *red = NULL;
+        CHECK_STATUS(qkv_dp_reducer_create(m, buckets[t], MPI_COMM_WORLD, &red), QKV_OK);
+        if (!red) continue;
+        for (int rep = 0; rep < 2; rep++) {
+            qkv_model_zero_grad(m);
+            CHECK_STATUS(qkv_dp_reducer_begin(red, w), QKV_OK);
+            CHECK_STATUS(qkv_dp_reducer_begin(red, w), QKV_ERR_UNSUPPORTED);
+            qkv_status s = qkv_model_forward(m, 3, 8, tok, tgt, 1, NULL, &loss);
+            if (s == QKV_OK) s = qkv_model_backward(m);
+            CHECK_STATUS(qkv_dp_reducer_finish(red, s), QKV_OK);
+            double worst = 0;
+            int64_t same = 0;
+            for (int64_t i = 0, at = 0; i < nseg; i++) {
+                float *g;
+                int64_t n;
+                qkv_model_segment(m, i, NULL, NULL, &g, &n);
+                for (int64_t j = 0; j < n; j++) {
+                    double e = fabs((double)g[j] - want[at + j]) / (1e-7 + fabs((double)want[at + j]));
+                    if (e > worst) worst = e;
+                    if (rep == 0) first[at + j] = g[j];
+                    else same += memcmp(&first[at + j], &g[j], sizeof(float)) == 0;
+                }
+                at += n;
+            }
+            CHECK(worst < 1e-5, "rank %d: reducer (bucket %zu bytes) against allreduce: relative error %.3g", g_rank,
+                  buckets[t], worst);
+            if (rep == 1)
+                CHECK(same == total, "rank %d: reducer repeated: %lld of %lld gradients differ", g_rank,
+                      (long long)(total - same), (long long)total);
+        }
+        /* Rank 0's backward failed: every rank returns an error, nobody waits. */
+        CHECK_STATUS(qkv_dp_reducer_begin(red, w), QKV_OK);
+        qkv_status mine = g_rank == 0 ? QKV_ERR_OUT_OF_MEMORY : QKV_OK;
+        qkv_status s = qkv_dp_reducer_finish(red, mine);
+        CHECK(s == QKV_ERR_OUT_OF_MEMORY, "reducer, failure on rank 0: rank %d got %d (%s)", g_rank, (int)s,
+              qkv_status_string(s));
+        /* finish without begin: an error on every rank, no hang. */
+        s = qkv_dp_reducer_finish(red, QKV_OK);
+        CHECK(s == QKV_ERR_UNSUPPORTED, "reducer, finish without begin: rank %d got %d", g_rank, (int)s);
+        CHECK_STATUS(qkv_dp_reducer_begin(red, -1.0), QKV_ERR_BAD_PARAMETER);
+        qkv_dp_reducer_free(red);
+    }
+    CHECK_STATUS(qkv_dp_reducer_create(NULL, 0, MPI_COMM_WORLD, NULL), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_dp_reducer_begin(NULL, 1.0), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_dp_reducer_finish(NULL, QKV_OK), QKV_ERR_NULL_POINTER);
+    qkv_dp_reducer_free(NULL);
+    free(want);
+    free(first);
+    qkv_model_free(m);
+    CHECK(qkv_memory_in_use() == 0, "%zu bytes still held after the reducer tests", qkv_memory_in_use());
+}
+
 /* --bench N H D CAUSAL LAYOUT REPS (under mpirun): time and memory per rank
  * of the ring forward and backward on a sequence of N positions (B = 1,
  * H heads, head dim D, GQA off), for docs/DISTRIBUTED.md. Each rank makes
@@ -418,7 +567,9 @@ static void bench_free(void *ptr, void *user) {
 
 static int bench(char **argv) {
     int64_t n = atoll(argv[0]), H = atoll(argv[1]), D = atoll(argv[2]);
-    int causal = atoi(argv[3]), reps = atoi(argv[5]);
+    /* CAUSAL: 0 full, 1 causal, wN a causal window of N keys */
+    int causal = argv[3][0] == 'w' ? 1 : atoi(argv[3]), reps = atoi(argv[5]);
+    int64_t window = argv[3][0] == 'w' ? atoll(argv[3] + 1) : -1;
     qkv_dist_layout layout = (qkv_dist_layout)atoi(argv[4]);
     qkv_set_allocator(bench_alloc, bench_free, NULL);
     qkv_attn_desc d;
@@ -429,6 +580,10 @@ static int bench(char **argv) {
     d.dim = D;
     d.threads = 1;
     d.mask = causal ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+    if (window >= 0) {
+        d.mask = QKV_MASK_CAUSAL_WINDOW;
+        d.window_left = window;
+    }
     int64_t st[2], ln[2], nl;
     qkv_dist_partition(n, g_size, g_rank, layout, st, ln, &nl);
     size_t e = (size_t)(nl * H * D) + 1;
@@ -482,12 +637,71 @@ static int bench(char **argv) {
     MPI_Reduce(&lib, &lib_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&caller, &caller_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&rss, &rss_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    char lbuf[32];
+    char lbuf[32], mbuf[64];
+    snprintf(mbuf, sizeof mbuf, "%s%s", window >= 0 ? "causal window " : (causal ? "causal" : "full"),
+             !causal ? "" : (layout == QKV_DIST_ZIGZAG ? " zig-zag" : " contiguous"));
+    if (window >= 0) snprintf(mbuf, sizeof mbuf, "causal window %lld %s", (long long)window,
+                              layout == QKV_DIST_ZIGZAG ? "zig-zag" : "contiguous");
     if (g_rank == 0)
         printf("| %d | %lld | %lld | %s | %.3f | %.3f | %.1f | %.1f | %.0f | %s |\n", g_size, (long long)n,
-               (long long)(n / g_size), causal ? (layout == QKV_DIST_ZIGZAG ? "causal zig-zag" : "causal contiguous") : "full",
+               (long long)(n / g_size), mbuf,
                tf, tb, lib_max, caller_max, rss_max, tl > 0 ? (snprintf(lbuf, sizeof lbuf, "%.3f", tl), lbuf) : "-");
     free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
+    return 0;
+}
+
+/* --bench-dp E L B N REPS: one data-parallel training step (forward,
+ * backward, gradient sum) of a causal model of width E, L blocks, each rank
+ * B sequences of N tokens: with the gradients summed after the backward
+ * (qkv_model_allreduce_grads, 1 MiB buckets) and overlapped with it
+ * (qkv_dp_reducer, 1 MiB buckets). Best of REPS, slowest rank. */
+static int bench_dp(char **argv) {
+    int64_t E = atoll(argv[0]), L = atoll(argv[1]), B = atoll(argv[2]), N = atoll(argv[3]);
+    int reps = atoi(argv[4]);
+    qkv_model_config cfg;
+    qkv_model_config_init(&cfg, 64, N);
+    cfg.dim = E;
+    cfg.heads = E / 64 > 0 ? E / 64 : 1;
+    cfg.layers = L;
+    cfg.threads = 1;
+    qkv_model *m = NULL;
+    if (qkv_model_create(&cfg, 1, &m) != QKV_OK) return 1;
+    int32_t *tok = malloc((size_t)(B * N) * sizeof(int32_t)), *tgt = malloc((size_t)(B * N) * sizeof(int32_t));
+    make_tokens(tok, tgt, B, N, 64, 9 + (uint64_t)g_rank);
+    qkv_dp_reducer *red = NULL;
+    if (qkv_dp_reducer_create(m, 1 << 20, MPI_COMM_WORLD, &red) != QKV_OK) return 1;
+    qkv_model_set_grad_hook(m, NULL, NULL); /* armed only for the overlapped runs */
+    double best[2] = {1e30, 1e30}, comp = 1e30;
+    for (int it = 0; it <= reps; it++)
+        for (int mode = 0; mode < 3; mode++) {
+            double loss, w = 1.0 / g_size;
+            qkv_model_zero_grad(m);
+            if (mode == 1) {
+                qkv_model_set_grad_hook(m, NULL, NULL);
+                qkv_dp_reducer_free(red);
+                if (qkv_dp_reducer_create(m, 1 << 20, MPI_COMM_WORLD, &red) != QKV_OK) return 1;
+                qkv_dp_reducer_begin(red, w);
+            }
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            qkv_status s = qkv_model_forward(m, B, N, tok, tgt, 1, NULL, &loss);
+            if (s == QKV_OK) s = qkv_model_backward(m);
+            if (mode == 0 && s == QKV_OK) s = qkv_model_allreduce_grads(m, w, 1 << 20, MPI_COMM_WORLD);
+            if (mode == 1) s = qkv_dp_reducer_finish(red, s);
+            double t = MPI_Wtime() - t0, tmax = 0;
+            if (mode == 1) qkv_model_set_grad_hook(m, NULL, NULL);
+            if (s != QKV_OK) return 1;
+            MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            if (it > 0 && mode < 2 && tmax < best[mode]) best[mode] = tmax;
+            if (it > 0 && mode == 2 && tmax < comp) comp = tmax; /* no gradient sum at all */
+        }
+    if (g_rank == 0)
+        printf("| %d | %lld | %lld | %lld x %lld | %lld | %.3f | %.3f | %.3f |\n", g_size, (long long)E, (long long)L,
+               (long long)B, (long long)N, (long long)qkv_model_param_count(m), comp, best[0], best[1]);
+    qkv_dp_reducer_free(red);
+    qkv_model_free(m);
+    free(tok);
+    free(tgt);
     return 0;
 }
 
@@ -543,6 +757,11 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--kill-rank") == 0) g_kill = atoi(argv[i + 1]);
+    if (argc == 7 && strcmp(argv[1], "--bench-dp") == 0) {
+        int rc = bench_dp(argv + 2);
+        MPI_Finalize();
+        return rc;
+    }
     if (argc == 8 && strcmp(argv[1], "--bench") == 0) {
         int rc = bench(argv + 2);
         MPI_Finalize();
@@ -589,6 +808,8 @@ int main(int argc, char **argv) {
         }
     test_errors();
     test_data_parallel();
+    test_grad_hook();
+    test_reducer();
 
     long failed = tu_failed, all_failed = 0;
     MPI_Allreduce(&failed, &all_failed, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);

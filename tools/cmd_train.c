@@ -208,17 +208,63 @@ static void dp_slice(const dp_ctx *dp, int64_t B, int64_t N, const int32_t *tgt,
     *weight = all ? (double)mine / (double)all : 1.0 / dp->size;
 }
 
-/* Sum the weighted gradients and losses over the ranks. */
-static qkv_status dp_reduce(const dp_ctx *dp, qkv_model *m, double weight, double *loss) {
+/* The weighted gradients are summed over the ranks by a qkv_dp_reducer,
+ * in buckets started during the backward as each block's gradients are
+ * final (dp_red_begin before the backward, dp_red_finish after it: every
+ * rank learns whether any failed). Without MPI, or with one rank, nothing. */
+#ifdef QKV_HAVE_MPI
+typedef qkv_dp_reducer dp_red;
+#else
+typedef struct dp_red dp_red; /* never created */
+#endif
+
+static qkv_status dp_red_create(const dp_ctx *dp, qkv_model *m, dp_red **out) {
+    *out = NULL;
+#ifdef QKV_HAVE_MPI
+    if (dp->size > 1) return qkv_dp_reducer_create(m, 0, dp->comm, out);
+#else
+    (void)dp;
+    (void)m;
+#endif
+    return QKV_OK;
+}
+
+static qkv_status dp_red_begin(dp_red *red, double weight) {
+#ifdef QKV_HAVE_MPI
+    if (red) return qkv_dp_reducer_begin(red, weight);
+#else
+    (void)red;
+    (void)weight;
+#endif
+    return QKV_OK;
+}
+
+static qkv_status dp_red_finish(dp_red *red, qkv_status s) {
+#ifdef QKV_HAVE_MPI
+    if (red) return qkv_dp_reducer_finish(red, s);
+#else
+    (void)red;
+#endif
+    return s;
+}
+
+static void dp_red_free(dp_red *red) {
+#ifdef QKV_HAVE_MPI
+    qkv_dp_reducer_free(red);
+#else
+    (void)red;
+#endif
+}
+
+/* Sum the weighted losses over the ranks. */
+static qkv_status dp_reduce(const dp_ctx *dp, double weight, double *loss) {
 #ifdef QKV_HAVE_MPI
     if (dp->size > 1) {
         double mine = *loss * weight;
         if (MPI_Allreduce(&mine, loss, 1, MPI_DOUBLE, MPI_SUM, dp->comm) != MPI_SUCCESS) return QKV_ERR_IO;
-        return qkv_model_allreduce_grads(m, weight, 0, dp->comm);
     }
 #else
     (void)dp;
-    (void)m;
     (void)weight;
     (void)loss;
 #endif
@@ -453,6 +499,7 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
     qkv_model *m = NULL;
     qkv_adamw *opt = NULL;
     qkv_safetensors *ckpt = NULL;
+    dp_red *red = NULL;
     int rc = CLI_EXIT_FAIL;
     qkv_status s;
     char why[512];
@@ -519,7 +566,7 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
             goto done;
         }
     }
-    if ((s = dp_sync(dp, m)) != QKV_OK) {
+    if ((s = dp_sync(dp, m)) != QKV_OK || (s = dp_red_create(dp, m, &red)) != QKV_OK) {
         cli_error(CMD, NULL, NULL, "data parallel: %s", qkv_status_string(s));
         goto done;
     }
@@ -570,13 +617,11 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
             int64_t b0 = 0, bn = r.batch;
             double share = 1.0;
             if (dp->size > 1) dp_slice(dp, r.batch, N, tgt, &b0, &bn, &share);
-            s = qkv_model_forward(m, bn, N, tok + b0 * N, tgt + b0 * N, 1, NULL, &loss);
+            s = dp_red_begin(red, share);
+            if (s == QKV_OK) s = qkv_model_forward(m, bn, N, tok + b0 * N, tgt + b0 * N, 1, NULL, &loss);
             if (s == QKV_OK) s = qkv_model_backward(m);
-            if (dp_any(dp, s != QKV_OK)) { /* every rank stops together */
-                if (s == QKV_OK) s = QKV_ERR_IO;
-                break;
-            }
-            if ((s = dp_reduce(dp, m, share, &loss)) != QKV_OK || (s = qkv_adamw_step(opt, lr, r.clip, &gnorm)) != QKV_OK)
+            if ((s = dp_red_finish(red, s)) != QKV_OK) break; /* every rank stops together */
+            if ((s = dp_reduce(dp, share, &loss)) != QKV_OK || (s = qkv_adamw_step(opt, lr, r.clip, &gnorm)) != QKV_OK)
                 break;
             double te = now_s();
             double tps = (double)(r.batch * N) / (te - ts);
@@ -608,6 +653,8 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
             }
         }
         if (tty) fputc('\n', stderr);
+        dp_red_free(red); /* and the model's gradient hook */
+        red = NULL;
         free(tok);
         free(tgt);
         if (fclose(log) != 0) failed = 1;
@@ -630,6 +677,7 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         rc = CLI_EXIT_OK;
     }
 done:
+    dp_red_free(red);
     qkv_adamw_free(opt);
     qkv_model_free(m);
     qkv_safetensors_free(ckpt);

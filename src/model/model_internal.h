@@ -60,6 +60,8 @@ struct qkv_model {
     uint64_t drop_seed;
     int64_t drop_step;
     int train;
+    qkv_grad_hook grad_hook; /* qkv_model_set_grad_hook: told as gradients become final */
+    void *grad_hook_user;
 };
 
 /* Linear layers through qkv_sgemm: y = x Wᵀ + b; dW += dyᵀ x, db += sum dy, dx = dy W. */

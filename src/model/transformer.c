@@ -504,6 +504,28 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
 
 /* ---- backward ------------------------------------------------------------- */
 
+qkv_status qkv_model_set_grad_hook(qkv_model *m, qkv_grad_hook hook, void *user) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    m->grad_hook = hook;
+    m->grad_hook_user = hook ? user : NULL;
+    return QKV_OK;
+}
+
+/* Tell the hook that the gradients at these addresses (segment starts) are
+ * final: their segment indices, in the order given (NULL entries skipped). */
+static qkv_status grads_ready(qkv_model *m, const float *const *grads, int n) {
+    if (!m->grad_hook) return QKV_OK;
+    int64_t idx[16];
+    int c = 0;
+    for (int t = 0; t < n && c < 16; t++)
+        for (int64_t i = 0; grads[t] && i < m->n_seg; i++)
+            if (m->seg[i].grad == grads[t]) {
+                idx[c++] = i;
+                break;
+            }
+    return c ? m->grad_hook(m->grad_hook_user, idx, c) : QKV_OK;
+}
+
 qkv_status qkv_model_backward(qkv_model *m) {
     if (!m) return QKV_ERR_NULL_POINTER;
     if (!m->have_targets) return QKV_ERR_UNSUPPORTED;
@@ -536,6 +558,10 @@ qkv_status qkv_model_backward(qkv_model *m) {
         return s;
     layernorm_backward(m->h, P + m->o_lnf_w, m->lnf_mean, m->lnf_rstd, dd, rows, E, G + m->o_lnf_w, G + m->o_lnf_b, dh,
                        0);
+    { /* the output head (untied: final now) and the final norm */
+        const float *r[3] = {G + m->o_lnf_w, G + m->o_lnf_b, G + m->o_head};
+        if ((s = grads_ready(m, r, m->o_head == m->o_emb ? 2 : 3)) != QKV_OK) return s;
+    }
     if (m->floater) memset(m->floater_dpos, 0, (size_t)(n * E) * sizeof(float));
 
     for (int64_t l = L - 1; l >= 0; l--) {
@@ -560,6 +586,12 @@ qkv_status qkv_model_backward(qkv_model *m) {
         if (m->floater)
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t i = 0; i < E; i++) m->floater_dpos[(r % n) * E + i] += dh[r * E + i];
+        { /* block l is done, last block first */
+            const float *r[9] = {G + m->o_fc2_w[l], G + m->o_fc2_b[l], G + m->o_fc1_w[l], G + m->o_fc1_b[l],
+                                 G + m->o_ln2_w[l], G + m->o_ln2_b[l], qkv_mha_grads(m->attn[l], NULL),
+                                 G + m->o_ln1_w[l], G + m->o_ln1_b[l]};
+            if ((s = grads_ready(m, r, 9)) != QKV_OK) return s;
+        }
     }
     if (m->floater && (s = qkv_floater_backward(m->floater, m->floater_dpos)) != QKV_OK) return s;
     /* Embedding rows and learned positions, in a fixed order. */
@@ -569,6 +601,11 @@ qkv_status qkv_model_backward(qkv_model *m) {
         for (int64_t i = 0; i < E; i++) ge[i] += dh[r * E + i] * emb_scale;
         if (m->o_pos >= 0)
             for (int64_t i = 0; i < E; i++) G[m->o_pos + (r % n) * E + i] += dh[r * E + i];
+    }
+    { /* the rest: FLOATER, the embedding (with the tied head), positions */
+        const float *r[3] = {m->floater ? qkv_floater_grads(m->floater, NULL) : NULL, G + m->o_emb,
+                             m->o_pos >= 0 ? G + m->o_pos : NULL};
+        if ((s = grads_ready(m, r, 3)) != QKV_OK) return s;
     }
     return QKV_OK;
 }
