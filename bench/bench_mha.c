@@ -7,6 +7,11 @@
  * FMA peak is measured in the same run (bench/peak.h).
  *
  *   bench_mha [--n 512,2048,8192] [--threads 2] [--reps 3] [--causal 0|1] [--no-backward]
+ *             [--bias-kv] [--additive A]
+ *
+ * --bias-kv: torch's add_bias_kv (one extra key and value); --additive A: the
+ * additive (MLP) score with A hidden units per head (reference path). The
+ * GFLOP/s column still counts the dot-product score's FLOPs: compare the ms.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +32,8 @@ static double median(double *v, int n) {
 
 int main(int argc, char **argv) {
     int64_t ns[8] = {512, 2048, 8192};
-    int nn = 3, threads = 2, reps = 3, causal = 0, backward = 1;
+    int nn = 3, threads = 2, reps = 3, causal = 0, backward = 1, bias_kv = 0;
+    int64_t additive = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--n") && i + 1 < argc) {
             nn = 0;
@@ -40,12 +46,17 @@ int main(int argc, char **argv) {
             causal = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--no-backward")) {
             backward = 0;
+        } else if (!strcmp(argv[i], "--bias-kv")) {
+            bias_kv = 1;
+        } else if (!strcmp(argv[i], "--additive") && i + 1 < argc) {
+            additive = atoll(argv[++i]);
         } else {
-            fprintf(stderr, "usage: bench_mha [--n N,N..] [--threads T] [--reps R] [--causal 0|1] [--no-backward]\n");
+            fprintf(stderr, "usage: bench_mha [--n N,N..] [--threads T] [--reps R] [--causal 0|1] [--no-backward]"
+                            " [--bias-kv] [--additive A]\n");
             return 2;
         }
     }
-    if (reps < 1 || reps > 64 || threads < 1) return 2;
+    if (reps < 1 || reps > 64 || threads < 1 || additive < 0) return 2;
     const int64_t E = 512, H = 8;
     bench_isa isa = bench_isa_best();
     double peak = bench_peak_gflops(isa, threads, 0.3, 5, NULL);
@@ -57,6 +68,11 @@ int main(int argc, char **argv) {
         qkv_mha_config_init(&cfg, E, H);
         cfg.attn.threads = threads;
         cfg.attn.mask = causal ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+        cfg.add_bias_kv = bias_kv;
+        if (additive) {
+            cfg.attn.score = QKV_SCORE_ADDITIVE;
+            cfg.attn.additive_dim = additive;
+        }
         qkv_mha *m = NULL;
         if (qkv_mha_create(&cfg, 1, &m) != QKV_OK) return 1;
         float *x = malloc((size_t)(n * E) * sizeof(float)), *y = malloc((size_t)(n * E) * sizeof(float));
