@@ -915,12 +915,17 @@ qkv_status qkv_dist_partition(int64_t n, int ranks, int rank, qkv_dist_layout la
  * the partial outputs are merged by their log-sum-exp, so the result equals
  * one process's to float rounding. Memory per rank O((n_q + n_k)/p); no rank
  * ever holds all keys and values. Tensors of a rank holding no position may
- * be NULL. Supported: F32, softmax, scaled-dot/dot/cosine scores, softcap,
- * GQA, key_lengths (global indices), masks NONE and CAUSAL (causal needs
- * n_q = n_k); others are QKV_ERR_UNSUPPORTED (additive score, bias, packed
- * sequences, windows, ALiBi, relative tables, dropout, other normalisers,
- * F64). Errors: those of qkv_attention_forward, QKV_ERR_UNSUPPORTED (also
- * MPI not initialised), QKV_ERR_IO (communication failed). */
+ * be NULL. Supported: F32; softmax, ReLU (also divided by the count) and
+ * sigmoid; scaled-dot/dot/cosine scores, softcap; GQA; key_lengths (global
+ * indices); every mask (NONE, CAUSAL, WINDOW, CAUSAL_WINDOW, bottom-right
+ * aligned for any n_q, n_k; blocks outside every window are skipped); the
+ * additive bias, of which each rank passes its queries' rows for every key:
+ * desc->bias [n_q_loc, n_k] (SHARED) or [H, n_q_loc, n_k] (PER_HEAD), rows
+ * in the local order - O(n_q n_k / p) per rank, the bias being n x n.
+ * QKV_ERR_UNSUPPORTED: the additive score, packed sequences, ALiBi,
+ * relative tables, dropout, F64 and half precision. Errors: those of
+ * qkv_attention_forward, QKV_ERR_UNSUPPORTED (also MPI not initialised),
+ * QKV_ERR_IO (communication failed). */
 qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout layout,
                                       MPI_Comm comm, const void *q, const void *k, const void *v,
                                       void *out, void *lse);
@@ -930,8 +935,10 @@ qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout
  * (NULL on any rank: every rank runs the forward ring first). dQ is
  * computed at home; the partial dK/dV of each key block travel round the
  * ring with it and return to its owner. Each block uses the fast path with
- * the global O and lse (impl REFERENCE is QKV_ERR_UNSUPPORTED here).
- * Supported and errors: as the forward. */
+ * the global O and lse (impl REFERENCE is QKV_ERR_UNSUPPORTED here); ReLU
+ * and sigmoid need neither (out, lse may then be NULL without a forward
+ * ring). No bias gradient is returned. Supported and errors: as the
+ * forward. */
 qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layout layout,
                                        MPI_Comm comm, const void *q, const void *k, const void *v,
                                        const void *out, const void *lse, const void *dout,
