@@ -506,6 +506,58 @@ static void test_save_load(void) {
     qkv_mha_free(b);
 }
 
+/* Bitwise the same results for 1 and 2 threads (TESTING.md), and NaN in the
+ * inputs of padded keys never reaches the output, with the extra key and
+ * the additive score. */
+static void test_threads_and_nan(void) {
+    xcase c = CASES[5]; /* additive + bias_kv, causal, padding */
+    float y[2][B * 8 * 8], g[2][512], x[B * 8 * 8], dy[B * 8 * 8];
+    tu_rng r;
+    tu_rng_seed(&r, 8);
+    tu_fill_normal_f32(&r, x, B * 5 * 8, 1.0);
+    tu_fill_normal_f32(&r, dy, B * 5 * 8, 1.0);
+    const int64_t len[B] = {3, 0};
+    for (int variant = 0; variant < 2; variant++) { /* scaled dot (fast path), additive */
+        c.additive = variant;
+        int64_t np = 0;
+        for (int t = 0; t < 2; t++) {
+            qkv_mha_config cfg;
+            qkv_mha_config_init(&cfg, 8, 2);
+            cfg.add_bias_kv = 1;
+            cfg.attn.mask = QKV_MASK_CAUSAL;
+            cfg.attn.threads = t + 1;
+            if (c.additive) cfg.attn.score = QKV_SCORE_ADDITIVE;
+            qkv_mha *m = NULL;
+            CHECK_STATUS(qkv_mha_create(&cfg, 11, &m), QKV_OK);
+            if (!m) return;
+            qkv_mha_params(m, &np);
+            CHECK(np <= 512, "parameter count %lld", (long long)np);
+            if (np > 512) return;
+            CHECK_STATUS(qkv_mha_forward(m, B, 5, 5, x, NULL, NULL, len, y[t], NULL), QKV_OK);
+            CHECK_STATUS(qkv_mha_backward(m, x, NULL, NULL, dy, NULL, NULL, NULL), QKV_OK);
+            memcpy(g[t], qkv_mha_grads(m, NULL), (size_t)np * sizeof(float));
+            if (t == 1) {
+                /* NaN in every input row past the key lengths (self-attention:
+                 * those rows are also queries, so compare only the others). */
+                float xn[B * 5 * 8], yn[B * 5 * 8];
+                memcpy(xn, x, sizeof xn);
+                for (int64_t b = 0; b < B; b++)
+                    for (int64_t j = len[b]; j < 5; j++)
+                        for (int e = 0; e < 8; e++) xn[(b * 5 + j) * 8 + e] = NAN;
+                CHECK_STATUS(qkv_mha_forward(m, B, 5, 5, xn, NULL, NULL, len, yn, NULL), QKV_OK);
+                int same = 1;
+                for (int64_t j = 0; j < len[0]; j++)
+                    for (int e = 0; e < 8; e++) same &= yn[j * 8 + e] == y[1][j * 8 + e];
+                CHECK(same, "additive %d: NaN in padded keys does not reach the visible rows", variant);
+            }
+            qkv_mha_free(m);
+        }
+        CHECK(memcmp(y[0], y[1], (size_t)(B * 5 * 8) * sizeof(float)) == 0 &&
+                  memcmp(g[0], g[1], (size_t)np * sizeof(float)) == 0,
+              "additive %d, bias_kv: forward and gradients bitwise the same for 1 and 2 threads", variant);
+    }
+}
+
 static void test_errors(void) {
     qkv_mha_config cfg;
     qkv_mha *m = NULL;
@@ -558,6 +610,7 @@ int main(void) {
     test_decode(1, 1, QKV_POS_ALIBI);
     test_decode(0, 1, QKV_POS_NONE);
     test_save_load();
+    test_threads_and_nan();
     test_errors();
     return tu_finish();
 }
