@@ -937,12 +937,22 @@ qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout
  * ring with it and return to its owner. Each block uses the fast path with
  * the global O and lse (impl REFERENCE is QKV_ERR_UNSUPPORTED here); ReLU
  * and sigmoid need neither (out, lse may then be NULL without a forward
- * ring). No bias gradient is returned. Supported and errors: as the
- * forward. */
+ * ring). Supported and errors: as the forward. */
 qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layout layout,
                                        MPI_Comm comm, const void *q, const void *k, const void *v,
                                        const void *out, const void *lse, const void *dout,
                                        void *dq, void *dk, void *dv);
+
+/* The same with the gradients in a qkv_attn_grads: dq, dk, dv (local, as
+ * above) and, optionally, dbias: this rank's rows of the bias gradient,
+ * shaped as its desc->bias ([n_q_loc, n_k] or [H, n_q_loc, n_k], summed over
+ * the batch, and over the heads for SHARED), overwritten; computed at home
+ * (every (query, key) block of this rank's queries passes through it), no
+ * extra communication. The other fields are ignored (their features are
+ * QKV_ERR_UNSUPPORTED on the ring). grads NULL: QKV_ERR_NULL_POINTER. */
+qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist_layout layout, MPI_Comm comm,
+                                             const void *q, const void *k, const void *v, const void *out,
+                                             const void *lse, const void *dout, const qkv_attn_grads *grads);
 
 /* Data-parallel training. Copy rank root's parameters to every rank. */
 qkv_status qkv_model_bcast_params(qkv_model *m, int root, MPI_Comm comm);

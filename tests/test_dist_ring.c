@@ -139,6 +139,8 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     g1.dq = dq1;
     g1.dk = dk1;
     g1.dv = dv1;
+    float *db1 = bias ? malloc((size_t)(Hb * nq * nk) * sizeof(float)) : NULL;
+    g1.dbias = db1;
     CHECK_STATUS(qkv_attention_backward(&d, q, k, v, o1, l1, dout, &g1), QKV_OK);
 
     /* This rank's slices. */
@@ -184,19 +186,39 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     s = qkv_ring_attention_backward(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, NULL, NULL, ql_g, dq2, dk2, dv2);
     CHECK_STATUS(s, QKV_OK);
     double ek2 = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
-    int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1;
+    double edb = 0;
+    if (bias) { /* the bias gradient of this rank's rows, through the grads form */
+        float *db2 = malloc((size_t)(Hb * nql * nk + 1) * sizeof(float));
+        float *want_db = malloc((size_t)(Hb * nql * nk + 1) * sizeof(float));
+        slice(want_db, db1, Hb, nq, nk, qs, ql, nql);
+        for (int64_t t = 0; t < Hb * nql * nk; t++) db2[t] = NAN; /* all written */
+        qkv_attn_grads g2;
+        memset(&g2, 0, sizeof g2);
+        g2.dq = dq2;
+        g2.dk = dk2;
+        g2.dv = dv2;
+        g2.dbias = db2;
+        s = qkv_ring_attention_backward_grads(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, o2, l2, ql_g, &g2);
+        CHECK_STATUS(s, QKV_OK);
+        edb = rel_err(db2, want_db, Hb * nql * nk, 1e-5, 1e-4);
+        double ek3 = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
+        if (ek3 > edb) edb = ek3;
+        free(db2);
+        free(want_db);
+    }
+    int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1 && edb <= 1;
     CHECK(ok,
           "rank %d/%d %s B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld mask=%d(%lld,%lld) kl=%d score=%d "
           "norm=%d/%d bias=%d seed=%llu: "
-          "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g",
+          "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g dbias %.3g",
           g_rank, g_size, layout == QKV_DIST_ZIGZAG ? "zigzag" : "contiguous", (long long)B, (long long)nq,
           (long long)nk, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (int)sh->mask,
           (long long)sh->wl, (long long)sh->wr, sh->key_lengths, (int)sh->score, (int)sh->norm, sh->relu_div,
-          sh->bias, (unsigned long long)seed, eo, el, eq, ek, ev, ek2);
+          sh->bias, (unsigned long long)seed, eo, el, eq, ek, ev, ek2, edb);
     (void)sync_ok(ok);
     free(q); free(k); free(v); free(dout); free(o1); free(l1); free(dq1); free(dk1); free(dv1);
     free(ql_q); free(ql_k); free(ql_v); free(ql_g); free(o2); free(l2); free(dq2); free(dk2); free(dv2);
-    free(want_o); free(want_l); free(want_dq); free(want_dk); free(want_dv); free(bias); free(bias_loc);
+    free(want_o); free(want_l); free(want_dq); free(want_dk); free(want_dv); free(bias); free(bias_loc); free(db1);
 }
 
 static void test_partition(void) {
@@ -279,6 +301,9 @@ static void test_errors(void) {
     u.bias_kind = (qkv_bias_kind)5;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_BAD_ENUM);
+    CHECK_STATUS(qkv_ring_attention_backward_grads(&d, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, NULL, NULL,
+                                                   buf, NULL),
+                 QKV_ERR_NULL_POINTER);
     /* A bias missing on one rank that holds queries: every rank fails. */
     u = d;
     u.bias_kind = QKV_BIAS_SHARED;

@@ -563,8 +563,35 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
                                        MPI_Comm comm, const void *q, const void *k, const void *v,
                                        const void *out, const void *lse, const void *dout,
                                        void *dq, void *dk, void *dv) {
+    qkv_attn_grads gr;
+    memset(&gr, 0, sizeof gr);
+    gr.dq = dq;
+    gr.dk = dk;
+    gr.dv = dv;
+    return qkv_ring_attention_backward_grads(desc, layout, comm, q, k, v, out, lse, dout, &gr);
+}
+
+/* The bias gradient of a block [bias_h, lq, lk] (written by the core,
+ * summed over the batch, and over the heads when shared) into this rank's
+ * rows [bias_h, nq_loc, n_k]: each (query chunk, key chunk) pair is
+ * computed exactly once, at home, so its entries are copied, not added. */
+static void scatter_dbias(const ring *g, float *dbias, const float *blk, const chunk *qc, const chunk *kc) {
+    const int64_t nq_loc = g->mq.local_n, nk = g->d.n_k;
+    for (int64_t h = 0; h < g->bias_h; h++)
+        for (int64_t i = 0; i < qc->len; i++)
+            memcpy(dbias + (h * nq_loc + qc->off + i) * nk + kc->start, blk + (h * qc->len + i) * kc->len,
+                   (size_t)kc->len * sizeof(float));
+}
+
+qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist_layout layout, MPI_Comm comm,
+                                             const void *q, const void *k, const void *v, const void *out,
+                                             const void *lse, const void *dout, const qkv_attn_grads *grads) {
     ring g;
     qkv_status s = ring_begin(&g, desc, layout, comm, 1);
+    void *dq = grads ? grads->dq : NULL, *dk = grads ? grads->dk : NULL, *dv = grads ? grads->dv : NULL;
+    float *dbias = grads && g.bias_h > 0 ? grads->dbias : NULL, *dbb = NULL;
+    /* Gradients the ring does not compute: the additive and relative
+     * parameters are refused with the features themselves (ring_check). */
     if (g.comm == MPI_COMM_NULL || s != QKV_OK) {
         s = agree(g.comm, s);
         ring_end(&g);
@@ -575,7 +602,7 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
     float *qp = NULL, *op = NULL, *lp = NULL, *gp = NULL, *dqa = NULL, *dqb = NULL, *scratch = NULL;
     float *kv[2] = {NULL, NULL}, *dkv[2] = {NULL, NULL}, *dkvb = NULL, *o_own = NULL, *l_own = NULL;
     const float *bias_loc = g.d.bias;
-    if (((!q || !dout || !dq || (g.bias_h > 0 && !bias_loc)) && nq_loc > 0) ||
+    if (!grads || ((!q || !dout || !dq || (g.bias_h > 0 && !bias_loc)) && nq_loc > 0) ||
         ((!k || !v || !dk || !dv) && mine->local_n > 0))
         s = QKV_ERR_NULL_POINTER;
     /* Without the forward's outputs on some rank: every rank runs the
@@ -600,6 +627,14 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
         }
         if (!qp || !op || !lp || !gp || !dqa || !dqb || !dkvb || !kv[0] || !kv[1] || !dkv[0] || !dkv[1])
             s = QKV_ERR_OUT_OF_MEMORY;
+        if (s == QKV_OK && dbias) { /* one block's bias gradient */
+            int64_t mq = maxq, mk = 0;
+            for (int o = 0; o < g.p; o++)
+                for (int t = 0; t < 2; t++)
+                    if (g.kown[o].c[t].len > mk) mk = g.kown[o].c[t].len;
+            dbb = qkv_alloc((size_t)(g.bias_h * mq * mk) * sizeof(float) + 1);
+            if (!dbb) s = QKV_ERR_OUT_OF_MEMORY;
+        }
         if (s == QKV_OK && g.mq.n > 1) { /* two query chunks add into the same keys */
             scratch = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
             if (!scratch) s = QKV_ERR_OUT_OF_MEMORY;
@@ -633,6 +668,8 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
             pack_rows(kv_v(&g, kv[0], mine, t), v, B, mine->local_n, &mine->c[t], Hkv * Dv);
         }
         memset(dqa, 0, nq_rows * (size_t)D * sizeof(float));
+        if (dbias) /* pairs nobody sees keep 0 */
+            memset(dbias, 0, (size_t)(g.bias_h * nq_loc * desc->n_k) * sizeof(float));
 
         int next = (g.r + 1) % g.p, prev = (g.r + g.p - 1) % g.p;
         qkv_status cs = QKV_OK;
@@ -676,11 +713,13 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
                     gr.dq = dqb;
                     gr.dk = scratch ? scratch : dkc; /* the core overwrites */
                     gr.dv = scratch ? scratch + nk_el : dvc;
+                    gr.dbias = dbb;
                     cs = block_backward(&bd, left, right, qp + B * qc->off * H * D, kv_k(&g, kv[cur], ko, tk),
                                         kv_v(&g, kv[cur], ko, tk), g.softmax ? op + B * qc->off * H * Dv : NULL,
                                         g.softmax ? lp + B * H * qc->off : NULL, gp + B * qc->off * H * Dv, &gr);
                     if (cs == QKV_OK) {
                         add_to(dqa + B * qc->off * H * D, dqb, B * qc->len * H * D);
+                        if (dbias) scatter_dbias(&g, dbias, dbb, qc, kc);
                         if (scratch) {
                             add_to(dkc, scratch, nk_el);
                             add_to(dvc, scratch + nk_el, nv_el);
@@ -731,6 +770,7 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
     qkv_free(dqb);
     qkv_free(dkvb);
     qkv_free(scratch);
+    qkv_free(dbb);
     qkv_free(o_own);
     qkv_free(l_own);
     for (int t = 0; t < 2; t++) {
