@@ -22,7 +22,16 @@ qkv_status qkv_half_backward(const qkv_attn_desc *desc, const void *q, const voi
 qkv_status qkv_half_fast_forward(const qkv_plan *p, const uint16_t *q, const uint16_t *k,
                                  const uint16_t *v, uint16_t *out, float *lse);
 
-/* Whether the bf16 fast forward runs here (CPU, OS and QKV_ARCH); and, for
+/* The bf16 fast backward (half_bwd.c): the five tile products on the same
+ * kernels, softmax gradient in float; out and lse may be NULL (recomputed
+ * by the fast forward). Returns QKV_ERR_UNSUPPORTED, having written no
+ * gradient, when it does not apply (as the forward, plus: an inf or NaN in
+ * q, k, v or dout, or a NaN in lse); then the portable path runs. */
+qkv_status qkv_half_fast_backward(const qkv_plan *p, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                  const uint16_t *out, const float *lse, const uint16_t *dout, uint16_t *dq,
+                                  uint16_t *dk, uint16_t *dv);
+
+/* Whether the bf16 fast forward (and backward) runs here (CPU, OS and QKV_ARCH); and, for
  * tests, force the portable path (on != 0) or restore the default. */
 int qkv_half_fast_available(void);
 void qkv_half_force_portable(int on);

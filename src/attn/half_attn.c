@@ -3,8 +3,8 @@
  * feature it has (masks, GQA, scores, biases, the fast and reference
  * implementations), and round what is stored back to half (nearest-even).
  * Costs O(size of the tensors) in conversions and float copies, nothing
- * n x n. Where the CPU has bf16 dot products the bf16 forward takes the fast
- * path (half_fwd.c) instead. */
+ * n x n. Where the CPU has bf16 dot products the bf16 forward and backward
+ * take the fast paths (half_fwd.c, half_bwd.c) instead. */
 #include "attn/half.h"
 #include "core/half.h"
 
@@ -74,6 +74,11 @@ qkv_status qkv_half_backward(const qkv_attn_desc *desc, const void *q, const voi
     if (!q || !k || !v || !dout || !grads || !grads->dq || !grads->dk || !grads->dv)
         return QKV_ERR_NULL_POINTER;
     const int bf = desc->dtype == QKV_BF16;
+    /* The bf16 fast backward when it applies (it checks the rest itself). */
+    if (bf && !desc->check_finite && p.d.impl != QKV_IMPL_REFERENCE) {
+        s = qkv_half_fast_backward(&p, q, k, v, out, lse, dout, grads->dq, grads->dk, grads->dv);
+        if (s != QKV_ERR_UNSUPPORTED) return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
+    }
     widen_fn wf = bf ? qkv_bf16_to_f32_array : qkv_f16_to_f32_array;
     narrow_fn nf = bf ? qkv_f32_to_bf16_array : qkv_f32_to_f16_array;
     int fail = 0;

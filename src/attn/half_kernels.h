@@ -1,4 +1,5 @@
-/* Micro-kernels of the bf16 fast forward (attn/half_fwd.c), one file per ISA
+/* Micro-kernels of the bf16 fast forward and backward (attn/half_fwd.c,
+ * attn/half_bwd.c), one file per ISA
  * in src/kernels/<isa>/ compiled with that ISA's flags only; chosen at run
  * time. Data are bf16 pairs in 32-bit words (low half = the even index), the
  * layout of the VNNI-style dot products (AVX512-BF16 vdpbf16ps, and AMX's
@@ -29,5 +30,30 @@ void qkv_bf16_pv_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp
  * for r < rows, u < npairs (reads 2*npairs floats per row). */
 void qkv_bf16_pack_p_avx512bf16(uint32_t *pp, size_t ldp, const float *p, size_t lds, size_t rows,
                                 size_t npairs);
+
+/* The backward's own kernels (half_bwd_avx512bf16.c). */
+
+/* As qkv_bf16_qk_avx512bf16 but s += the product (rows a multiple of 8). */
+void qkv_bf16_qk_acc_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *kp, size_t dp2,
+                                size_t rows, size_t npanels, float *s, size_t lds);
+
+/* o[r*ldo + c] += sum_{u<nu} pp[r*ldp + u] . vp[u*ldv + c] for r < rows (any
+ * count), c < dvp (a multiple of 16). */
+void qkv_bf16_pv_acc_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp,
+                                size_t ldv, size_t nu, size_t dvp, size_t rows);
+
+/* Softmax gradient of a key-major tile (rows = keys, columns = queries), in
+ * float: for r < rows, c < cols, p = 2^min(cm s - L2[c], 0) (0 for s = -inf
+ * or L2[c] = +inf; exactly 0 below 2^-126), ds = (p == 0 ? 0 : p (dp - Dd[c]));
+ * s <- p, dp <- ds. Rows have stride ld in both. */
+void qkv_bf16_bwd_softmax_avx512bf16(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
+                                     const float *L2, const float *Dd);
+
+/* Pairs of rows of a float tile into panels of the K-panel layout:
+ * kp[(p * npairs + u) * 32 + c] = (x[2u][32p + c], x[2u+1][32p + c]) rounded
+ * to bf16 (nearest even), for u < npairs, p < npanels (row stride ldx; reads
+ * 32 * npanels floats of rows 0 .. 2 npairs - 1). */
+void qkv_bf16_pack_rowpairs_avx512bf16(uint32_t *kp, const float *x, size_t ldx, size_t npairs,
+                                       size_t npanels);
 
 #endif

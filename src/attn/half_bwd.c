@@ -1,0 +1,436 @@
+/* The bf16 fast backward: FlashAttention-2's backward (Dao 2023, Algorithm
+ * 2) with its five tile products on bf16 dot products (AVX512-BF16
+ * vdpbf16ps, float accumulation) and the softmax gradient in float.
+ *
+ * The weights are recomputed from Q, K and the forward's float lse,
+ * P = 2^(sc s - lse log2 e), never stored; D_i = rowsum(dO_i * O_i) in
+ * double. For each block of 128 keys of a (b, kv head), and every block of
+ * 64 queries of every query head sharing it, on key-major tiles:
+ *   S^T  = K Q^T                (bf16 products, float sums)
+ *   dP^T = V dO^T               (same)
+ *   P    = exp2(...), dS = P (dP - D)     in float
+ *   dV  += P^T dO               (P rounded to bf16)
+ *   dK  += dS^T Q               (dS rounded to bf16)
+ *   dQ^T += K^T dS              (dS rounded to bf16) into a partial dQ
+ * dK and dV of the key block are accumulated in float and rounded once.
+ * As in the float32 backward (fast_bwd.c) the partial dQ belongs to a chunk
+ * of key blocks (kb mod C, C = min(key blocks, 4), a function of the shape
+ * only), one work unit = one chunk of one (b, kv head) owning its partial
+ * rows, and a last pass sums the C partials in chunk order: no two threads
+ * ever add into the same memory, so results are bitwise identical for any
+ * thread count. The scale is applied to the finished dQ and dK in float.
+ *
+ * Layouts (attn/half_kernels.h: bf16 pairs in 32-bit words), once per call:
+ * per (b, kv head) K and V rows in pairs along D (resp. D_v), and K^T in
+ * pairs of consecutive keys; per (b, head) Q and dO in 32-query panels
+ * (pairs along D, D_v) and in pairs of consecutive queries. Memory: about
+ * four times the bf16 inputs, plus C float copies of dQ: O(n (H + H_kv) D),
+ * never n x n.
+ *
+ * Masks: tiles no query sees are skipped; in the others a masked (key,
+ * query) gets s = -inf, so P = 0 and dS = 0 exactly, and the products add
+ * exact zeros for it. That is only harmless when every multiplied value is
+ * finite, so this path runs only when q, k, v and dout hold no inf or NaN
+ * and lse no NaN (checked while packing, which reads every element anyway);
+ * otherwise it returns QKV_ERR_UNSUPPORTED and the portable path (which
+ * never multiplies a masked key) runs.
+ *
+ * Applies when the forward's fast path does (half_fwd.c: bf16, scaled-dot or
+ * dot score with a positive scale, softmax, no bias, soft-cap, ALiBi, T5
+ * buckets or dropout), with every mask (causal, windows, key lengths, packed
+ * sequences), GQA and n_q != n_k. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "attn/half.h"
+#include "attn/half_kernels.h"
+#include "core/half.h"
+#include "core/threads.h"
+
+#if defined(QKV_HAVE_X86) && defined(__x86_64__)
+#define HB_X86 1
+#endif
+
+#ifdef HB_X86
+
+#define HB_BK 128 /* keys per block (tile rows) */
+#define HB_BQ 64  /* queries per block (tile columns) */
+#define HB_CHUNKS 4
+#define HB_LOG2E 1.4426950408889634
+
+typedef struct hb_ctx {
+    const qkv_plan *p;
+    int64_t B, nq, nk, H, Hkv, G, D, Dv;
+    int64_t dp2, dvp2;  /* pairs along D, D_v: ceil(D / 2), ceil(D_v / 2) */
+    int64_t ldD, ldDv;  /* D, D_v padded to 16 (rows of the pair layouts, accumulators) */
+    int64_t D8;         /* D padded to 8 (rows of K^T and of the partial dQ^T) */
+    int64_t nkp, nqp;   /* n_k, n_q padded to 32 */
+    int64_t nqb, nkb, C;
+    float sc;           /* q.k -> base-2 logit */
+    double scale;       /* d(logit)/d(q.k) */
+    const uint16_t *q, *k, *v, *out, *dout;
+    const float *lse;
+    uint16_t *dq, *dk, *dv;
+    uint32_t *kr, *vr, *kt;                /* per (b, kv head) */
+    uint32_t *qpan, *dopan, *qpair, *dopair; /* per (b, head) */
+    int64_t kr_st, vr_st, kt_st, qpan_st, dopan_st, qpair_st, dopair_st;
+    float *L2, *Dd;                        /* [B, H, n_q] */
+    int64_t *LO, *HI;                      /* [B, n_q] */
+    int64_t *BLO, *BHI;                    /* [B, nqb]; BHI = 0: no key */
+    float *dqt;                            /* [C, B, H, nqb, D8, 64] partial dQ^T */
+    int64_t dqt_st;                        /* per (b, head): nqb * D8 * 64 */
+    unsigned char *ws;
+    size_t ws_stride;
+    atomic_int bad;                        /* a non-finite input was seen */
+} hb_ctx;
+
+typedef struct hb_ws {
+    float *s, *dp;       /* key-major tiles [HB_BK, HB_BQ] */
+    uint32_t *pp;        /* P or dS in pairs of queries [HB_BK, HB_BQ / 2] */
+    uint32_t *kd;        /* dS in pairs of keys, 32-query panels */
+    float *acck, *accv;  /* dK, dV of the key block [HB_BK, ldD / ldDv] */
+} hb_ws;
+
+static size_t r64(size_t x) { return (x + 63) & ~(size_t)63; }
+static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+static size_t ws_layout(const hb_ctx *c, unsigned char *base, hb_ws *w) {
+    size_t at = 0;
+#define CARVE(field, type, count)                                   \
+    do {                                                            \
+        if (w) w->field = (type *)(void *)(base + at);              \
+        at += r64((size_t)(count) * sizeof(type));                  \
+    } while (0)
+    CARVE(s, float, HB_BK * HB_BQ);
+    CARVE(dp, float, HB_BK * HB_BQ);
+    CARVE(pp, uint32_t, HB_BK * HB_BQ / 2);
+    CARVE(kd, uint32_t, HB_BK * HB_BQ / 2);
+    CARVE(acck, float, HB_BK * c->ldD);
+    CARVE(accv, float, HB_BK * c->ldDv);
+#undef CARVE
+    return at;
+}
+
+static uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+static int nonfinite(uint16_t x) { return (x & 0x7f80u) == 0x7f80u; }
+
+/* rows [0, n) of a [n, ld] bf16 matrix (row r at x + r * ld, D columns):
+ * pairs along the row:  dst[r * w + t] = (x[r][2t], x[r][2t+1]), r < npad, t < w,
+ * zero past the row's end and past n. Returns 1 if a value is inf or NaN. */
+static int pack_rows(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld, int64_t n, int64_t npad,
+                     int64_t D) {
+    int bad = 0;
+    for (int64_t r = 0; r < npad; r++) {
+        uint32_t *d = dst + r * w;
+        if (r >= n) {
+            memset(d, 0, (size_t)w * sizeof *d);
+            continue;
+        }
+        const uint16_t *row = x + r * ld;
+        for (int64_t t = 0; t < D; t++) bad |= nonfinite(row[t]);
+        for (int64_t t = 0; t < w; t++) {
+            uint16_t a = 2 * t < D ? row[2 * t] : 0, b = 2 * t + 1 < D ? row[2 * t + 1] : 0;
+            d[t] = pair(a, b);
+        }
+    }
+    return bad;
+}
+
+/* The same rows in 32-row panels: dst[(p * w + t) * 32 + c] = pairs of row
+ * 32p + c, for npad / 32 panels. */
+static void pack_panels(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld, int64_t n, int64_t npad,
+                        int64_t D) {
+    for (int64_t r = 0; r < npad; r++) {
+        uint32_t *d = dst + (r / 32) * w * 32 + r % 32;
+        const uint16_t *row = r < n ? x + r * ld : NULL;
+        for (int64_t t = 0; t < w; t++) {
+            uint16_t a = row && 2 * t < D ? row[2 * t] : 0, b = row && 2 * t + 1 < D ? row[2 * t + 1] : 0;
+            d[t * 32] = pair(a, b);
+        }
+    }
+}
+
+/* Pairs of consecutive rows, one word per column:
+ * dst[u * ldw + col] = (x[2u][col], x[2u+1][col]) for u < npad / 2, col < ldw,
+ * zero past D and past row n. */
+static void pack_row_pairs(uint32_t *dst, int64_t ldw, const uint16_t *x, int64_t ld, int64_t n, int64_t npad,
+                           int64_t D) {
+    for (int64_t u = 0; u < npad / 2; u++) {
+        const uint16_t *r0 = 2 * u < n ? x + 2 * u * ld : NULL, *r1 = 2 * u + 1 < n ? x + (2 * u + 1) * ld : NULL;
+        uint32_t *d = dst + u * ldw;
+        for (int64_t col = 0; col < ldw; col++)
+            d[col] = col < D ? pair(r0 ? r0[col] : 0, r1 ? r1[col] : 0) : 0;
+    }
+}
+
+static void pack_kv_unit(void *vc, int64_t u, int t) {
+    (void)t;
+    hb_ctx *c = vc;
+    const int64_t b = u / c->Hkv, kv = u % c->Hkv;
+    const uint16_t *k0 = c->k + (b * c->nk * c->Hkv + kv) * c->D;
+    const uint16_t *v0 = c->v + (b * c->nk * c->Hkv + kv) * c->Dv;
+    int bad = pack_rows(c->kr + u * c->kr_st, c->dp2, k0, c->Hkv * c->D, c->nk, c->nkp, c->D);
+    bad |= pack_rows(c->vr + u * c->vr_st, c->dvp2, v0, c->Hkv * c->Dv, c->nk, c->nkp, c->Dv);
+    /* K^T in pairs of keys, per key block (rows of 64 words, so that the
+     * 8 rows one product reads are close, not n_k apart):
+     * kt[(kb * D8 + d) * 64 + u] = (K[128 kb + 2u][d], K[128 kb + 2u + 1][d]) */
+    uint32_t *kt = c->kt + u * c->kt_st;
+    for (int64_t j2 = 0; j2 < c->nkb * (HB_BK / 2); j2++) {
+        const uint16_t *r0 = 2 * j2 < c->nk ? k0 + 2 * j2 * c->Hkv * c->D : NULL;
+        const uint16_t *r1 = 2 * j2 + 1 < c->nk ? k0 + (2 * j2 + 1) * c->Hkv * c->D : NULL;
+        uint32_t *dst = kt + (j2 / (HB_BK / 2)) * c->D8 * (HB_BK / 2) + j2 % (HB_BK / 2);
+        for (int64_t d = 0; d < c->D8; d++)
+            dst[d * (HB_BK / 2)] = d < c->D ? pair(r0 ? r0[d] : 0, r1 ? r1[d] : 0) : 0;
+    }
+    if (bad) atomic_store(&c->bad, 1);
+}
+
+static void pack_q_unit(void *vc, int64_t u, int t) {
+    (void)t;
+    hb_ctx *c = vc;
+    const int64_t b = u / c->H, h = u % c->H, D = c->D, Dv = c->Dv;
+    const uint16_t *q0 = c->q + (b * c->nq * c->H + h) * D;
+    const uint16_t *g0 = c->dout + (b * c->nq * c->H + h) * Dv;
+    const uint16_t *o0 = c->out + (b * c->nq * c->H + h) * Dv;
+    int bad = 0;
+    for (int64_t i = 0; i < c->nq; i++) {
+        for (int64_t x = 0; x < D; x++) bad |= nonfinite(q0[i * c->H * D + x]);
+        for (int64_t x = 0; x < Dv; x++) bad |= nonfinite(g0[i * c->H * Dv + x]);
+    }
+    pack_panels(c->qpan + u * c->qpan_st, c->dp2, q0, c->H * D, c->nq, c->nqp, D);
+    pack_panels(c->dopan + u * c->dopan_st, c->dvp2, g0, c->H * Dv, c->nq, c->nqp, Dv);
+    pack_row_pairs(c->qpair + u * c->qpair_st, c->ldD, q0, c->H * D, c->nq, c->nqp, D);
+    pack_row_pairs(c->dopair + u * c->dopair_st, c->ldDv, g0, c->H * Dv, c->nq, c->nqp, Dv);
+    for (int64_t i = 0; i < c->nq; i++) {
+        const int64_t row = u * c->nq + i;
+        const float l = c->lse[row];
+        if (isnan(l)) bad = 1;
+        c->L2[row] = l == -INFINITY ? INFINITY : (float)((double)l * HB_LOG2E);
+        double acc = 0.0;
+        for (int64_t x = 0; x < Dv; x++)
+            acc += (double)qkv_bf16_to_f32(o0[i * c->H * Dv + x]) * qkv_bf16_to_f32(g0[i * c->H * Dv + x]);
+        c->Dd[row] = (float)acc;
+    }
+    if (bad) atomic_store(&c->bad, 1);
+}
+
+/* ---- the key-block pass -------------------------------------------------- */
+
+static void kv_block(hb_ctx *c, hb_ws *w, int64_t b, int64_t kv, int64_t kb, float *dqt_ch) {
+    const int64_t D = c->D, Dv = c->Dv, j0 = kb * HB_BK, ukv = b * c->Hkv + kv;
+    const int nkr = (int)(c->nk - j0 < HB_BK ? c->nk - j0 : HB_BK);
+    const int rows = (int)up(nkr, 8), kh = rows / 2;
+    const size_t ldD = (size_t)c->ldD, ldDv = (size_t)c->ldDv, ldp = HB_BQ / 2;
+    const uint32_t *krb = c->kr + ukv * c->kr_st + j0 * c->dp2;
+    const uint32_t *vrb = c->vr + ukv * c->vr_st + j0 * c->dvp2;
+    const uint32_t *ktb = c->kt + ukv * c->kt_st + kb * c->D8 * (HB_BK / 2);
+    memset(w->acck, 0, (size_t)rows * ldD * sizeof(float));
+    memset(w->accv, 0, (size_t)rows * ldDv * sizeof(float));
+
+    for (int64_t g = 0; g < c->G; g++) {
+        const int64_t h = kv * c->G + g, bh = b * c->H + h;
+        for (int64_t qb = 0; qb < c->nqb; qb++) {
+            const int64_t blo = c->BLO[b * c->nqb + qb], bhi = c->BHI[b * c->nqb + qb];
+            if (bhi <= j0 || blo >= j0 + nkr || bhi <= blo) continue;
+            const int64_t i0 = qb * HB_BQ;
+            const int nqc = (int)(c->nq - i0 < HB_BQ ? c->nq - i0 : HB_BQ);
+            const int64_t *lo = c->LO + b * c->nq + i0, *hi = c->HI + b * c->nq + i0;
+            const size_t np = (size_t)(nqc + 31) / 32, ncp = (size_t)(nqc + 1) / 2;
+            qkv_bf16_qk_avx512bf16(krb, (size_t)c->dp2, c->qpan + bh * c->qpan_st + (i0 / 32) * c->dp2 * 32,
+                                   (size_t)c->dp2, (size_t)rows, np, w->s, HB_BQ);
+            qkv_bf16_qk_avx512bf16(vrb, (size_t)c->dvp2, c->dopan + bh * c->dopan_st + (i0 / 32) * c->dvp2 * 32,
+                                   (size_t)c->dvp2, (size_t)rows, np, w->dp, HB_BQ);
+            /* masked (key, query): s = -inf; keys past n_k and queries past
+             * n_q are zero padding (s = dp = 0, never turned into weights) */
+            for (int i = 0; i < nqc; i++) {
+                int64_t x = lo[i] - j0, y = hi[i] - j0;
+                if (x <= 0 && y >= nkr) continue;
+                if (x < 0) x = 0;
+                if (y > nkr) y = nkr;
+                if (y < x) x = y = 0;
+                for (int64_t r = 0; r < x; r++) w->s[r * HB_BQ + i] = -INFINITY;
+                for (int64_t r = y; r < nkr; r++) w->s[r * HB_BQ + i] = -INFINITY;
+            }
+            const int64_t at = bh * c->nq + i0;
+            qkv_bf16_bwd_softmax_avx512bf16(w->s, w->dp, HB_BQ, (size_t)nkr, (size_t)nqc, c->sc, c->L2 + at,
+                                            c->Dd + at);
+            /* dV += P^T dO */
+            qkv_bf16_pack_p_avx512bf16(w->pp, ldp, w->s, HB_BQ, (size_t)nkr, ncp);
+            const uint32_t *dop = c->dopair + bh * c->dopair_st + (i0 / 2) * c->ldDv;
+            qkv_bf16_pv_acc_avx512bf16(w->accv, ldDv, w->pp, ldp, dop, ldDv, ncp, ldDv, (size_t)nkr);
+            /* dK += dS^T Q */
+            qkv_bf16_pack_p_avx512bf16(w->pp, ldp, w->dp, HB_BQ, (size_t)nkr, ncp);
+            const uint32_t *qpr = c->qpair + bh * c->qpair_st + (i0 / 2) * c->ldD;
+            qkv_bf16_pv_acc_avx512bf16(w->acck, ldD, w->pp, ldp, qpr, ldD, ncp, ldD, (size_t)nkr);
+            /* dQ^T += K^T dS, into this chunk's partial */
+            qkv_bf16_pack_rowpairs_avx512bf16(w->kd, w->dp, HB_BQ, (size_t)kh, np);
+            qkv_bf16_qk_acc_avx512bf16(ktb, HB_BK / 2, w->kd, (size_t)kh, (size_t)c->D8, np,
+                                       dqt_ch + bh * c->dqt_st + qb * c->D8 * HB_BQ, HB_BQ);
+        }
+    }
+    for (int r = 0; r < nkr; r++) {
+        uint16_t *dk = c->dk + ((b * c->nk + j0 + r) * c->Hkv + kv) * D;
+        uint16_t *dv = c->dv + ((b * c->nk + j0 + r) * c->Hkv + kv) * Dv;
+        const float *ak = w->acck + (size_t)r * ldD, *av = w->accv + (size_t)r * ldDv;
+        for (int64_t x = 0; x < D; x++) dk[x] = qkv_f32_to_bf16((float)(ak[x] * c->scale));
+        for (int64_t x = 0; x < Dv; x++) dv[x] = qkv_f32_to_bf16(av[x]);
+    }
+}
+
+/* Unit: chunk ch of one (b, kv head); zeroes and owns its partial dQ^T rows
+ * of the heads sharing the kv head. */
+static void kv_unit(void *vc, int64_t u, int t) {
+    hb_ctx *c = vc;
+    hb_ws w;
+    ws_layout(c, c->ws + (size_t)t * c->ws_stride, &w);
+    const int64_t ch = u % c->C, bk = u / c->C, b = bk / c->Hkv, kv = bk % c->Hkv;
+    float *dqt_ch = c->dqt + ch * (c->B * c->H * c->dqt_st);
+    for (int64_t g = 0; g < c->G; g++)
+        memset(dqt_ch + (b * c->H + kv * c->G + g) * c->dqt_st, 0, (size_t)c->dqt_st * sizeof(float));
+    for (int64_t kb = ch; kb < c->nkb; kb += c->C) kv_block(c, &w, b, kv, kb, dqt_ch);
+}
+
+/* dQ = scale * (the chunks' partials summed in chunk order); unit = (b, h). */
+static void dq_unit(void *vc, int64_t u, int t) {
+    (void)t;
+    hb_ctx *c = vc;
+    const int64_t b = u / c->H, h = u % c->H, per = c->B * c->H * c->dqt_st;
+    for (int64_t qb = 0; qb < c->nqb; qb++) {
+        const int64_t i0 = qb * HB_BQ;
+        const int nqc = (int)(c->nq - i0 < HB_BQ ? c->nq - i0 : HB_BQ);
+        const float *src = c->dqt + u * c->dqt_st + qb * c->D8 * HB_BQ;
+        uint16_t *dst = c->dq + ((b * c->nq + i0) * c->H + h) * c->D;
+        for (int64_t x = 0; x < c->D; x++) {
+            float acc[HB_BQ];
+            memcpy(acc, src + x * HB_BQ, sizeof acc);
+            for (int64_t ch = 1; ch < c->C; ch++)
+                for (int i = 0; i < HB_BQ; i++) acc[i] += src[ch * per + x * HB_BQ + i];
+            for (int i = 0; i < nqc; i++) dst[i * c->H * c->D + x] = qkv_f32_to_bf16((float)(acc[i] * c->scale));
+        }
+    }
+}
+
+/* Sum of byte counts, each rounded to 64; 0 on overflow. */
+static size_t carve_total(const size_t *n, int cnt) {
+    size_t t = 0;
+    for (int i = 0; i < cnt; i++) {
+        if (n[i] > SIZE_MAX / 2 || t > SIZE_MAX / 2) return 0;
+        t += r64(n[i]);
+    }
+    return t;
+}
+
+#endif /* HB_X86 */
+
+qkv_status qkv_half_fast_backward(const qkv_plan *p, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                  const uint16_t *out, const float *lse, const uint16_t *dout, uint16_t *dq,
+                                  uint16_t *dk, uint16_t *dv) {
+#ifndef HB_X86
+    (void)p; (void)q; (void)k; (void)v; (void)out; (void)lse; (void)dout; (void)dq; (void)dk; (void)dv;
+    return QKV_ERR_UNSUPPORTED;
+#else
+    const qkv_attn_desc *d = &p->d;
+    if (d->dtype != QKV_BF16 || !qkv_half_fast_available() || d->check_finite) return QKV_ERR_UNSUPPORTED;
+    if ((d->score != QKV_SCORE_SCALED_DOT && d->score != QKV_SCORE_DOT) || !(d->scale > 0.0) ||
+        d->norm != QKV_NORM_SOFTMAX || d->softcap != 0.0 || d->bias_kind != QKV_BIAS_NONE ||
+        d->alibi_slopes || d->rel_table || d->dropout != 0.0)
+        return QKV_ERR_UNSUPPORTED;
+    /* the forward's outputs, recomputed by the bf16 forward when not given */
+    uint16_t *o_tmp = NULL;
+    float *l_tmp = NULL;
+    qkv_status st = QKV_OK;
+    if (!out || !lse) {
+        o_tmp = qkv_alloc((size_t)(p->n_o_elems ? p->n_o_elems : 1) * sizeof(uint16_t));
+        l_tmp = qkv_alloc((size_t)(p->n_lse_elems ? p->n_lse_elems : 1) * sizeof(float));
+        st = o_tmp && l_tmp ? qkv_half_fast_forward(p, q, k, v, o_tmp, l_tmp) : QKV_ERR_OUT_OF_MEMORY;
+        out = o_tmp;
+        lse = l_tmp;
+    }
+    hb_ctx c;
+    memset(&c, 0, sizeof c);
+    c.p = p;
+    c.B = d->batch; c.nq = d->n_q; c.nk = d->n_k; c.H = d->heads; c.Hkv = d->heads_kv;
+    c.G = p->group; c.D = d->dim; c.Dv = d->dim_v;
+    c.dp2 = (c.D + 1) / 2; c.dvp2 = (c.Dv + 1) / 2;
+    c.ldD = up(c.D, 16); c.ldDv = up(c.Dv, 16); c.D8 = up(c.D, 8);
+    c.nkp = up(c.nk, 32); c.nqp = up(c.nq, 32);
+    c.nqb = (c.nq + HB_BQ - 1) / HB_BQ;
+    c.nkb = (c.nk + HB_BK - 1) / HB_BK;
+    c.C = c.nkb < HB_CHUNKS ? c.nkb : HB_CHUNKS;
+    c.scale = d->score == QKV_SCORE_DOT ? 1.0 : d->scale;
+    c.sc = (float)(c.scale * HB_LOG2E);
+    c.q = q; c.k = k; c.v = v; c.out = out; c.dout = dout; c.lse = lse;
+    c.dq = dq; c.dk = dk; c.dv = dv;
+    atomic_init(&c.bad, 0);
+    c.kr_st = c.nkp * c.dp2;
+    c.vr_st = c.nkp * c.dvp2;
+    c.kt_st = c.nkb * c.D8 * (HB_BK / 2);
+    c.qpan_st = c.nqp * c.dp2;
+    c.dopan_st = c.nqp * c.dvp2;
+    c.qpair_st = c.nqp / 2 * c.ldD;
+    c.dopair_st = c.nqp / 2 * c.ldDv;
+    c.dqt_st = c.nqb * c.D8 * HB_BQ;
+    const size_t nkvu = (size_t)(c.B * c.Hkv), nbh = (size_t)(c.B * c.H), rows_q = nbh * (size_t)c.nq;
+    const int64_t units = c.B * c.Hkv * c.C;
+    int threads = qkv_threads_resolve(d->threads);
+    if (threads > QKV_MAX_THREADS) threads = QKV_MAX_THREADS;
+    int tkv = threads < units ? threads : (int)(units > 0 ? units : 1);
+    c.ws_stride = ws_layout(&c, NULL, NULL);
+    /* sizes: each a small multiple of a tensor the plan size-checked */
+    size_t sz[15] = {
+        nkvu * (size_t)c.kr_st * 4, nkvu * (size_t)c.vr_st * 4, nkvu * (size_t)c.kt_st * 4,
+        nbh * (size_t)c.qpan_st * 4, nbh * (size_t)c.dopan_st * 4, nbh * (size_t)c.qpair_st * 4,
+        nbh * (size_t)c.dopair_st * 4, rows_q * 4, rows_q * 4,
+        (size_t)(c.B * c.nq) * 8, (size_t)(c.B * c.nq) * 8, (size_t)(c.B * c.nqb) * 8, (size_t)(c.B * c.nqb) * 8,
+        (size_t)c.C * nbh * (size_t)c.dqt_st * 4, c.ws_stride * (size_t)tkv};
+    size_t total = carve_total(sz, 15);
+    unsigned char *mem = NULL;
+    if (st == QKV_OK) {
+        mem = total ? qkv_alloc(total + 64) : NULL;
+        if (!mem) st = QKV_ERR_OUT_OF_MEMORY;
+    }
+    if (st == QKV_OK) {
+        unsigned char *at = (unsigned char *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+        void *ptr[15];
+        for (int i = 0; i < 15; i++) {
+            ptr[i] = at;
+            at += r64(sz[i]);
+        }
+        c.kr = ptr[0]; c.vr = ptr[1]; c.kt = ptr[2];
+        c.qpan = ptr[3]; c.dopan = ptr[4]; c.qpair = ptr[5]; c.dopair = ptr[6];
+        c.L2 = ptr[7]; c.Dd = ptr[8];
+        c.LO = ptr[9]; c.HI = ptr[10]; c.BLO = ptr[11]; c.BHI = ptr[12];
+        c.dqt = ptr[13]; c.ws = ptr[14];
+        qkv_parallel_for(threads, (int64_t)nkvu, pack_kv_unit, &c);
+        qkv_parallel_for(threads, (int64_t)nbh, pack_q_unit, &c);
+        if (atomic_load(&c.bad)) st = QKV_ERR_UNSUPPORTED;
+    }
+    if (st == QKV_OK) {
+        for (int64_t b = 0; b < c.B; b++)
+            for (int64_t qb = 0; qb < c.nqb; qb++) {
+                int64_t i0 = qb * HB_BQ, lo = INT64_MAX, hi = 0;
+                int n = (int)(c.nq - i0 < HB_BQ ? c.nq - i0 : HB_BQ);
+                for (int r = 0; r < n; r++) {
+                    int64_t *l = c.LO + b * c.nq + i0 + r, *h = c.HI + b * c.nq + i0 + r;
+                    qkv_plan_key_range(p, b, i0 + r, l, h);
+                    if (*l < *h) {
+                        if (*l < lo) lo = *l;
+                        if (*h > hi) hi = *h;
+                    }
+                }
+                c.BLO[b * c.nqb + qb] = hi > 0 ? lo : 0;
+                c.BHI[b * c.nqb + qb] = hi;
+            }
+        if (units > 0) qkv_parallel_for(tkv, units, kv_unit, &c);
+        else memset(c.dqt, 0, sz[13]);
+        /* keys of a batch with n_k = 0 do not exist; with n_k > 0 every dK,
+         * dV row was written by its block */
+        qkv_parallel_for(threads, (int64_t)nbh, dq_unit, &c);
+    }
+    qkv_free(mem);
+    qkv_free(o_tmp);
+    qkv_free(l_tmp);
+    return st;
+#endif
+}

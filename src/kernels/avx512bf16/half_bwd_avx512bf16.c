@@ -1,0 +1,174 @@
+/* AVX512-BF16 kernels of the bf16 backward (attn/half_bwd.c; contract:
+ * attn/half_kernels.h). The tile products reuse the forward's kernels
+ * (half_avx512bf16.c); these are what only the backward needs: an
+ * accumulating form of the 8 x 32 product (dQ^T += K^T dS), the softmax
+ * gradient of a key-major tile in float, and the packing of pairs of tile
+ * rows into the VNNI pair layout. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "attn/half_kernels.h"
+
+static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+static inline __m512bh bcast_pair(const uint32_t *x) {
+    uint32_t w;
+    memcpy(&w, x, sizeof w);
+    return as_bh(_mm512_set1_epi32((int)w));
+}
+
+/* As qkv_bf16_qk_avx512bf16, but s += the product (8 rows x 32 columns per
+ * pass, 16 accumulators loaded from s and stored back). */
+void qkv_bf16_qk_acc_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *kp, size_t dp2,
+                                size_t rows, size_t npanels, float *s, size_t lds) {
+    for (size_t p = 0; p < npanels; p++) {
+        const uint32_t *kpp = kp + p * dp2 * 32;
+        for (size_t r0 = 0; r0 < rows; r0 += 8) {
+            const uint32_t *q = qp + r0 * ldq;
+            float *d = s + r0 * lds + p * 32;
+            __m512 c[8][2];
+            for (int r = 0; r < 8; r++) {
+                c[r][0] = _mm512_loadu_ps(d + (size_t)r * lds);
+                c[r][1] = _mm512_loadu_ps(d + (size_t)r * lds + 16);
+            }
+            for (size_t t = 0; t < dp2; t++) {
+                __m512bh k0 = as_bh(_mm512_loadu_si512((const void *)(kpp + t * 32)));
+                __m512bh k1 = as_bh(_mm512_loadu_si512((const void *)(kpp + t * 32 + 16)));
+                for (int r = 0; r < 8; r++) {
+                    __m512bh a = bcast_pair(q + (size_t)r * ldq + t);
+                    c[r][0] = _mm512_dpbf16_ps(c[r][0], a, k0);
+                    c[r][1] = _mm512_dpbf16_ps(c[r][1], a, k1);
+                }
+            }
+            for (int r = 0; r < 8; r++) {
+                _mm512_storeu_ps(d + (size_t)r * lds, c[r][0]);
+                _mm512_storeu_ps(d + (size_t)r * lds + 16, c[r][1]);
+            }
+        }
+    }
+}
+
+/* o[r*ldo + c] += sum_{u<nu} pp[r*ldp + u] . vp[u*ldv + c] for r < rows,
+ * c < dvp (a multiple of 16): blocks of 4 rows x 64 columns with their 16
+ * accumulators in registers (loaded from o and stored back once per block),
+ * the V pairs loaded once per u for the 4 rows. */
+void qkv_bf16_pv_acc_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp,
+                                size_t ldv, size_t nu, size_t dvp, size_t rows) {
+    for (size_t r0 = 0; r0 < rows; r0 += 4) {
+        const size_t rn = rows - r0 < 4 ? rows - r0 : 4;
+        const uint32_t *p0 = pp + r0 * ldp;
+        float *o0 = o + r0 * ldo;
+        size_t c0 = 0;
+        if (rn == 4)
+            for (; c0 + 64 <= dvp; c0 += 64) {
+                float *a = o0 + c0, *b = a + ldo, *c = b + ldo, *d = c + ldo;
+                __m512 a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16), a2 = _mm512_loadu_ps(a + 32),
+                       a3 = _mm512_loadu_ps(a + 48);
+                __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32),
+                       b3 = _mm512_loadu_ps(b + 48);
+                __m512 c0v = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16), c2 = _mm512_loadu_ps(c + 32),
+                       c3 = _mm512_loadu_ps(c + 48);
+                __m512 d0 = _mm512_loadu_ps(d), d1 = _mm512_loadu_ps(d + 16), d2 = _mm512_loadu_ps(d + 32),
+                       d3 = _mm512_loadu_ps(d + 48);
+                for (size_t u = 0; u < nu; u++) {
+                    const uint32_t *vr = vp + u * ldv + c0;
+                    __m512bh v0 = as_bh(_mm512_loadu_si512((const void *)vr));
+                    __m512bh v1 = as_bh(_mm512_loadu_si512((const void *)(vr + 16)));
+                    __m512bh v2 = as_bh(_mm512_loadu_si512((const void *)(vr + 32)));
+                    __m512bh v3 = as_bh(_mm512_loadu_si512((const void *)(vr + 48)));
+                    __m512bh x = bcast_pair(p0 + u);
+                    a0 = _mm512_dpbf16_ps(a0, x, v0); a1 = _mm512_dpbf16_ps(a1, x, v1);
+                    a2 = _mm512_dpbf16_ps(a2, x, v2); a3 = _mm512_dpbf16_ps(a3, x, v3);
+                    x = bcast_pair(p0 + ldp + u);
+                    b0 = _mm512_dpbf16_ps(b0, x, v0); b1 = _mm512_dpbf16_ps(b1, x, v1);
+                    b2 = _mm512_dpbf16_ps(b2, x, v2); b3 = _mm512_dpbf16_ps(b3, x, v3);
+                    x = bcast_pair(p0 + 2 * ldp + u);
+                    c0v = _mm512_dpbf16_ps(c0v, x, v0); c1 = _mm512_dpbf16_ps(c1, x, v1);
+                    c2 = _mm512_dpbf16_ps(c2, x, v2); c3 = _mm512_dpbf16_ps(c3, x, v3);
+                    x = bcast_pair(p0 + 3 * ldp + u);
+                    d0 = _mm512_dpbf16_ps(d0, x, v0); d1 = _mm512_dpbf16_ps(d1, x, v1);
+                    d2 = _mm512_dpbf16_ps(d2, x, v2); d3 = _mm512_dpbf16_ps(d3, x, v3);
+                }
+                _mm512_storeu_ps(a, a0); _mm512_storeu_ps(a + 16, a1); _mm512_storeu_ps(a + 32, a2);
+                _mm512_storeu_ps(a + 48, a3);
+                _mm512_storeu_ps(b, b0); _mm512_storeu_ps(b + 16, b1); _mm512_storeu_ps(b + 32, b2);
+                _mm512_storeu_ps(b + 48, b3);
+                _mm512_storeu_ps(c, c0v); _mm512_storeu_ps(c + 16, c1); _mm512_storeu_ps(c + 32, c2);
+                _mm512_storeu_ps(c + 48, c3);
+                _mm512_storeu_ps(d, d0); _mm512_storeu_ps(d + 16, d1); _mm512_storeu_ps(d + 32, d2);
+                _mm512_storeu_ps(d + 48, d3);
+            }
+        /* the rest (fewer rows or columns): one row and 16 columns at a time */
+        for (; c0 < dvp; c0 += 16)
+            for (size_t r = 0; r < rn; r++) {
+                float *dst = o0 + r * ldo + c0;
+                __m512 acc = _mm512_loadu_ps(dst);
+                for (size_t u = 0; u < nu; u++)
+                    acc = _mm512_dpbf16_ps(acc, bcast_pair(p0 + r * ldp + u),
+                                           as_bh(_mm512_loadu_si512((const void *)(vp + u * ldv + c0))));
+                _mm512_storeu_ps(dst, acc);
+            }
+    }
+}
+
+static inline __mmask16 tail_mask(size_t n) { return (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u); }
+
+/* 2^x for x <= 0 (the caller clamps), exactly 0 below -126 (no subnormals,
+ * and -inf gives 0), NaN stays NaN. Range reduction x = n + f, |f| <= 1/2,
+ * and the degree-7 Taylor polynomial of 2^f (truncation < 5e-9 relative,
+ * below float's rounding), scaled by 2^n with vscalefps. */
+static inline __m512 exp2_nonpos(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-126.0f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    __m512 xc = _mm512_max_ps(x, lo); /* NaN in x: the second operand... */
+    xc = _mm512_mask_mov_ps(xc, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x); /* ...so keep NaN */
+    __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(xc, n);
+    __m512 y = _mm512_set1_ps(1.5252733804059841e-05f);             /* ln2^7 / 7! */
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.5403530393381609e-04f)); /* ln2^6 / 6! */
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3333558146428443e-03f)); /* ln2^5 / 5! */
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291076284772e-03f)); /* ln2^4 / 4! */
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504108664821580e-02f)); /* ln2^3 / 3! */
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022650695910071e-01f)); /* ln2^2 / 2 */
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718055994531e-01f)); /* ln2 */
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+    y = _mm512_scalef_ps(y, n);
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+void qkv_bf16_bwd_softmax_avx512bf16(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
+                                     const float *L2, const float *Dd) {
+    const __m512 vc = _mm512_set1_ps(cm), zero = _mm512_setzero_ps();
+    for (size_t r = 0; r < rows; r++) {
+        float *sr = s + r * ld, *dr = dp + r * ld;
+        for (size_t c = 0; c < cols; c += 16) {
+            __mmask16 tm = tail_mask(cols - c);
+            __m512 x = _mm512_maskz_loadu_ps(tm, L2 + c), y = _mm512_maskz_loadu_ps(tm, Dd + c);
+            __m512 sv = _mm512_maskz_loadu_ps(tm, sr + c);
+            /* min(0, e) returns e when e is NaN: NaN stays NaN */
+            __m512 pv = exp2_nonpos(_mm512_min_ps(zero, _mm512_fmsub_ps(vc, sv, x)));
+            __m512 d = _mm512_mul_ps(pv, _mm512_sub_ps(_mm512_maskz_loadu_ps(tm, dr + c), y));
+            __mmask16 nz = _mm512_cmp_ps_mask(pv, zero, _CMP_NEQ_UQ);
+            _mm512_mask_storeu_ps(sr + c, tm, pv);
+            _mm512_mask_storeu_ps(dr + c, tm, _mm512_maskz_mov_ps(nz, d));
+        }
+    }
+}
+
+/* Rows 2u and 2u+1, 16 columns at a time: both rounded to bf16 by one
+ * vcvtne2ps2bf16 (row 2u in the low half), then interleaved so that each
+ * 32-bit word holds (row 2u, row 2u+1) of one column. */
+void qkv_bf16_pack_rowpairs_avx512bf16(uint32_t *kp, const float *x, size_t ldx, size_t npairs,
+                                       size_t npanels) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                         22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (size_t p = 0; p < npanels; p++)
+        for (size_t u = 0; u < npairs; u++) {
+            const float *a = x + 2 * u * ldx + 32 * p, *b = a + ldx;
+            uint32_t *dst = kp + (p * npairs + u) * 32;
+            for (int h = 0; h < 2; h++) {
+                __m512bh ab = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(b + 16 * h), _mm512_loadu_ps(a + 16 * h));
+                _mm512_storeu_si512((void *)(dst + 16 * h), _mm512_permutexvar_epi16(idx, (__m512i)ab));
+            }
+        }
+}
