@@ -142,8 +142,10 @@ typedef enum qkv_dtype {
      * bias, dbias, the additive, ALiBi and relative-position parameters and
      * their gradients) is float32. Arithmetic is float32 (accumulation and
      * softmax statistics), rounded to nearest-even when stored; NaN stays NaN.
-     * Not array dtypes yet: qkv_dtype_size returns 0 for them and the .npy,
-     * safetensors and qkv_array functions reject them (QKV_ERR_DTYPE). */
+     * Array dtypes too (qkv_dtype_size 2): .npy reads and writes fp16 as
+     * '<f2' and bf16 as '<u2' holding the bit patterns (NumPy has no bf16),
+     * safetensors saves them as F16 / BF16, qkv_array_convert converts to
+     * and from them (rounding once, to nearest-even). */
     QKV_BF16 = 4,
     QKV_F16 = 5
 } qkv_dtype;
@@ -995,8 +997,11 @@ void qkv_dp_reducer_free(qkv_dp_reducer *r);
 
 /* ------------------------------------------------------------------------- */
 /* NumPy .npy arrays (format versions 1.0, 2.0 and 3.0; little-endian; C order;
- * dtypes <f4, <f8, <i4, <i8). Untrusted input: every header field is checked
- * and sizes are checked for overflow before anything is allocated. */
+ * dtypes <f4, <f8, <i4, <i8, <f2 (QKV_F16) and <u2, which qkv reads and
+ * writes as QKV_BF16: NumPy has no bfloat16, so a bf16 array is stored as
+ * uint16 holding its bit patterns - in NumPy, (a.astype(np.uint32) << 16)
+ * .view(np.float32) widens it). Untrusted input: every header field is
+ * checked and sizes are checked for overflow before anything is allocated. */
 
 #define QKV_NPY_MAX_DIMS 8
 
@@ -1036,10 +1041,12 @@ qkv_status qkv_npy_save(const char *path, const qkv_array *a);
  * QKV_ERR_SIZE_OVERFLOW, QKV_ERR_OUT_OF_MEMORY. */
 qkv_status qkv_array_alloc(qkv_array *out, qkv_dtype dtype, int ndim, const int64_t *shape);
 
-/* A new array with the values of `in` converted to dtype `to` (any of the four
+/* A new array with the values of `in` converted to dtype `to` (any of the six
  * dtypes; float to integer truncates toward zero, NaN and out-of-range values
  * give QKV_ERR_BAD_PARAMETER, as does an int64 to int32 overflow; float64 to
- * float32 rounds, overflows to inf and keeps NaN). Errors as
+ * float32 rounds, overflows to inf and keeps NaN; to bf16 / fp16 from any
+ * type rounds once to nearest-even (never through a rounded float32),
+ * overflows to inf and keeps NaN; from them is exact). Errors as
  * qkv_array_alloc, plus QKV_ERR_BAD_PARAMETER. */
 qkv_status qkv_array_convert(const qkv_array *in, qkv_dtype to, qkv_array *out);
 
@@ -1073,7 +1080,8 @@ qkv_status qkv_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
  * "__metadata__" map of strings), then the raw little-endian data. Untrusted
  * input: offsets, sizes, dtypes, names and the JSON are all checked; an
  * error never reads out of bounds. Tensors of dtype F32, F64, I32, I64 load
- * as such; F16 and BF16 load converted to F32. */
+ * as such; F16 and BF16 load converted to F32 (exactly). Arrays of
+ * QKV_F16 / QKV_BF16 are saved as F16 / BF16. */
 
 typedef struct qkv_safetensors qkv_safetensors;   /* opaque set of named tensors */
 

@@ -580,8 +580,8 @@ static void test_errors_and_alloc(void) {
         g_fail_at = -1;
         CHECK_STATUS(qkv_set_allocator(NULL, NULL, NULL), QKV_OK);
     }
-    /* not array dtypes (yet) */
-    CHECK(qkv_dtype_size(QKV_BF16) == 0 && qkv_dtype_size(QKV_F16) == 0, "dtype sizes");
+    /* array dtypes too: 2 bytes (tests/test_npy_half.c) */
+    CHECK(qkv_dtype_size(QKV_BF16) == 2 && qkv_dtype_size(QKV_F16) == 2, "dtype sizes");
     free(o); free(dq); free(dk); free(dv); free(l);
     hp_free(&p);
 }

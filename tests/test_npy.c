@@ -115,7 +115,7 @@ static void fill_pattern(qkv_array *a) {
         case QKV_F64: ((double *)a->data)[i] = v * 1e-5; break;
         case QKV_I32: ((int32_t *)a->data)[i] = (int32_t)(i * 1000003 % 2000000011 - 1000000000); break;
         case QKV_I64: ((int64_t *)a->data)[i] = (int64_t)i * 3000000000007LL - INT64_C(4000000000000000000); break;
-        case QKV_BF16: case QKV_F16: break; /* not array dtypes */
+        case QKV_BF16: case QKV_F16: ((uint16_t *)a->data)[i] = (uint16_t)(i * 40503u + 12345u); break;
         }
     }
 }
@@ -163,7 +163,9 @@ static void test_dtype_size(void) {
     CHECK(qkv_dtype_size(QKV_F64) == 8, "f64");
     CHECK(qkv_dtype_size(QKV_I32) == 4, "i32");
     CHECK(qkv_dtype_size(QKV_I64) == 8, "i64");
-    CHECK(qkv_dtype_size((qkv_dtype)4) == 0, "unknown");
+    CHECK(qkv_dtype_size(QKV_BF16) == 2, "bf16");
+    CHECK(qkv_dtype_size(QKV_F16) == 2, "f16");
+    CHECK(qkv_dtype_size((qkv_dtype)6) == 0, "unknown");
     CHECK(qkv_dtype_size((qkv_dtype)-1) == 0, "unknown");
 }
 
@@ -238,10 +240,10 @@ static void test_round_trips(void) {
         {4, {2, 1, 3, 2}}, {1, {0}},          {2, {3, 0}},       {3, {2, 0, 4}},    {4, {0, 0, 0, 0}},
         {8, {1, 2, 1, 2, 1, 2, 1, 3}},        {1, {70000}},      {2, {12345678901LL, 0}},
     };
-    static const qkv_dtype dtypes[] = {QKV_F32, QKV_F64, QKV_I32, QKV_I64};
+    static const qkv_dtype dtypes[] = {QKV_F32, QKV_F64, QKV_I32, QKV_I64, QKV_BF16, QKV_F16};
     char path[512];
     tu_tmp_path(path, sizeof path, "npy_round_trip.npy");
-    for (size_t d = 0; d < 4; d++)
+    for (size_t d = 0; d < 6; d++)
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
             qkv_array a, b, c;
             char why[200];
@@ -493,11 +495,11 @@ static void test_malformed(void) {
     EXPECT_PARSE("{'descr': '<f8', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 6), }", d, n,
                  QKV_ERR_FORMAT, "9 dimensions");
     /* dtypes: big-endian is a format error, anything else a dtype error naming it */
-    static const char *const big_endian[] = {">f4", ">f8", ">i4", ">i8"};
-    static const char *const other[] = {"|O", "<f2", "<c8", "<c16", "<u4", "<u8", "|b1", "|u1", "|i1", "<i2",
-                                        "=f4", "|f4", "<f16", "f4", "<f4 ", "", "<U3", "|S4", "<M8[ns]", "<V8"};
+    static const char *const big_endian[] = {">f4", ">f8", ">i4", ">i8", ">f2", ">u2"};
+    static const char *const other[] = {"|O", "<c8", "|u2", "=f2", "<f2 ", "<c16", "<u4", "<u8", "|b1",
+                                        "|u1", "|i1", "<i2", "=f4", "|f4", "<f16", "f4", "<f4 ", "", "<U3", "|S4", "<M8[ns]", "<V8"};
     char h[200];
-    for (size_t i = 0; i < 4; i++) {
+    for (size_t i = 0; i < sizeof big_endian / sizeof big_endian[0]; i++) {
         snprintf(h, sizeof h, "{'descr': '%s', 'fortran_order': False, 'shape': (2,), }", big_endian[i]);
         EXPECT_PARSE(h, d, 16, QKV_ERR_FORMAT, "big-endian");
         EXPECT_PARSE(h, d, 16, QKV_ERR_FORMAT, big_endian[i]);
@@ -540,7 +542,7 @@ static void test_malformed(void) {
                  "truncated: header says 8 bytes of data, file has 0");
 
     /* why: NULL, zero length and a short buffer are all fine */
-    b = make_npy(1, 0, "{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }", d, 4, &len);
+    b = make_npy(1, 0, "{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", d, 16, &len);
     CHECK_STATUS(qkv_npy_parse(b, len, &a, NULL, 0), QKV_ERR_DTYPE);
     CHECK_STATUS(qkv_npy_parse(b, len, &a, why, 0), QKV_ERR_DTYPE);
     memset(why, 'x', sizeof why);
@@ -966,8 +968,8 @@ static void test_convert(void) {
 
         /* bad inputs */
         qkv_array bad = a;
-        CHECK_STATUS(qkv_array_convert(&bad, (qkv_dtype)5, &b), QKV_ERR_DTYPE);
-        bad.dtype = (qkv_dtype)5;
+        CHECK_STATUS(qkv_array_convert(&bad, (qkv_dtype)6, &b), QKV_ERR_DTYPE);
+        bad.dtype = (qkv_dtype)6;
         CHECK_STATUS(qkv_array_convert(&bad, QKV_F32, &b), QKV_ERR_DTYPE);
         bad = a;
         bad.ndim = 9;

@@ -28,7 +28,7 @@ enum {
     OPT_HELP, OPT_Q, OPT_K, OPT_V, OPT_OUT, OPT_MASK, OPT_SCORE, OPT_SCALE, OPT_TEMPERATURE,
     OPT_NORM, OPT_RELU_COUNT, OPT_SOFTCAP, OPT_KEY_LENGTHS, OPT_SEQ_OFFSETS, OPT_BIAS,
     OPT_ATTN, OPT_LSE, OPT_DTYPE, OPT_IMPL, OPT_THREADS, OPT_PRINT, OPT_GRAD_OUT, OPT_DQ,
-    OPT_DK, OPT_DV, OPT_DBIAS,
+    OPT_DK, OPT_DV, OPT_DBIAS, OPT_OUT_FLOAT32,
     OPT_DISTRIBUTED, /* mpirun -np P qkv attend --distributed ... (see the end of this file) */
     OPT_COUNT
 };
@@ -61,6 +61,7 @@ static const cli_opt options[OPT_COUNT] = {
     {"--dk", NULL, 1, OPT_DK},
     {"--dv", NULL, 1, OPT_DV},
     {"--dbias", NULL, 1, OPT_DBIAS},
+    {"--out-float32", NULL, 0, OPT_OUT_FLOAT32},
     {"--distributed", NULL, 0, OPT_DISTRIBUTED},
 };
 
@@ -77,7 +78,8 @@ static void help(void) {
         "  O = A' V.\n"
         "\n"
         "Arrays (.npy versions 1.0-3.0, little-endian, C order):\n"
-        "  q, k, v have the same rank, float32 or float64:\n"
+        "  q, k, v have the same rank, float32, float64 or float16 ('<f2'), or bf16\n"
+        "  stored as uint16 ('<u2') bit patterns (with --dtype bf16 only):\n"
         "    rank 2: q [n_q, D],       k [n_k, D],          v [n_k, D_v]        (B = H = 1)\n"
         "    rank 3: q [n_q, H, D],    k [n_k, H_kv, D],    v [n_k, H_kv, D_v]  (B = 1)\n"
         "    rank 4: q [B, n_q, H, D], k [B, n_k, H_kv, D], v [B, n_k, H_kv, D_v]\n"
@@ -95,8 +97,10 @@ static void help(void) {
         "  --bias FILE         float [n_q, n_k] or [H, n_q, n_k], added to the scores\n"
         "                      (-inf masks a key)\n"
         "\n"
-        "Outputs (written only when everything succeeded; float32, or float64 with\n"
-        "--dtype float64; shapes follow the rank of q):\n"
+        "Outputs (written only when everything succeeded; float32, float64 with\n"
+        "--dtype float64; with --dtype bf16/fp16 O and the gradients in that type\n"
+        "(bf16 as '<u2' bit patterns) unless --out-float32, A', lse and dL/dbias\n"
+        "float32; shapes follow the rank of q):\n"
         "  -o, --out FILE      O: [n_q, D_v], [n_q, H, D_v] or [B, n_q, H, D_v]\n"
         "                      (required unless --grad-out is given)\n"
         "  --attn FILE         A': [n_q, n_k], [H, n_q, n_k] or [B, H, n_q, n_k]\n"
@@ -132,8 +136,15 @@ static void help(void) {
         "  --relu-count        with --norm relu: divide by the number of visible keys\n"
         "\n"
         "Computation:\n"
-        "  --dtype TYPE        float32 (default) or float64: the type computed in and\n"
-        "                      written; inputs are converted to it\n"
+        "  --dtype TYPE        float32 (default), float64, bf16 or fp16: the storage\n"
+        "                      type of q, k, v, O, dL/dO and the gradients (half types:\n"
+        "                      float32 arithmetic, rounded to nearest even when\n"
+        "                      stored); float inputs are converted to it, rounded to\n"
+        "                      nearest even; bf16 is read and written as uint16 '<u2'\n"
+        "                      holding the bit patterns (NumPy has no bfloat16: widen\n"
+        "                      with (a.astype(np.uint32) << 16).view(np.float32))\n"
+        "  --out-float32       with --dtype bf16/fp16: write O and the gradients as\n"
+        "                      float32 (the exact values of the half results)\n"
         "  --impl KIND         auto (default: the fast path where it applies), reference\n"
         "                      (plain loops in double) or fast (error if it does not apply)\n"
         "                      (plain loops accumulating in double)\n"
@@ -232,8 +243,11 @@ static int take_value(config *c, int id, const char *v) {
     case OPT_DTYPE:
         if (strcmp(v, "float32") == 0) d->dtype = QKV_F32;
         else if (strcmp(v, "float64") == 0) d->dtype = QKV_F64;
+        else if (strcmp(v, "bf16") == 0 || strcmp(v, "bfloat16") == 0) d->dtype = QKV_BF16;
+        else if (strcmp(v, "fp16") == 0 || strcmp(v, "float16") == 0) d->dtype = QKV_F16;
         else {
-            cli_error(CMD, "--dtype", NULL, "unknown type '%s' (expected float32 or float64)", v);
+            cli_error(CMD, "--dtype", NULL,
+                      "unknown type '%s' (expected float32, float64, bf16 or fp16)", v);
             return -1;
         }
         return 0;
@@ -320,6 +334,8 @@ static int parse_args(int argc, char **argv, config *c) {
         c->desc.relu_divide_by_count = 1;
     }
     c->print = c->given[OPT_PRINT];
+    if (c->given[OPT_OUT_FLOAT32] && c->desc.dtype != QKV_BF16 && c->desc.dtype != QKV_F16)
+        return usage_error("--out-float32", "applies only with --dtype bf16 or fp16");
 
     /* Two outputs to one file: the second would silently replace the first. */
     static const int outs[] = {OPT_OUT, OPT_ATTN, OPT_LSE, OPT_DQ, OPT_DK, OPT_DV, OPT_DBIAS};
@@ -402,16 +418,31 @@ static int load(input *in) {
     return 0;
 }
 
-static int want_float(const input *in) {
-    if (in->a.dtype == QKV_F32 || in->a.dtype == QKV_F64) return 0;
-    in_error(in, "dtype %s is not accepted: expected float32 or float64",
-             cli_dtype_name(in->a.dtype));
+static int is_half(qkv_dtype t) { return t == QKV_BF16 || t == QKV_F16; }
+
+/* A floating-point input for compute type `to`: float32, float64 and float16
+ * convert by value; '<u2' holds bf16 bit patterns (qkv's convention), which
+ * only --dtype bf16 reads - any other reading of raw uint16 would be a guess. */
+static int want_float(const input *in, qkv_dtype to) {
+    qkv_dtype t = in->a.dtype;
+    if (t == QKV_F32 || t == QKV_F64 || t == QKV_F16) return 0;
+    if (t == QKV_BF16) {
+        if (to == QKV_BF16) return 0;
+        in_error(in, "dtype uint16 ('<u2') holds bf16 bit patterns by qkv's convention and is read "
+                     "only with --dtype bf16 (this run computes in %s; store float32 or float16 "
+                     "values for it)",
+                 cli_dtype_name(to));
+        return -1;
+    }
+    in_error(in, "dtype %s is not accepted: expected float32, float64, float16 or bf16 as uint16",
+             cli_dtype_name(t));
     return -1;
 }
 
 static int want_int(const input *in) {
     if (in->a.dtype == QKV_I32 || in->a.dtype == QKV_I64) return 0;
-    in_error(in, "dtype %s is not accepted: expected int32 or int64", cli_dtype_name(in->a.dtype));
+    in_error(in, "dtype %s is not accepted: expected int32 or int64",
+             in->a.dtype == QKV_BF16 ? "uint16 ('<u2', read as bf16)" : cli_dtype_name(in->a.dtype));
     return -1;
 }
 
@@ -481,7 +512,7 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
 
     /* q, k, v: float tensors of one rank 2..4. */
     char sh[160];
-    if (want_float(q) || want_float(k) || want_float(v)) return -1;
+    if (want_float(q, d->dtype) || want_float(k, d->dtype) || want_float(v, d->dtype)) return -1;
     if (q->a.ndim < 2 || q->a.ndim > 4) {
         in_error(q, "rank %d array %s: expected [n, D], [n, H, D] or [B, n, H, D]", q->a.ndim,
                  shape_of(&q->a, sh, sizeof sh));
@@ -532,7 +563,7 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
         want[m++] = dq.n;
         if (r >= 3) want[m++] = dq.h;
         want[m++] = dv.d;
-        if (want_float(go)) return -1;
+        if (want_float(go, d->dtype)) return -1;
         int ok = go->a.ndim == r;
         for (int i = 0; ok && i < r; i++) ok = go->a.shape[i] == want[i];
         if (!ok) {
@@ -548,7 +579,7 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
     /* Bias: [n_q, n_k] or [H, n_q, n_k]. */
     input *bias = &j->in[IN_BIAS];
     if (bias->path) {
-        if (want_float(bias)) return -1;
+        if (want_float(bias, is_half(d->dtype) ? QKV_F32 : d->dtype)) return -1;
         const int64_t *s = bias->a.shape;
         if (bias->a.ndim == 2 && s[0] == dq.n && s[1] == dk.n) {
             d->bias_kind = QKV_BIAS_SHARED;
@@ -626,10 +657,12 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
         d->seq_offsets_q = o;
     }
 
-    /* Everything fits: convert the tensors to the compute type. */
-    static const int tensors[] = {IN_Q, IN_K, IN_V, IN_DOUT, IN_BIAS};
+    /* Everything fits: convert the tensors to the compute type (the bias of a
+     * half-precision call is float32, as the API wants). */
+    static const int tensors[] = {IN_Q, IN_K, IN_V, IN_DOUT};
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++)
         if (j->in[tensors[i]].path && convert(&j->in[tensors[i]], d->dtype)) return -1;
+    if (bias->path && convert(bias, is_half(d->dtype) ? QKV_F32 : d->dtype)) return -1;
 
     d->batch = dq.b;
     d->n_q = dq.n;
@@ -809,13 +842,15 @@ static int run(const config *c, job *j) {
     for (int i = 0; i < OUT_COUNT; i++)
         path_of[i] = c->given[output_opt[i]] ? c->val[output_opt[i]] : NULL;
     int forward = path_of[OUT_O] || path_of[OUT_ATTN] || path_of[OUT_LSE] || c->print;
+    /* Half-precision calls keep A', lse and dbias in float32 (the API's rule). */
+    const qkv_dtype aux = is_half(d.dtype) ? QKV_F32 : d.dtype;
     if (forward) {
         if (alloc_output(j, OUT_O, path_of[OUT_O], d.dtype, r, o_shape, "the output") ||
             ((path_of[OUT_ATTN] || c->print) &&
-             alloc_output(j, OUT_ATTN, path_of[OUT_ATTN], d.dtype, ma, a_shape,
+             alloc_output(j, OUT_ATTN, path_of[OUT_ATTN], aux, ma, a_shape,
                           "the attention matrix")) ||
             (path_of[OUT_LSE] &&
-             alloc_output(j, OUT_LSE, path_of[OUT_LSE], d.dtype, ma - 1, l_shape, "the log-sum-exp")))
+             alloc_output(j, OUT_LSE, path_of[OUT_LSE], aux, ma - 1, l_shape, "the log-sum-exp")))
             return CLI_EXIT_FAIL;
         s = qkv_attention_forward(&d, j->in[IN_Q].a.data, j->in[IN_K].a.data, j->in[IN_V].a.data,
                                   j->out[OUT_O].a.data, j->out[OUT_ATTN].a.data,
@@ -832,7 +867,7 @@ static int run(const config *c, job *j) {
                          j->in[IN_K].a.shape, "dL/dK") ||
             alloc_output(j, OUT_DV, path_of[OUT_DV], d.dtype, j->in[IN_V].a.ndim,
                          j->in[IN_V].a.shape, "dL/dV") ||
-            (path_of[OUT_DBIAS] && alloc_output(j, OUT_DBIAS, path_of[OUT_DBIAS], d.dtype,
+            (path_of[OUT_DBIAS] && alloc_output(j, OUT_DBIAS, path_of[OUT_DBIAS], aux,
                                                 bias->a.ndim, bias->a.shape, "dL/dbias")))
             return CLI_EXIT_FAIL;
         qkv_attn_grads g;
@@ -850,9 +885,39 @@ static int run(const config *c, job *j) {
         }
     }
 
-    if (write_outputs(j) != 0) return CLI_EXIT_FAIL;
-    if (c->print) print_results(&d, &j->out[OUT_ATTN].a, &j->out[OUT_O].a);
-    return CLI_EXIT_OK;
+    /* Half results widened (exactly) for --out-float32. */
+    if (is_half(d.dtype) && c->given[OPT_OUT_FLOAT32]) {
+        static const int halves[] = {OUT_O, OUT_DQ, OUT_DK, OUT_DV};
+        for (size_t i = 0; i < sizeof halves / sizeof halves[0]; i++) {
+            output *o = &j->out[halves[i]];
+            if (!o->a.data) continue;
+            qkv_array w;
+            s = qkv_array_convert(&o->a, QKV_F32, &w);
+            if (s != QKV_OK) {
+                cli_error(CMD, o->path ? opt_name(o->opt) : "--print", o->path,
+                          "cannot widen the result to float32: %s", qkv_status_string(s));
+                return CLI_EXIT_FAIL;
+            }
+            qkv_array_free(&o->a);
+            o->a = w;
+        }
+    }
+    /* A float32 copy of a half O to print (the file keeps the half values). */
+    qkv_array shown;
+    memset(&shown, 0, sizeof shown);
+    if (c->print && is_half(j->out[OUT_O].a.dtype)) {
+        s = qkv_array_convert(&j->out[OUT_O].a, QKV_F32, &shown);
+        if (s != QKV_OK) {
+            cli_error(CMD, "--print", NULL, "cannot widen the output to float32: %s",
+                      qkv_status_string(s));
+            return CLI_EXIT_FAIL;
+        }
+    }
+    int rc = write_outputs(j) != 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+    if (rc == CLI_EXIT_OK && c->print)
+        print_results(&d, &j->out[OUT_ATTN].a, shown.data ? &shown : &j->out[OUT_O].a);
+    qkv_array_free(&shown);
+    return rc;
 }
 
 static int attend_distributed(const config *c); /* the end of this file */

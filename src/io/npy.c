@@ -286,9 +286,12 @@ static qkv_status parse_header(const unsigned char *text, size_t len, int major,
     if (!have_shape) FAIL(QKV_ERR_FORMAT, "header has no 'shape' key");
 
     /* Only explicit little-endian: numpy writes '<' for these types on every
-     * host; '=' (native) and '|' never occur for them in a numpy file. */
+     * host; '=' (native) and '|' never occur for them in a numpy file.
+     * '<u2' is read as bf16 bit patterns (qkv's convention: NumPy has no
+     * bfloat16, so qkv writes bf16 arrays as uint16; docs/HALF.md). */
     static const struct { const char *code; qkv_dtype dtype; } known[] = {
-        {"f4", QKV_F32}, {"f8", QKV_F64}, {"i4", QKV_I32}, {"i8", QKV_I64}};
+        {"f4", QKV_F32}, {"f8", QKV_F64}, {"i4", QKV_I32},
+        {"i8", QKV_I64}, {"f2", QKV_F16}, {"u2", QKV_BF16}};
     int found = 0;
     printable(shown, sizeof shown, descr, descr_len);
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
@@ -300,7 +303,8 @@ static qkv_status parse_header(const unsigned char *text, size_t len, int major,
         }
         break;
     }
-    if (!found) FAIL(QKV_ERR_DTYPE, "unsupported dtype '%s' (qkv reads <f4, <f8, <i4, <i8)", shown);
+    if (!found) FAIL(QKV_ERR_DTYPE, "unsupported dtype '%s' (qkv reads <f4, <f8, <i4, <i8, <f2, and <u2 as bf16)",
+                     shown);
     if (fortran) FAIL(QKV_ERR_FORMAT, "Fortran order is not supported");
 
     int64_t count;
@@ -471,7 +475,8 @@ qkv_status qkv_npy_load(const char *path, qkv_array *out, char *why, size_t why_
  * Returns its length. With at most 8 dims it is always far below 65535, so
  * version 1.0; 2.0 is kept for the rule's sake. */
 static size_t build_header(const qkv_array *a, unsigned char *out, size_t cap) {
-    static const char *const descr[] = {"<f4", "<f8", "<i4", "<i8"};
+    /* Indexed by qkv_dtype; bf16 is written as uint16 bit patterns. */
+    static const char *const descr[] = {"<f4", "<f8", "<i4", "<i8", "<u2", "<f2"};
     char dict[400];
     int k = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr[a->dtype]);
     for (int i = 0; i < a->ndim; i++)

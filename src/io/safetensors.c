@@ -90,7 +90,8 @@ static const char *st_dtype_name(qkv_dtype d) {
     case QKV_F64: return "F64";
     case QKV_I32: return "I32";
     case QKV_I64: return "I64";
-    case QKV_BF16: case QKV_F16: return NULL; /* not array dtypes (qkv.h) */
+    case QKV_BF16: return "BF16"; /* saved as such; loading widens them to F32 */
+    case QKV_F16: return "F16";
     }
     return NULL;
 }

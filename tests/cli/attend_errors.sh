@@ -73,7 +73,7 @@ mkdir -p "$TMP/adir"
 head -c 150 "$Q" >"$TMP/trunc.npy"
 mknpy "$TMP/be.npy" '>f4' False '(4, 4)' 64
 mknpy "$TMP/fortran.npy" '<f4' True '(4, 4)' 64
-mknpy "$TMP/f16.npy" '<f2' False '(4, 4)' 32
+mknpy "$TMP/u2.npy" '<u2' False '(4, 4)' 32
 mknpy "$TMP/empty.npy" '<f4' False '(0, 4)' 0
 mknpy "$TMP/good.npy" '<f4' False '(4, 4)' 64
 printf 'not a numpy file\n' >"$TMP/text.npy"
@@ -84,7 +84,8 @@ expect 1 "--k $TMP/adir" attend --q "$Q" --k "$TMP/adir" --v "$V" "${OUT[@]}"
 expect 1 "--q $TMP/trunc.npy" attend --q "$TMP/trunc.npy" --k "$K" --v "$V" "${OUT[@]}"
 expect 1 "--v $TMP/be.npy" attend --q "$Q" --k "$K" --v "$TMP/be.npy" "${OUT[@]}"
 expect 1 "--q $TMP/fortran.npy" attend --q "$TMP/fortran.npy" --k "$K" --v "$V" "${OUT[@]}"
-expect 1 "--k $TMP/f16.npy" attend --q "$Q" --k "$TMP/f16.npy" --v "$V" "${OUT[@]}"
+expect 1 "--k $TMP/u2.npy: dtype uint16 ('<u2') holds bf16 bit patterns" \
+    attend --q "$Q" --k "$TMP/u2.npy" --v "$V" "${OUT[@]}"
 expect 1 "--q $TMP/text.npy" attend --q "$TMP/text.npy" --k "$K" --v "$V" "${OUT[@]}"
 expect 1 "--q $TMP/zero.npy" attend --q "$TMP/zero.npy" --k "$K" --v "$V" "${OUT[@]}"
 expect 1 "--q $TMP/empty.npy" attend --q "$TMP/empty.npy" --k "$K" --v "$V" "${OUT[@]}"
@@ -140,7 +141,8 @@ expect 2 "--mask: unknown mask 'diagonal'" attend "${HQ[@]}" "${OUT[@]}" --mask 
 expect 2 "--score: unknown score 'cos'" attend "${HQ[@]}" "${OUT[@]}" --score cos
 expect 2 "--score: 'additive'" attend "${HQ[@]}" "${OUT[@]}" --score additive
 expect 2 "--norm: unknown normaliser 'tanh'" attend "${HQ[@]}" "${OUT[@]}" --norm tanh
-expect 2 "--dtype: unknown type 'float16'" attend "${HQ[@]}" "${OUT[@]}" --dtype float16
+expect 2 "--dtype: unknown type 'bf8' (expected float32, float64, bf16 or fp16)" \
+    attend "${HQ[@]}" "${OUT[@]}" --dtype bf8
 expect 2 "--impl: unknown implementation 'quick'" attend "${HQ[@]}" "${OUT[@]}" --impl quick
 expect 1 "not supported" attend "${HQ[@]}" "${OUT[@]}" --impl fast --dtype float64
 expect 2 "--scale: 'abc' is not a number" attend "${HQ[@]}" "${OUT[@]}" --scale abc

@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     volatile unsigned char sink = 0;
     for (size_t i = 0; i < (size_t)count * esz; i++) sink ^= ((const unsigned char *)a.data)[i];
     (void)sink;
-    for (int to = 0; to < 4; to++) {
+    for (int to = 0; to < 6; to++) { /* F32, F64, I32, I64, BF16, F16 */
         qkv_array b;
         qkv_status c = qkv_array_convert(&a, (qkv_dtype)to, &b);
         /* SIZE_OVERFLOW is documented (as qkv_array_alloc): a shape with a
