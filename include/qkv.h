@@ -578,6 +578,47 @@ void qkv_kv_cache_free(qkv_kv_cache *c);
 void qkv_kv_cache_reset(qkv_kv_cache *c);
 int64_t qkv_kv_cache_length(const qkv_kv_cache *c);
 
+/* How a cache stores its keys and values. Memory per cached token, per
+ * layer and per batch row, keys and values together (H_kv heads of Dh):
+ *   QKV_KV_F32   8 H_kv Dh bytes                       (exact)
+ *   QKV_KV_BF16  4 H_kv Dh bytes                       (each value rounded to
+ *                bf16, nearest even: relative error <= 2^-9)
+ *   QKV_KV_INT8  2 H_kv (Dh + 4 ceil(Dh / 32)) bytes   (each head's key and
+ *                value row cut in blocks of 32 values, each block stored as
+ *                int8 q = round(x / s), |q| <= 127, with one float32 scale
+ *                s = max|x| / 127 of the block - symmetric, no zero point;
+ *                error per value <= s / 2 = max|x| / 254 of its block; a
+ *                block holding NaN or +-inf is stored as all NaN)
+ * e.g. H_kv = 8, Dh = 64: 4096, 2048 and 1152 bytes per token. Attention
+ * over a bf16 or int8 cache widens each key and value in registers as it
+ * reads them (the cache is never expanded to float32), accumulating in
+ * float32 with a two-pass softmax; docs/HALF.md states the measured error
+ * against a float32 cache. */
+typedef enum qkv_kv_storage {
+    QKV_KV_F32 = 0,
+    QKV_KV_BF16 = 1,
+    QKV_KV_INT8 = 2
+} qkv_kv_storage;
+
+/* A cache of the given storage. Its attention streams the cache once per
+ * query row and head (decode kernels per ISA, chosen at run time like the
+ * attention kernels), serving layers with the scaled-dot or dot score, the
+ * softmax normaliser, no relative-position bias, no add_bias_kv and no
+ * attention dropout at decode time (soft-cap, ALiBi, RoPE, GQA, causal
+ * windows are fine). Other layers: QKV_KV_F32 gives the general cache of
+ * qkv_kv_cache_create (which attends through qkv_attention_forward, every
+ * layer feature, but computes a 64-row query tile per decoded token, so it
+ * is several times slower per token: docs/HALF.md), bf16 and int8 give
+ * QKV_ERR_UNSUPPORTED. A decode over a bf16 / int8 cache with dropout set
+ * is QKV_ERR_UNSUPPORTED. Errors otherwise as qkv_kv_cache_create, plus
+ * QKV_ERR_BAD_ENUM for an unknown storage. */
+qkv_status qkv_kv_cache_create_typed(const qkv_mha *m, int64_t batch, int64_t max_len,
+                                     qkv_kv_storage storage, qkv_kv_cache **out);
+
+/* Bytes a cache of this storage holds per token and batch row for layer m
+ * (the table above); 0 for NULL or an unknown storage. */
+size_t qkv_kv_cache_bytes_per_token(const qkv_mha *m, qkv_kv_storage storage);
+
 /* x [B, t, E] -> y [B, t, E], B the cache's batch. Errors: QKV_ERR_NULL_POINTER,
  * QKV_ERR_BAD_SIZE (t <= 0), QKV_ERR_POSITION (the cache would exceed
  * max_len: nothing is appended), QKV_ERR_SHAPE (the cache belongs to another
@@ -676,6 +717,12 @@ const float *qkv_model_attention(const qkv_model *m, int64_t layer);
  * the model's max_seq), QKV_ERR_BAD_PARAMETER (token out of range),
  * QKV_ERR_OUT_OF_MEMORY. */
 qkv_status qkv_model_decode_begin(qkv_model *m, int64_t max_len);
+/* As qkv_model_decode_begin (which is storage QKV_KV_F32), with the caches in
+ * the given storage (qkv_kv_storage: bf16 or int8 halve or quarter their
+ * memory; the logits then differ from the float32 forward's by the rounding
+ * stated there). Errors also QKV_ERR_BAD_ENUM and, for bf16 / int8, the
+ * QKV_ERR_UNSUPPORTED of qkv_kv_cache_create_typed. */
+qkv_status qkv_model_decode_begin_typed(qkv_model *m, int64_t max_len, qkv_kv_storage storage);
 qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens, float *logits);
 
 /* Parameter segments (each a named float array with its gradient), for

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "layers/kv_typed.h"
 #include "layers/mha_internal.h"
 
 struct qkv_kv_cache {
@@ -16,6 +17,7 @@ struct qkv_kv_cache {
     float *scratch;                    /* q, k, v, o (and mean) of the new tokens */
     int64_t scratch_cap;
     const qkv_mha *owner;
+    kv_typed *typed;                   /* bf16 / int8 storage (kv_typed.c); NULL: float32 k, v */
 };
 
 qkv_status qkv_kv_cache_create(const qkv_mha *m, int64_t batch, int64_t max_len, qkv_kv_cache **out) {
@@ -49,6 +51,7 @@ void qkv_kv_cache_free(qkv_kv_cache *c) {
     qkv_free(c->k);
     qkv_free(c->v);
     qkv_free(c->scratch);
+    kv_typed_free(c->typed);
     qkv_free(c);
 }
 
@@ -88,6 +91,16 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
         qkv_rope_apply(q, B, t, H, Dh, L, c->rope_base, 0);
         qkv_rope_apply(k, B, t, c->heads_kv, Dh, L, c->rope_base, 0);
     }
+    if (kc->typed) {
+        /* bf16 / int8: store the new keys and values rounded or quantised,
+         * then attend reading the stored ones (never widened in memory). */
+        qkv_attn_desc d;
+        mha_desc(m, B, t, L + t, NULL, &d);
+        if (d.dropout > 0.0) return QKV_ERR_UNSUPPORTED;
+        for (int64_t b = 0; b < B; b++) kv_typed_store(kc->typed, b, L, t, k + b * t * Dkv, v + b * t * Dkv);
+        if ((s = kv_typed_attend(kc->typed, &d, B, t, L, q, o)) != QKV_OK) return s;
+        goto join_heads; /* past the float32 cache's copies and attention calls */
+    }
     for (int64_t b = 0; b < B; b++) {
         memcpy(kc->k + (b * rowlen + X + L) * Dkv, k + b * t * Dkv, (size_t)(t * Dkv) * sizeof(float));
         memcpy(kc->v + (b * rowlen + X + L) * Dkv, v + b * t * Dkv, (size_t)(t * Dkv) * sizeof(float));
@@ -106,6 +119,7 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
                                   o + b * t * Dq, NULL, NULL);
         if (s != QKV_OK) return s;
     }
+join_heads:;
     const float *bo = c->bias ? P + m->off[MHA_BO] : NULL;
     if (c->join == QKV_JOIN_MEAN) {
         for (int64_t r = 0; r < B * t; r++)
@@ -121,4 +135,42 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
     if (s != QKV_OK) return s;
     kc->len = L + t;
     return QKV_OK;
+}
+
+qkv_status qkv_kv_cache_create_typed(const qkv_mha *m, int64_t batch, int64_t max_len,
+                                     qkv_kv_storage storage, qkv_kv_cache **out) {
+    if (!m || !out) return QKV_ERR_NULL_POINTER;
+    *out = NULL;
+    if (storage != QKV_KV_F32 && storage != QKV_KV_BF16 && storage != QKV_KV_INT8) return QKV_ERR_BAD_ENUM;
+    if (batch <= 0 || max_len <= 0) return QKV_ERR_BAD_SIZE;
+    const qkv_mha_config *c = &m->cfg;
+    if (c->kdim != c->embed_dim || c->vdim != c->embed_dim) return QKV_ERR_UNSUPPORTED; /* self-attention only */
+    qkv_status s = kv_typed_supported(m);
+    /* float32 for a layer the decode kernels do not serve: the general cache */
+    if (s != QKV_OK && storage == QKV_KV_F32) return qkv_kv_cache_create(m, batch, max_len, out);
+    if (s != QKV_OK) return s;
+    qkv_kv_cache *kc = qkv_alloc_zeroed(sizeof *kc);
+    if (!kc) return QKV_ERR_OUT_OF_MEMORY;
+    s = kv_typed_create(&kc->typed, storage, batch, max_len, c->heads_kv, c->head_dim);
+    if (s != QKV_OK) {
+        qkv_kv_cache_free(kc);
+        return s;
+    }
+    kc->batch = batch;
+    kc->max_len = max_len;
+    kc->dkv = c->heads_kv * c->head_dim;
+    kc->owner = m;
+    *out = kc;
+    return QKV_OK;
+}
+
+size_t qkv_kv_cache_bytes_per_token(const qkv_mha *m, qkv_kv_storage storage) {
+    if (!m) return 0;
+    const size_t hkv = (size_t)m->cfg.heads_kv, dh = (size_t)m->cfg.head_dim;
+    switch (storage) {
+    case QKV_KV_F32: return 2 * hkv * dh * sizeof(float);
+    case QKV_KV_BF16: return 2 * hkv * dh * sizeof(uint16_t);
+    case QKV_KV_INT8: return 2 * hkv * (dh + sizeof(float) * ((dh + 31) / 32));
+    }
+    return 0;
 }

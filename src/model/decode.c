@@ -18,7 +18,12 @@ void model_decode_free(qkv_model *m) {
 }
 
 qkv_status qkv_model_decode_begin(qkv_model *m, int64_t max_len) {
+    return qkv_model_decode_begin_typed(m, max_len, QKV_KV_F32);
+}
+
+qkv_status qkv_model_decode_begin_typed(qkv_model *m, int64_t max_len, qkv_kv_storage storage) {
     if (!m) return QKV_ERR_NULL_POINTER;
+    if (storage != QKV_KV_F32 && storage != QKV_KV_BF16 && storage != QKV_KV_INT8) return QKV_ERR_BAD_ENUM;
     if (!m->cfg.causal) return QKV_ERR_UNSUPPORTED;
     if (max_len <= 0) return QKV_ERR_BAD_SIZE;
     if (max_len > m->cfg.max_seq) return QKV_ERR_POSITION;
@@ -27,7 +32,7 @@ qkv_status qkv_model_decode_begin(qkv_model *m, int64_t max_len) {
     if (!m->cache) return QKV_ERR_OUT_OF_MEMORY;
     for (int64_t l = 0; l < m->cfg.layers; l++) {
         qkv_mha_set_dropout(m->attn[l], 0.0, 0); /* inference */
-        qkv_status s = qkv_kv_cache_create(m->attn[l], 1, max_len, &m->cache[l]);
+        qkv_status s = qkv_kv_cache_create_typed(m->attn[l], 1, max_len, storage, &m->cache[l]);
         if (s != QKV_OK) {
             model_decode_free(m);
             return s;
