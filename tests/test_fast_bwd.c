@@ -63,10 +63,17 @@ static void describe(const fprob *p, char *buf, size_t len) {
              d->key_lengths != NULL, (long long)d->num_seqs);
 }
 
+/* Relative part of the error floor: 0 (the rule's absolute 1e-5) except in
+ * test_extreme_logits, whose gradients reach 1e15 (see there). */
+static double g_rel_floor;
+
 static void cmp(const char *name, const float *fast, const float *naive, const double *ref, int64_t n,
                 const char *what) {
-    double e = fp_err(fast, ref, n), b = fp_err(naive, ref, n);
-    CHECK(e <= KB * b + 1e-5, "%s err %.3g > %g * naive %.3g + 1e-5 %s", name, e, KB, b, what);
+    double e = fp_err(fast, ref, n), b = fp_err(naive, ref, n), big = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(ref[i]) && fabs(ref[i]) > big) big = fabs(ref[i]);
+    double floor = 1e-5 + g_rel_floor * big;
+    CHECK(e <= KB * b + floor, "%s err %.3g > %g * naive %.3g + %.3g %s", name, e, KB, b, floor, what);
     CHECK(!fp_any_nan(fast, n) || tu_has_nan_f64(ref, (size_t)n), "NaN in %s %s", name, what);
 }
 
@@ -284,6 +291,60 @@ static void test_threads(void) {
     }
 }
 
+/* Logits of +-1e4 and +-1e30 (dot score, unscaled): half of the queries are
+ * (+-sqrt(L), 0, ..., 0) and every key has +-sqrt(L) in dimension 0, so
+ * those queries' logits are exactly +-L (ties are exact in float too); the
+ * other queries are ordinary (0 in dimension 0). The backward used to
+ * recompute P = 2^(sc s - lse2) with lse rounded to float, whose error at
+ * |lse| ~ 1e30 is ~1e22, so P overflowed (NaN gradients). It must now match
+ * the reference, with the forward's out/lse given (a caller's float lse that
+ * large cannot pin P down: the backward recomputes the statistics) and
+ * without, for threads 1, 2 and 3 bitwise alike, causal and not. Gradients
+ * scale with sqrt(L) (up to 1e15), so the absolute floor of the rule is
+ * replaced by 1e-5 of the largest reference gradient: float keeps 7 digits
+ * of a 1e15, not 1e-5 absolute. */
+static void test_extreme_logits(void) {
+    static const double Ls[] = {1e4, 1e30};
+    for (int li = 0; li < 2; li++)
+        for (int causal = 0; causal <= 1; causal++) {
+            fprob p;
+            memset(&p, 0, sizeof p);
+            base_desc(&p.d, 1, 70, 70, 2, 1, 8, 8);
+            p.d.score = QKV_SCORE_DOT;
+            p.d.mask = causal ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+            if (!fp_make(&p, 17000 + (uint64_t)(li * 2 + causal), 1.0)) {
+                CHECK(0, "bad extreme-logit descriptor");
+                continue;
+            }
+            const float a = (float)sqrt(Ls[li]);
+            for (int64_t i = 0; i < 70; i++) {
+                for (int64_t h = 0; h < 2; h++) {
+                    float *qi = p.q + fp_idx(0, i, h, 70, 2, 8);
+                    if ((i * 7 + h * 3) % 5 < 3) { /* a huge query */
+                        qi[0] = (i + h) % 2 ? a : -a;
+                        for (int t = 1; t < 8; t++) qi[t] = 0.0f;
+                    } else {
+                        qi[0] = 0.0f;
+                    }
+                }
+                p.k[fp_idx(0, i, 0, 70, 1, 8)] = (i * 5) % 3 ? a : -a;
+            }
+            g_rel_floor = 1e-5;
+            check_problem(&p, 1);
+            g_rel_floor = 0.0;
+            for (int give = 0; give <= 1; give++) {
+                bwd_out f = run_fast(&p, 2, give);
+                int finite = 1;
+                for (int64_t x = 0; x < p.nq_el; x++) finite &= isfinite(f.dq[x]) && isfinite(f.dk[x]);
+                for (int64_t x = 0; x < p.nv_el; x++) finite &= isfinite(f.dv[x]);
+                CHECK(f.st == QKV_OK && finite, "[%s] logits +-%g%s%s: non-finite gradient",
+                      qkv_arch_name(g_arch), Ls[li], causal ? " causal" : "", give ? " (fwd given)" : "");
+                free_out(&f);
+            }
+            fp_free(&p);
+        }
+}
+
 int main(void) {
     int ran = 0;
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
@@ -301,6 +362,7 @@ int main(void) {
         test_packed();
         test_fully_masked();
         test_threads();
+        test_extreme_logits();
         printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");
         ran++;
     }

@@ -1,6 +1,11 @@
 /* Fast backward (FlashAttention-2, Dao 2023, Algorithm 2, on CPU): the
  * weights are recomputed tile by tile from Q, K and the saved log-sum-exp
- * (P = exp(s - lse)), never stored; D_i = rowsum(dO_i * O_i).
+ * (P = exp(s - lse)), never stored; D_i = rowsum(dO_i * O_i). When the
+ * lse is too large for float to pin P down (|lse| >~ 89, see lse_precise:
+ * logits of +-1e30 used to give NaN here) the forward's own statistics are
+ * used instead: P = 2^(sc (s - m) - log2 l), the difference first as in the
+ * forward, exact for logits of any size; either way the exponent is
+ * clamped so that P never overflows (kernel contract, core/cpu.h).
  *
  * One pass over key blocks computes everything, and no two threads ever add
  * into the same memory, so the result is bitwise identical for any thread
@@ -31,7 +36,9 @@ typedef struct bwd_ctx {
     int64_t nqb, nkb;
     int64_t *LO, *HI;     /* [B, n_q] key range of every query */
     int64_t *BLO, *BHI;   /* [B, nqb] union range of every query block (BHI = 0: empty) */
-    float *L2;            /* [B, H, n_q] lse in base 2 (+inf for an empty row) */
+    float *L2;            /* [B, H, n_q] lse in base 2 (+inf for an empty row), or with M2
+                             log2 of the forward's row sum */
+    float *M2;            /* [B, H, n_q] the forward's row max (tile units), or NULL */
     float *Dd;            /* [B, H, n_q] rowsum(dO * O) (softmax) */
     float *cnt;           /* [B, H, n_q] visible keys (ReLU divided by count) */
     float *qt, *dot;      /* Q and dO packed in panels of 32 queries per (b, h) */
@@ -171,8 +178,8 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
                            FA_BQ);
             const int64_t at = bh * c->nq + i0;
             if (softmax) {
-                K->bwd_softmax(w->s, w->dp, FA_BQ, (size_t)nkr, (size_t)nqc, c->sc, f->L2 + at,
-                               f->Dd + at, 1);
+                K->bwd_softmax(w->s, w->dp, FA_BQ, (size_t)nkr, (size_t)nqc, c->sc,
+                               f->M2 ? f->M2 + at : NULL, f->L2 + at, f->Dd + at, 1);
             } else {
                 elementwise_bwd(c, w->s, w->dp, FA_BQ, nkr, nqc, w->a, w->e,
                                 f->cnt ? f->cnt + at : NULL, 1);
@@ -302,8 +309,10 @@ static void prepare_rows(bwd_ctx *f, const float *out, const float *lse) {
             for (int64_t i = 0; i < c->nq; i++) {
                 int64_t row = (b * c->H + h) * c->nq + i;
                 if (f->L2) {
-                    float l = lse[row];
-                    f->L2[row] = l == -INFINITY ? INFINITY : (float)((double)l * FA_LOG2E);
+                    if (!f->M2) {
+                        float l = lse[row];
+                        f->L2[row] = l == -INFINITY ? INFINITY : (float)((double)l * FA_LOG2E);
+                    }
                     const float *o = out + ((b * c->nq + i) * c->H + h) * c->Dv;
                     const float *g = f->dout + ((b * c->nq + i) * c->H + h) * c->Dv;
                     double acc = 0.0;
@@ -320,6 +329,22 @@ static void prepare_rows(bwd_ctx *f, const float *out, const float *lse) {
                     f->cnt[row] = (float)n;
                 }
             }
+}
+
+/* Whether a caller's log-sum-exp pins the weights down to float accuracy:
+ * P = 2^(sc s - L2) with L2 = lse log2(e) rounded to float, whose rounding
+ * (half an ulp: at most 2^-18 for |L2| < 128) is, times ln 2, the relative
+ * error it puts into P (< 2.7e-6, the size of the float rounding of the
+ * logits themselves at these magnitudes). Beyond that (logits of ~90 and more) the
+ * error grows with |lse| and at |lse| ~ 1e30 the exponent is off by far more
+ * than 128: the backward then recomputes the statistics itself. */
+#define FA_LSE_PRECISE 128.0
+static int lse_precise(const float *lse, int64_t rows) {
+    for (int64_t i = 0; i < rows; i++) {
+        double l2 = (double)lse[i] * FA_LOG2E;
+        if (isfinite(l2) && fabs(l2) >= FA_LSE_PRECISE) return 0;
+    }
+    return 1;
 }
 
 qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, const float *v,
@@ -343,14 +368,25 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
 
     float *qn = NULL, *kn = NULL, *o_tmp = NULL, *lse_tmp = NULL;
     qkv_status st = QKV_OK;
-    if (softmax && (!out || !lse)) {
-        /* The weights are recomputed from the log-sum-exp, and D from O. */
-        o_tmp = fa_alloc((size_t)p->n_o_elems * sizeof(float));
-        lse_tmp = fa_alloc((size_t)rows_q * sizeof(float));
-        if (!o_tmp || !lse_tmp) st = QKV_ERR_OUT_OF_MEMORY;
-        if (st == QKV_OK) st = qkv_fast_forward(p, q, k, v, o_tmp, NULL, lse_tmp);
-        out = o_tmp;
-        lse = lse_tmp;
+    if (softmax && (!out || !lse || !lse_precise(lse, rows_q))) {
+        /* Run the forward (without out: O, for D; without lse: the lse) and
+         * keep its own statistics (row max and log2 of the row sum). With a
+         * precise lse they are dropped again, so that the result does not
+         * depend on whether the caller passed out and lse (bitwise); else
+         * the weights are recomputed from them: P = 2^(sc (s - m) - lg),
+         * the difference first, exactly as the forward weighs. */
+        if (!out) o_tmp = fa_alloc((size_t)p->n_o_elems * sizeof(float));
+        if (!lse) lse_tmp = fa_alloc((size_t)rows_q * sizeof(float));
+        f.M2 = fa_alloc((size_t)rows_q * sizeof(float));
+        f.L2 = fa_alloc((size_t)rows_q * sizeof(float));
+        if ((!out && !o_tmp) || (!lse && !lse_tmp) || !f.M2 || !f.L2) st = QKV_ERR_OUT_OF_MEMORY;
+        if (st == QKV_OK) st = qkv_fast_forward_stats(p, q, k, v, o_tmp, lse_tmp, f.M2, f.L2);
+        if (!out) out = o_tmp;
+        if (!lse) lse = lse_tmp;
+        if (st == QKV_OK && lse_precise(lse, rows_q)) {
+            fa_free(f.M2); /* L2 is refilled from lse (prepare_rows) */
+            f.M2 = NULL;
+        }
     }
     if (st == QKV_OK && p->d.score == QKV_SCORE_COSINE) st = fa_normalise_inputs(c, &qn, &kn);
 
@@ -367,7 +403,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
         f.BLO = fa_alloc((size_t)(c->B * f.nqb) * sizeof(int64_t));
         f.BHI = fa_alloc((size_t)(c->B * f.nqb) * sizeof(int64_t));
         if (softmax) {
-            f.L2 = fa_alloc((size_t)rows_q * sizeof(float));
+            if (!f.L2) f.L2 = fa_alloc((size_t)rows_q * sizeof(float));
             f.Dd = fa_alloc((size_t)rows_q * sizeof(float));
         }
         if (c->norm == QKV_NORM_RELU && c->relu_div) f.cnt = fa_alloc((size_t)rows_q * sizeof(float));
@@ -395,7 +431,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
         qkv_parallel_for(threads, units2, dq_unit, &f);
     }
     fa_free(f.LO); fa_free(f.HI); fa_free(f.BLO); fa_free(f.BHI);
-    fa_free(f.L2); fa_free(f.Dd); fa_free(f.cnt);
+    fa_free(f.L2); fa_free(f.M2); fa_free(f.Dd); fa_free(f.cnt);
     fa_free(f.qt); fa_free(f.dot); fa_free(f.dqp);
     fa_free(f.qr_own); fa_free(f.dor_own);
     fa_free(f.ws);

@@ -21,6 +21,7 @@ int qkv_fast_supported(const qkv_plan *p) {
 typedef struct fwd_ctx {
     fa_ctx c;
     float *out, *attn, *lse;
+    float *m2, *lg2;      /* base-2 statistics for the backward, or NULL */
     int64_t nqb;          /* query blocks per (b, h) */
     int64_t ldob;         /* row stride of the O accumulator */
     unsigned char *ws;    /* per-thread workspace */
@@ -127,7 +128,8 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     const int64_t i0 = qb * FA_BQ, D = c->D, Dv = c->Dv, kv = h / c->G;
     const int nr = (int)(c->nq - i0 < FA_BQ ? c->nq - i0 : FA_BQ);
     const int rows = (int)fa_round_up(nr, 8);
-    const int softmax = c->norm == QKV_NORM_SOFTMAX, stats = softmax || f->lse;
+    const int softmax = c->norm == QKV_NORM_SOFTMAX, stats = softmax || f->lse || f->m2;
+    const int want_o = f->out != NULL;
     const size_t ldob = (size_t)f->ldob;
     int64_t blo, bhi;
     int any = fa_query_ranges(c, b, i0, nr, w.lo, w.hi, &blo, &bhi);
@@ -176,7 +178,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                 pw = w.pw;
             }
             if (stats) K->softmax(w.s, FA_BK, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
-            for (int g = 0; g < rows; g += 8) {
+            for (int g = 0; want_o && g < rows; g += 8) {
                 int nv = nr - g < 8 ? nr - g : 8, gh = 0;
                 for (int r = 0; holes && r < nv; r++) gh |= w.holes[g + r];
                 if (gh)
@@ -194,17 +196,22 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     /* Normalise and store. The attention matrix sweep needs 1/l: kept in cnt. */
     for (int r = 0; r < nr; r++) {
         float *orow = w.o + (size_t)r * ldob;
-        float *dst = f->out + ((b * c->nq + i0 + r) * c->H + h) * Dv;
+        float *dst = want_o ? f->out + ((b * c->nq + i0 + r) * c->H + h) * Dv : NULL;
         /* No visible key: l == 0 exactly. A NaN logit leaves m = -inf (max
          * skips NaN) but makes l NaN: not empty, the NaN propagates. */
         int empty = w.l[r] == 0.0f;
         float mul = 1.0f;
         if (softmax) mul = empty ? 0.0f : 1.0f / w.l[r];
         else if (c->norm == QKV_NORM_RELU && c->relu_div) mul = w.cnt[r] > 0 ? 1.0f / w.cnt[r] : 0.0f;
-        if (softmax && empty) memset(dst, 0, (size_t)Dv * sizeof(float));
-        else for (int64_t d = 0; d < Dv; d++) dst[d] = orow[d] * mul;
+        if (want_o && softmax && empty) memset(dst, 0, (size_t)Dv * sizeof(float));
+        else if (want_o) for (int64_t d = 0; d < Dv; d++) dst[d] = orow[d] * mul;
         double l2 = empty ? -INFINITY : (double)c->sc * w.m[r] + log2((double)w.l[r]);
         if (f->lse) f->lse[(b * c->H + h) * c->nq + i0 + r] = (float)(l2 * FA_LN2);
+        if (f->m2) {
+            int64_t at = (b * c->H + h) * c->nq + i0 + r;
+            f->m2[at] = empty || w.m[r] == -INFINITY ? 0.0f : w.m[r];
+            f->lg2[at] = empty ? INFINITY : (float)log2((double)w.l[r]);
+        }
         if (softmax) w.cnt[r] = empty ? 0.0f : 1.0f / w.l[r];
     }
 
@@ -241,14 +248,16 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     }
 }
 
-qkv_status qkv_fast_forward(const qkv_plan *p, const float *q, const float *k, const float *v,
-                            float *out, float *attn, float *lse) {
+static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k, const float *v,
+                               float *out, float *attn, float *lse, float *m2, float *lg2) {
     fwd_ctx f;
     memset(&f, 0, sizeof f);
     fa_ctx_init(&f.c, p, q, k, v);
     f.out = out;
     f.attn = attn;
     f.lse = lse;
+    f.m2 = m2;
+    f.lg2 = lg2;
     f.nqb = (f.c.nq + FA_BQ - 1) / FA_BQ;
     f.ldob = fa_round_up(f.c.Dv, 16);
     float *qn = NULL, *kn = NULL;
@@ -269,4 +278,14 @@ qkv_status qkv_fast_forward(const qkv_plan *p, const float *q, const float *k, c
     fa_free(qn);
     fa_free(kn);
     return st;
+}
+
+qkv_status qkv_fast_forward(const qkv_plan *p, const float *q, const float *k, const float *v,
+                            float *out, float *attn, float *lse) {
+    return fast_forward(p, q, k, v, out, attn, lse, NULL, NULL);
+}
+
+qkv_status qkv_fast_forward_stats(const qkv_plan *p, const float *q, const float *k, const float *v,
+                                  float *out, float *lse, float *m2, float *lg2) {
+    return fast_forward(p, q, k, v, out, NULL, lse, m2, lg2);
 }

@@ -22,6 +22,9 @@ typedef enum qkv_arch {
  *     kp[(p * D + d) * QKV_PANEL + c] = K[32p + c][d]   (0 past the last key). */
 #define QKV_PANEL 32
 
+/* Upper bound of the backward's weight exponent (see bwd_softmax). */
+#define QKV_BWD_EXP_MAX 0.015625f
+
 /* The micro-kernel contract. All pointers are float; "ld" are row strides in
  * elements. Kernels never allocate and never read outside the ranges given
  * (tails use masked or scalar accesses). */
@@ -47,12 +50,21 @@ typedef struct qkv_kernels {
      * m = -inf, alpha = 1, s = 0 (never exp(-inf - -inf)). */
     void (*softmax)(float *s, size_t lds, size_t rows, size_t cols, float c, float *m, float *l,
                     float *alpha);
-    /* Backward softmax tile: for r < rows, c < cols, with x, y = L[r], Dd[r]
-     * (percol = 0) or L[c], Dd[c] (percol = 1): p = 2^(fma(cm, s, -x)) (0 for
-     * s = -inf or x = +inf), ds = (p == 0 ? 0 : p * (dp - y)); s <- p, dp <- ds.
-     * Rows have stride ld in both s and dp. */
+    /* Backward softmax tile: for r < rows, c < cols, with mu, x, y = M[r],
+     * L[r], Dd[r] (percol = 0) or M[c], L[c], Dd[c] (percol = 1), mu = 0 when
+     * M is NULL: p = 2^min(fma(cm, s - mu, -x), QKV_BWD_EXP_MAX) (0 for
+     * s = -inf or x = +inf; NaN stays NaN), ds = (p == 0 ? 0 : p * (dp - y));
+     * s <- p, dp <- ds. With mu = the forward's row max and x = log2 of its
+     * row sum, p is the forward's weight computed the forward's way (the
+     * difference s - mu first), exact at any magnitude of the logits. A
+     * weight never exceeds 1; the clamp keeps p <= 2^(1/64) whatever the
+     * rounding in x, so p never overflows (no inf * 0). Why not exactly 1:
+     * normal inputs give exponents up to ~3e-6 above 0 (float rounding of
+     * the lse); clamping them would change results at that level for no
+     * gain, and a chaotic training test (tests/test_model.c) is that
+     * sensitive. Rows have stride ld in both s and dp. */
     void (*bwd_softmax)(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
-                        const float *L, const float *Dd, int percol);
+                        const float *M, const float *L, const float *Dd, int percol);
     /* x[i] = 2^x[i] in place: exactly 0 for x < -126 (no subnormals), +inf on
      * overflow, NaN stays NaN. */
     void (*exp2)(float *x, size_t n);

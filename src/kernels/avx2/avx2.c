@@ -246,35 +246,48 @@ static void softmax_avx2(float *s, size_t lds, size_t rows, size_t cols, float c
     }
 }
 
+/* p = 2^min(QKV_BWD_EXP_MAX, fma(c, s - mu, -x)) (min's second operand, e,
+ * is kept when it is NaN), ds = p (dp - y) or 0 where p = 0. */
+QKV_INLINE void bwd_softmax_vec(__m256 vc, __m256 sv, __m256 dv, __m256 mu, int has_mu, __m256 x,
+                                __m256 y, __m256 *p_out, __m256 *d_out) {
+    if (has_mu) sv = _mm256_sub_ps(sv, mu);
+    __m256 p = exp2_ps(_mm256_min_ps(_mm256_set1_ps(QKV_BWD_EXP_MAX), _mm256_fmsub_ps(vc, sv, x)));
+    __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(dv, y));
+    __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    *p_out = p;
+    *d_out = _mm256_and_ps(nz, d);
+}
+
 static void bwd_softmax_avx2(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
-                             const float *L, const float *Dd, int percol) {
+                             const float *M, const float *L, const float *Dd, int percol) {
     const __m256 vc = _mm256_set1_ps(cm);
+    const int has_mu = M != NULL;
     for (size_t r = 0; r < rows; r++) {
         float *sr = s + r * ld, *dr = dp + r * ld;
         __m256 x = _mm256_set1_ps(percol ? 0.0f : L[r]), y = _mm256_set1_ps(percol ? 0.0f : Dd[r]);
+        __m256 mu = _mm256_set1_ps(percol || !M ? 0.0f : M[r]), p, d;
         size_t c = 0;
         for (; c + 8 <= cols; c += 8) {
             if (percol) {
                 x = _mm256_loadu_ps(L + c);
                 y = _mm256_loadu_ps(Dd + c);
+                if (has_mu) mu = _mm256_loadu_ps(M + c);
             }
-            __m256 p = exp2_ps(_mm256_fmsub_ps(vc, _mm256_loadu_ps(sr + c), x));
-            __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dr + c), y));
-            __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+            bwd_softmax_vec(vc, _mm256_loadu_ps(sr + c), _mm256_loadu_ps(dr + c), mu, has_mu, x, y, &p, &d);
             _mm256_storeu_ps(sr + c, p);
-            _mm256_storeu_ps(dr + c, _mm256_and_ps(nz, d));
+            _mm256_storeu_ps(dr + c, d);
         }
         if (c < cols) {
             __m256i tm = tail_mask(cols - c);
             if (percol) {
                 x = _mm256_maskload_ps(L + c, tm);
                 y = _mm256_maskload_ps(Dd + c, tm);
+                if (has_mu) mu = _mm256_maskload_ps(M + c, tm);
             }
-            __m256 p = exp2_ps(_mm256_fmsub_ps(vc, _mm256_maskload_ps(sr + c, tm), x));
-            __m256 d = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dr + c, tm), y));
-            __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+            bwd_softmax_vec(vc, _mm256_maskload_ps(sr + c, tm), _mm256_maskload_ps(dr + c, tm), mu, has_mu,
+                            x, y, &p, &d);
             _mm256_maskstore_ps(sr + c, tm, p);
-            _mm256_maskstore_ps(dr + c, tm, _mm256_and_ps(nz, d));
+            _mm256_maskstore_ps(dr + c, tm, d);
         }
     }
 }

@@ -194,20 +194,25 @@ static void softmax_avx512(float *s, size_t lds, size_t rows, size_t cols, float
 }
 
 static void bwd_softmax_avx512(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
-                               const float *L, const float *Dd, int percol) {
-    const __m512 vc = _mm512_set1_ps(cm);
+                               const float *M, const float *L, const float *Dd, int percol) {
+    const __m512 vc = _mm512_set1_ps(cm), zero = _mm512_setzero_ps(), emax = _mm512_set1_ps(QKV_BWD_EXP_MAX);
     for (size_t r = 0; r < rows; r++) {
         float *sr = s + r * ld, *dr = dp + r * ld;
         __m512 x = _mm512_set1_ps(percol ? 0.0f : L[r]), y = _mm512_set1_ps(percol ? 0.0f : Dd[r]);
+        __m512 mu = _mm512_set1_ps(percol || !M ? 0.0f : M[r]);
         for (size_t c = 0; c < cols; c += 16) {
             __mmask16 tm = tail_mask(cols - c);
             if (percol) {
                 x = _mm512_maskz_loadu_ps(tm, L + c);
                 y = _mm512_maskz_loadu_ps(tm, Dd + c);
+                if (M) mu = _mm512_maskz_loadu_ps(tm, M + c);
             }
-            __m512 p = exp2_ps(_mm512_fmsub_ps(vc, _mm512_maskz_loadu_ps(tm, sr + c), x));
+            __m512 sv = _mm512_maskz_loadu_ps(tm, sr + c);
+            if (M) sv = _mm512_sub_ps(sv, mu);
+            /* min(emax, e): the second operand (e) when e is NaN, so NaN stays. */
+            __m512 p = exp2_ps(_mm512_min_ps(emax, _mm512_fmsub_ps(vc, sv, x)));
             __m512 d = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(tm, dr + c), y));
-            __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+            __mmask16 nz = _mm512_cmp_ps_mask(p, zero, _CMP_NEQ_UQ);
             _mm512_mask_storeu_ps(sr + c, tm, p);
             _mm512_mask_storeu_ps(dr + c, tm, _mm512_maskz_mov_ps(nz, d));
         }

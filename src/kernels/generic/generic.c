@@ -76,12 +76,16 @@ static void softmax_generic(float *s, size_t lds, size_t rows, size_t cols, floa
 }
 
 static void bwd_softmax_generic(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
-                                const float *L, const float *Dd, int percol) {
+                                const float *M, const float *L, const float *Dd, int percol) {
     for (size_t r = 0; r < rows; r++) {
         float *sr = s + r * ld, *dr = dp + r * ld;
         for (size_t c = 0; c < cols; c++) {
             float x = percol ? L[c] : L[r], y = percol ? Dd[c] : Dd[r];
-            float p = exp2_one((float)((double)cm * sr[c] - x)); /* exact product, as an fma */
+            float mu = M ? (percol ? M[c] : M[r]) : 0.0f;
+            float sv = M ? sr[c] - mu : sr[c];
+            float e = (float)((double)cm * sv - x); /* exact product, as an fma */
+            if (e > QKV_BWD_EXP_MAX) e = QKV_BWD_EXP_MAX; /* p never overflows; NaN stays */
+            float p = exp2_one(e);
             sr[c] = p;
             dr[c] = p == 0.0f ? 0.0f : p * (dr[c] - y);
         }
