@@ -33,6 +33,7 @@ typedef struct fwd_ws {
     int64_t *lo, *hi;
     int *a, *e, *holes;
     unsigned char *vis;
+    int *ga, *ge, *gp0, *gp1; /* per group of 8 rows (tile_groups) */
 } fwd_ws;
 
 static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
@@ -56,6 +57,10 @@ static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
     CARVE(e, int, FA_BQ);
     CARVE(holes, int, FA_BQ);
     CARVE(vis, unsigned char, FA_BQ * FA_BK);
+    CARVE(ga, int, FA_BQ / 8);
+    CARVE(ge, int, FA_BQ / 8);
+    CARVE(gp0, int, FA_BQ / 8);
+    CARVE(gp1, int, FA_BQ / 8);
 #undef CARVE
     return at;
 }
@@ -117,6 +122,66 @@ static void pv_holes(const fa_ctx *c, float *o, size_t ldo, const float *alpha, 
     }
 }
 
+/* Per group of 8 rows g: the union [ga, ge) of its valid rows' visible
+ * columns of the tile (from lo, hi; ga = ge = 0 if none) and the panels
+ * [gp0, gp1) that cover it. Returns whether any group needs fewer than all
+ * np panels (then the tile is computed group by group). */
+static int tile_groups(fwd_ws *w, int nr, int rows, int64_t kt, int ncols, int np) {
+    int partial = 0;
+    for (int g = 0; g < rows; g += 8) {
+        int ga = INT32_MAX, ge = 0;
+        for (int r = g; r < g + 8 && r < nr; r++) {
+            int64_t x = w->lo[r] - kt, y = w->hi[r] - kt;
+            if (x < 0) x = 0;
+            if (y > ncols) y = ncols;
+            if (y <= x) continue;
+            if (x < ga) ga = (int)x;
+            if (y > ge) ge = (int)y;
+        }
+        if (ge == 0) ga = 0;
+        w->ga[g / 8] = ga;
+        w->ge[g / 8] = ge;
+        w->gp0[g / 8] = ga / QKV_PANEL;
+        w->gp1[g / 8] = (ge + QKV_PANEL - 1) / QKV_PANEL;
+        partial |= w->gp0[g / 8] > 0 || w->gp1[g / 8] < np;
+    }
+    return partial;
+}
+
+/* Whether rows [j0, j1) of v (Dv floats each) are all finite. */
+static int rows_finite(const float *v, size_t ldv, size_t dv, int j0, int j1) {
+    float acc = 0.0f;
+    for (int j = j0; j < j1; j++)
+        for (size_t d = 0; d < dv; d++) acc += v[(size_t)j * ldv + d] * 0.0f;
+    return acc == 0.0f; /* 0 * inf and 0 * NaN are NaN */
+}
+
+/* Softmax weights (exactly 0 outside each row's range [a, e): 2^-inf):
+ * o (8 rows) = alpha o + p v. When the rows' ranges differ (a mask's edge),
+ * the value rows some but not all of them see are multiplied by those
+ * exact zeros in one 8-row product, but only if they are finite (0 * v = 0
+ * changes nothing then); otherwise row by row (fa_pv_ranges), so that a
+ * masked NaN or inf never reaches a row. */
+static void pv_softmax(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
+                       const float *v, size_t dv, const int *a, const int *e, int nvalid) {
+    int lo = INT32_MAX, hi = 0, c0 = 0, c1 = INT32_MAX;
+    for (int r = 0; r < nvalid; r++) {
+        if (a[r] > c0) c0 = a[r];
+        if (e[r] < c1) c1 = e[r];
+        if (e[r] <= a[r]) continue;
+        if (a[r] < lo) lo = a[r];
+        if (e[r] > hi) hi = e[r];
+    }
+    if (hi == 0 || (c0 == lo && c1 == hi) ||
+        (c0 < c1 ? rows_finite(v, dv, dv, lo, c0) && rows_finite(v, dv, dv, c1, hi)
+                 : rows_finite(v, dv, dv, lo, hi))) {
+        if (hi == 0) lo = 0;
+        c->K->pv(o, ldo, alpha, p + lo, FA_BK, 1, v + (size_t)lo * dv, dv, (size_t)(hi - lo), dv, 8);
+        return;
+    }
+    fa_pv_ranges(c, o, ldo, alpha, p, FA_BK, 1, v, dv, dv, a, e, nvalid);
+}
+
 static void fwd_unit(void *vf, int64_t u, int t) {
     fwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
@@ -124,7 +189,10 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     fwd_ws w;
     fwd_ws_layout(f, f->ws + (size_t)t * f->ws_stride, &w);
 
-    const int64_t qb = u % f->nqb, bh = u / f->nqb, h = bh % c->H, b = bh / c->H;
+    /* The last query blocks of a head first: under a causal mask they cost
+     * the most, and units start in increasing order (core/threads.h), so the
+     * cheap ones fill in at the end of the call. */
+    const int64_t qb = f->nqb - 1 - u % f->nqb, bh = u / f->nqb, h = bh % c->H, b = bh / c->H;
     const int64_t i0 = qb * FA_BQ, D = c->D, Dv = c->Dv, kv = h / c->G;
     const int nr = (int)(c->nq - i0 < FA_BQ ? c->nq - i0 : FA_BQ);
     const int rows = (int)fa_round_up(nr, 8);
@@ -159,9 +227,26 @@ static void fwd_unit(void *vf, int64_t u, int t) {
         for (int64_t kt = kstart; kt < bhi; kt += FA_BK) {
             int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
             size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
-            K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
-                  np, w.s, FA_BK);
+            /* A tile on a mask's edge (the causal diagonal, a window's ends):
+             * per group of 8 rows only the 32-key panels that some row of
+             * the group can see, and the softmax of 16 rows only up to
+             * their last visible column. */
+            int partial = tile_groups(&w, nr, rows, kt, ncols, (int)np);
+            if (!partial) {
+                K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
+                      np, w.s, FA_BK);
+            } else {
+                for (int g = 0; g < rows; g += 8) {
+                    int p0 = w.gp0[g / 8], p1 = w.gp1[g / 8];
+                    if (p1 > p0)
+                        K->qk(w.qb + (size_t)g * D, (size_t)D, ktb + (kt / QKV_PANEL + p0) * D * QKV_PANEL,
+                              (size_t)D, 8, (size_t)(p1 - p0), w.s + (size_t)g * FA_BK + p0 * QKV_PANEL, FA_BK);
+                }
+            }
             fa_scores_rows(c, w.s, FA_BK, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
+            if (partial) /* padding rows: not computed, never visible */
+                for (int r = nr; r < rows; r++)
+                    for (int j = 0; j < ncols; j++) w.s[(size_t)r * FA_BK + j] = -INFINITY;
             int holes = c->bias && find_holes(w.s, nr, w.a, w.e, w.vis, w.holes);
             const float *pw = w.s;
             if (!softmax) {
@@ -177,11 +262,23 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                 }
                 pw = w.pw;
             }
-            if (stats) K->softmax(w.s, FA_BK, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
+            if (stats && !partial)
+                K->softmax(w.s, FA_BK, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
+            else if (stats)
+                for (int r0 = 0; r0 < rows; r0 += 16) {
+                    int nb = rows - r0 < 16 ? rows - r0 : 16, cols = 0;
+                    for (int g = r0; g < r0 + nb; g += 8)
+                        if (w.ge[g / 8] > cols) cols = w.ge[g / 8];
+                    K->softmax(w.s + (size_t)r0 * FA_BK, FA_BK, (size_t)nb, (size_t)cols, c->sc, w.m + r0,
+                               w.l + r0, w.alpha + r0);
+                }
             for (int g = 0; want_o && g < rows; g += 8) {
                 int nv = nr - g < 8 ? nr - g : 8, gh = 0;
                 for (int r = 0; holes && r < nv; r++) gh |= w.holes[g + r];
-                if (gh)
+                if (softmax && !gh)
+                    pv_softmax(c, w.o + (size_t)g * ldob, ldob, w.alpha + g, w.s + (size_t)g * FA_BK,
+                               vb + kt * Dv, (size_t)Dv, w.a + g, w.e + g, nv);
+                else if (gh)
                     pv_holes(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
                              pw + (size_t)g * FA_BK, vb + kt * Dv, (size_t)Dv, (size_t)Dv,
                              w.a + g, w.e + g, w.vis + (size_t)g * FA_BK, nv);

@@ -1,7 +1,7 @@
 /* Per-call worker threads. A pool would save the ~20 us of thread creation
  * per call, which only matters for tiny problems; per-call threads cannot
  * oversubscribe a caller that runs several calls concurrently with a small
- * desc.threads each. */
+ * desc.threads each. Units are scheduled dynamically (see job). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -30,17 +30,33 @@ int qkv_threads_resolve(int requested) {
     return (int)(free_cores < 1 ? 1 : free_cores);
 }
 
-typedef struct worker {
-    pthread_t tid;
-    int started;
-    int t, nthreads;
+/* Units are handed out in increasing order from one shared counter, to
+ * whichever thread asks first: work units of unequal cost (causal query
+ * blocks) and threads slowed by other processes on a shared machine still
+ * finish together. Which thread runs a unit never changes what the unit
+ * computes (the unit functions own their output and use the thread index
+ * only to pick scratch memory), so results stay bitwise identical. */
+typedef struct job {
+    atomic_llong next;
     int64_t units;
     qkv_unit_fn fn;
     void *ctx;
+} job;
+
+typedef struct worker {
+    pthread_t tid;
+    int started;
+    int t;
+    job *j;
 } worker;
 
 static void run_share(const worker *w) {
-    for (int64_t u = w->t; u < w->units; u += w->nthreads) w->fn(w->ctx, u, w->t);
+    job *j = w->j;
+    for (;;) {
+        int64_t u = (int64_t)atomic_fetch_add(&j->next, 1);
+        if (u >= j->units) break;
+        j->fn(j->ctx, u, w->t);
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -54,12 +70,14 @@ void qkv_parallel_for(int nthreads, int64_t units, qkv_unit_fn fn, void *ctx) {
     if ((int64_t)nthreads > units) nthreads = (int)units;
     if (nthreads > QKV_MAX_THREADS) nthreads = QKV_MAX_THREADS;
     worker w[QKV_MAX_THREADS];
+    job j;
+    atomic_init(&j.next, 0);
+    j.units = units;
+    j.fn = fn;
+    j.ctx = ctx;
     for (int t = 0; t < nthreads; t++) {
         w[t].t = t;
-        w[t].nthreads = nthreads;
-        w[t].units = units;
-        w[t].fn = fn;
-        w[t].ctx = ctx;
+        w[t].j = &j;
         w[t].started = 0;
     }
     atomic_fetch_add(&g_busy, nthreads);
