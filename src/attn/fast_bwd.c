@@ -44,7 +44,7 @@ typedef struct bwd_ctx {
     float *qt, *dot;      /* Q and dO packed in panels of 32 queries per (b, h) */
     const float *qr, *dor; /* contiguous rows per (b, h): Q [nq, D], dO [nq, Dv]
                               (the inputs themselves when one head: already so) */
-    float *qr_own, *dor_own;
+    float *qr_own, *dor_own; /* inside qt's block */
     int64_t qt_stride, dot_stride;
     int64_t chunks;       /* C: partial dQ copies */
     float *dqp;           /* [C, B, H, n_q, D] partial dQ */
@@ -407,20 +407,31 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
             f.Dd = fa_alloc((size_t)rows_q * sizeof(float));
         }
         if (c->norm == QKV_NORM_RELU && c->relu_div) f.cnt = fa_alloc((size_t)rows_q * sizeof(float));
-        f.qt = fa_alloc((size_t)(f.qt_stride * c->B * c->H) * sizeof(float));
-        f.dot = fa_alloc((size_t)(f.dot_stride * c->B * c->H) * sizeof(float));
-        f.dqp = fa_alloc((size_t)(f.chunks * rows_q * c->D) * sizeof(float));
-        /* Page faults on fresh workspace are a visible cost for small
-         * problems: copy rows only when the layout interleaves heads. */
-        if (c->H > 1) f.qr_own = fa_alloc((size_t)(c->nq * c->D * c->B * c->H) * sizeof(float));
-        if (c->H > 1) f.dor_own = fa_alloc((size_t)(c->nq * c->Dv * c->B * c->H) * sizeof(float));
+        /* The large buffers in one block (freed as f.qt): one block of the
+         * same size at every call stays mapped in malloc between calls,
+         * where several were unmapped and faulted in afresh each time.
+         * Rows are copied only when the layout interleaves heads. */
+        f.ws_stride = bwd_ws_layout(&f, NULL, NULL);
+        size_t b_qt = fa_round64((size_t)(f.qt_stride * c->B * c->H) * sizeof(float));
+        size_t b_dot = fa_round64((size_t)(f.dot_stride * c->B * c->H) * sizeof(float));
+        size_t b_dqp = fa_round64((size_t)(f.chunks * rows_q * c->D) * sizeof(float));
+        size_t b_qr = c->H > 1 ? fa_round64((size_t)(c->nq * c->D * c->B * c->H) * sizeof(float)) : 0;
+        size_t b_dor = c->H > 1 ? fa_round64((size_t)(c->nq * c->Dv * c->B * c->H) * sizeof(float)) : 0;
+        unsigned char *blk = fa_alloc(b_qt + b_dot + b_dqp + b_qr + b_dor + f.ws_stride * (size_t)threads);
+        if (blk) {
+            f.qt = (float *)(void *)blk;
+            f.dot = (float *)(void *)(blk + b_qt);
+            f.dqp = (float *)(void *)(blk + b_qt + b_dot);
+            if (c->H > 1) {
+                f.qr_own = (float *)(void *)(blk + b_qt + b_dot + b_dqp);
+                f.dor_own = (float *)(void *)(blk + b_qt + b_dot + b_dqp + b_qr);
+            }
+            f.ws = blk + b_qt + b_dot + b_dqp + b_qr + b_dor;
+        }
         f.qr = c->H > 1 ? f.qr_own : c->q;
         f.dor = c->H > 1 ? f.dor_own : dout;
-        f.ws_stride = bwd_ws_layout(&f, NULL, NULL);
-        f.ws = fa_alloc(f.ws_stride * (size_t)threads);
         if (!f.LO || !f.HI || !f.BLO || !f.BHI || (softmax && (!f.L2 || !f.Dd)) ||
-            (c->norm == QKV_NORM_RELU && c->relu_div && !f.cnt) || !f.qt || !f.dot || !f.dqp ||
-            !f.qr || !f.dor || !f.ws)
+            (c->norm == QKV_NORM_RELU && c->relu_div && !f.cnt) || !blk)
             st = QKV_ERR_OUT_OF_MEMORY;
     }
     if (st == QKV_OK) {
@@ -432,9 +443,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
     }
     fa_free(f.LO); fa_free(f.HI); fa_free(f.BLO); fa_free(f.BHI);
     fa_free(f.L2); fa_free(f.M2); fa_free(f.Dd); fa_free(f.cnt);
-    fa_free(f.qt); fa_free(f.dot); fa_free(f.dqp);
-    fa_free(f.qr_own); fa_free(f.dor_own);
-    fa_free(f.ws);
+    fa_free(f.qt); /* and dot, dqp, qr_own, dor_own, ws: one block */
     fa_free(qn); fa_free(kn); fa_free(o_tmp); fa_free(lse_tmp);
     return st;
 }

@@ -47,7 +47,7 @@ typedef struct fa_ctx {
     int64_t kt_stride;     /* floats per (b, kv head) in kt */
     const float *vr;       /* V rows of every (b, kv head) contiguous ([n_k, Dv]): a copy
                               (vr_own) when H_kv > 1, else v itself */
-    float *vr_own;
+    float *vr_own;         /* inside kt's block: never freed on its own */
 } fa_ctx;
 
 /* 64-byte aligned allocation through qkv_alloc; fa_free(NULL) is a no-op. */
@@ -69,7 +69,7 @@ qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
 void fa_pack_panels(float *dst, const float *src, int64_t n, int64_t ld, int64_t D, float mul);
 
 /* Pack K of every (b, kv head) into c->kt and copy its V rows contiguous into
- * c->vr (both allocated here; free with fa_free), in parallel. The copy of V
+ * c->vr (one block allocated here; free with fa_free(c->kt)), in parallel. The copy of V
  * matters: in the [B, n, H, D] layout consecutive keys of one head are H*D
  * floats apart, a power-of-two stride that folds a tile of V onto a few L1
  * cache sets. */

@@ -370,8 +370,7 @@ static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k
     }
     if (st == QKV_OK) qkv_parallel_for(threads, units, fwd_unit, &f);
     fa_free(f.ws);
-    fa_free(f.c.kt);
-    fa_free(f.c.vr_own);
+    fa_free(f.c.kt); /* and vr_own, in the same block */
     fa_free(qn);
     fa_free(kn);
     return st;
