@@ -766,8 +766,11 @@ double qkv_lr_schedule(int64_t step, int64_t warmup, int64_t total_steps, double
  * Decoder tasks (causal): the input, a separator, then the answer; targets
  * are the next tokens of the answer (-1 elsewhere):
  *   COPY     x_1..x_L SEP x_1..x_L            REVERSE  ... SEP x_L..x_1
- *   SORT     ... SEP sorted(x)                RECALL   k_1 v_1 .. k_P v_P SEP k_i -> v_i
+ *   SORT     ... SEP sorted(x)                RECALL   k_1 v_1 .. k_P v_P SEP q_1 .. q_P
  *   TEXT     bytes of a text window, next-byte prediction (vocab 256)
+ * RECALL's keys are distinct (keys 0..S-1, values S..2S-1, SEP 2S, n = 3P+1);
+ * the queries q_j are its keys again in a random order, and the target at
+ * q_j is the value paired with it (every query is the single-query task).
  * Encoder tasks (bidirectional): a target at every position:
  *   LABEL    word classes where a word's label depends on its position (the
  *            articles' part-of-speech example: at the start of a sentence a

@@ -36,7 +36,30 @@ typedef struct shape {
     qkv_norm norm;
     int relu_div;
     int bias;        /* 0 none, 1 SHARED, 2 PER_HEAD with some -inf (masked) entries */
+    int packed;      /* 0 no; else packed sequences (B = 1): the offsets of packs[packed] */
 } shape;
+
+/* Packed sequences: query and key offsets (S + 1 entries each, ok NULL =
+ * oq). Sequences of length 1, empty ones, a sequence with queries but no
+ * keys, and sequences straddling every rank boundary for p = 1..4 (both
+ * layouts). */
+typedef struct pack {
+    int64_t S;
+    int64_t oq[32], ok[32];
+    int self; /* ok = oq */
+} pack;
+
+static const pack packs[] = {
+    {0, {0}, {0}, 0},
+    /* n = 37: 1, 11, 0, 1, 17, 7 */
+    {6, {0, 1, 12, 12, 13, 30, 37}, {0}, 1},
+    /* n_q = 29, n_k = 41: (5, 9), (1, 0) no keys, (14, 21), (9, 11) */
+    {4, {0, 5, 6, 20, 29}, {0, 9, 9, 30, 41}, 0},
+    /* n = 24: ten sequences of length 1, then 3, 1, 10 */
+    {13, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14, 24}, {0}, 1},
+    /* n = 130 over tiles: 50, 1, 79 */
+    {3, {0, 50, 51, 130}, {0}, 1},
+};
 
 /* Rows of one rank's slice of a [B, n, X] tensor, copied out/in. */
 static void slice(float *dst, const float *src, int64_t B, int64_t n, int64_t x, const int64_t st[2],
@@ -115,7 +138,14 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     d.relu_divide_by_count = sh->relu_div;
     if (sh->key_lengths) {
         for (int64_t b = 0; b < B; b++) kl[b] = b == B - 1 ? 0 : (nk * 2) / 3 + b;
+        if (sh->packed) kl[0] = 6; /* packed: every sequence's keys cut to 6 */
         d.key_lengths = kl;
+    }
+    if (sh->packed) {
+        const pack *pk = &packs[sh->packed];
+        d.num_seqs = pk->S;
+        d.seq_offsets_q = pk->oq;
+        d.seq_offsets_k = pk->self ? NULL : pk->ok;
     }
     /* The whole bias [Hb, nq, nk] for one process; each rank passes the rows
      * of its queries for every key, [Hb, nq_loc, nk]. */
@@ -209,12 +239,12 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1 && edb <= 1;
     CHECK(ok,
           "rank %d/%d %s B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld mask=%d(%lld,%lld) kl=%d score=%d "
-          "norm=%d/%d bias=%d seed=%llu: "
+          "norm=%d/%d bias=%d packed=%d seed=%llu: "
           "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g dbias %.3g",
           g_rank, g_size, layout == QKV_DIST_ZIGZAG ? "zigzag" : "contiguous", (long long)B, (long long)nq,
           (long long)nk, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (int)sh->mask,
           (long long)sh->wl, (long long)sh->wr, sh->key_lengths, (int)sh->score, (int)sh->norm, sh->relu_div,
-          sh->bias, (unsigned long long)seed, eo, el, eq, ek, ev, ek2, edb);
+          sh->bias, sh->packed, (unsigned long long)seed, eo, el, eq, ek, ev, ek2, edb);
     (void)sync_ok(ok);
     free(q); free(k); free(v); free(dout); free(o1); free(l1); free(dq1); free(dk1); free(dv1);
     free(ql_q); free(ql_k); free(ql_v); free(ql_g); free(o2); free(l2); free(dq2); free(dk2); free(dv2);
@@ -260,8 +290,8 @@ static void test_errors(void) {
     u.dtype = QKV_F64;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
-    /* Still unsupported: the in-kernel position biases, dropout, packed
-     * sequences, the additive score (docs/DISTRIBUTED.md). */
+    /* Still unsupported: the in-kernel position biases, dropout, the
+     * additive score (docs/DISTRIBUTED.md). */
     float slopes[2] = {0.5f, 0.25f};
     u = d;
     u.alibi_slopes = slopes;
@@ -278,11 +308,20 @@ static void test_errors(void) {
     CHECK_STATUS(qkv_ring_attention_backward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, NULL, NULL, buf,
                                              dq, dk, dv),
                  QKV_ERR_UNSUPPORTED);
-    int64_t offs[3] = {0, 3, 8};
+    /* Packed sequences: the core's validation, on every rank. */
+    int64_t offs[3] = {0, 3, 7};
     u = d;
     u.num_seqs = 2;
     u.seq_offsets_q = offs;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_SEQ_OFFSETS);
+    u.batch = 2;
+    offs[2] = 8;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_SEQ_OFFSETS);
+    u.batch = 1;
+    u.dropout = 0.1;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
     u = d;
     u.score = QKV_SCORE_ADDITIVE;
@@ -796,30 +835,42 @@ int main(int argc, char **argv) {
     test_partition();
     static const shape shapes[] = {
         /* B  nq  nk  H Hkv D  Dv  mask              kl score                softcap */
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},    /* GQA, uneven */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0}, /* MQA, > one tile */
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},     /* key lengths, a dead row */
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},              /* n_q != n_k */
-        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},       /* n < 2p: empty pieces */
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},       /* cosine, softcap */
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},    /* GQA, uneven */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0}, /* MQA, > one tile */
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},     /* key lengths, a dead row */
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},              /* n_q != n_k */
+        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},       /* n < 2p: empty pieces */
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},       /* cosine, softcap */
         /* masks, normalisers and biases beyond plain causal (the "same masks, scores as one process") */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0},
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0},
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
-        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0},
-        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0},
-        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0},
-        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0},
-        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0},
-        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1},
-        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2},
-        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0, 0},
+        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0, 0},
+        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0},
+        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0},
+        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2, 0},
+        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 0},
+        /* packed sequences (packs[] above) */
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1},
+        {1, 37, 37, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 1},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL_WINDOW, 1, QKV_SCORE_COSINE, 4.0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 2},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 1, 2},
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 3},
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 1, 1, QKV_NORM_RELU, 1, 0, 3},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 4},
+        {1, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 1},
+        {1, 37, 37, 4, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 4, QKV_NORM_SOFTMAX, 0, 1, 1},
     };
     uint64_t seed = 1000;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

@@ -140,6 +140,14 @@ typedef struct ring {
     int relu_div;           /* RELU divided by the global count of visible keys */
     int64_t bias_h;         /* heads of the bias (1 SHARED, H PER_HEAD, 0 none) */
     float *bb;              /* one block's bias [bias_h, len_q, len_k] */
+    /* Packed sequences (B = 1): the global offsets (the caller's; ok = oq
+     * when seq_offsets_k is NULL), one sub-block's offsets [S + 1] each, and
+     * one sub-block's lse [H, max chunk of queries]. */
+    int packed;
+    int64_t S;
+    const int64_t *oq, *ok;
+    int64_t *goq, *gok;
+    float *lg;
 } ring;
 
 /* Offsets inside a message buffer of owner o: K chunk t, then V chunk t. */
@@ -180,36 +188,144 @@ static int64_t shift_side(int64_t side, int64_t by) {
     return side + by;
 }
 
-/* Whether some query of qc sees some key of kc in some batch (the global
- * key ranges are contiguous; O(B * len) per pair). */
-static int pair_visible(const ring *g, const chunk *qc, const chunk *kc) {
-    if (qc->len == 0 || kc->len == 0) return 0;
+/* Whether some query of global rows [q0, q1) sees some key of [k0, k1) in
+ * some batch (the global key ranges are contiguous; O(B * (q1 - q0))). */
+static int rows_visible(const ring *g, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    if (q1 <= q0 || k1 <= k0) return 0;
     for (int64_t b = 0; b < g->B; b++)
-        for (int64_t i = qc->start; i < qc->start + qc->len; i++) {
+        for (int64_t i = q0; i < q1; i++) {
             int64_t lo, hi;
             qkv_plan_key_range(&g->gplan, b, i, &lo, &hi);
-            if (lo < kc->start) lo = kc->start;
-            if (hi > kc->start + kc->len) hi = kc->start + kc->len;
+            if (lo < k0) lo = k0;
+            if (hi > k1) hi = k1;
             if (lo < hi) return 1;
         }
     return 0;
 }
 
-/* The descriptor and window sides of one pair; 0 when no key of the block
- * is visible to any of its queries. bias_loc: this rank's bias rows
- * [bias_h, nq_loc, n_k] (copied into g->bb for the block). */
-static int pair_desc(ring *g, const chunk *qc, const chunk *kc, const float *bias_loc, qkv_attn_desc *bd,
-                     int64_t *left, int64_t *right) {
-    if (!pair_visible(g, qc, kc)) return 0;
+/* One call of the core inside a (query chunk, key chunk) pair: the chunks'
+ * rows qa .. qa + lq - 1 and ka .. ka + lk - 1 (offsets inside the chunks),
+ * the shift c of the window (see above) and, when packed, ns sequences
+ * whose offsets are in g->goq / g->gok, all with the same shift c and the
+ * same key cap kcap (the key lengths seen from the block; -1 none). Not
+ * packed: one sub-block, the whole pair. */
+typedef struct sub {
+    int64_t qa, lq, ka, lk, c, kcap, ns;
+} sub;
+
+typedef struct sub_iter {
+    int64_t s, s_hi; /* packed: the next sequence, the last one in the pair */
+    int done;
+} sub_iter;
+
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+/* The last sequence s with off[s] <= x (0 <= x < off[S]). */
+static int64_t seq_at(const int64_t *off, int64_t S, int64_t x) {
+    int64_t a = 0, z = S - 1;
+    while (a < z) {
+        int64_t m = a + (z - a + 1) / 2;
+        if (off[m] <= x) a = m; else z = m - 1;
+    }
+    return a;
+}
+
+static void sub_begin(const ring *g, const chunk *qc, const chunk *kc, sub_iter *it) {
+    it->done = qc->len == 0 || kc->len == 0;
+    it->s = it->s_hi = 0;
+    if (it->done || !g->packed) return;
+    int64_t a = seq_at(g->oq, g->S, qc->start), b = seq_at(g->ok, g->S, kc->start);
+    int64_t y = seq_at(g->oq, g->S, qc->start + qc->len - 1), z = seq_at(g->ok, g->S, kc->start + kc->len - 1);
+    it->s = a < b ? a : b;
+    it->s_hi = y > z ? y : z;
+}
+
+/* The next sub-block of the pair with a visible key, or 0 when none is
+ * left. Packed: a run of consecutive sequences cut to the two chunks;
+ * sequences with rows on one side only (no key of the block, or no query)
+ * join any run, the others break it where their shift or key cap changes:
+ * only the sequences cut by a chunk boundary have their own (at most two
+ * per side), so a pair makes a handful of calls, whatever the number of
+ * sequences. */
+static int sub_next(ring *g, const chunk *qc, const chunk *kc, sub_iter *it, sub *sb) {
+    const int64_t qs = qc->start, qe = qs + qc->len, ks = kc->start, ke = ks + kc->len;
+    if (!g->packed) {
+        if (it->done) return 0;
+        it->done = 1;
+        sb->qa = sb->ka = 0;
+        sb->lq = qc->len;
+        sb->lk = kc->len;
+        sb->c = qs - ks + (g->d.n_k - g->d.n_q) - (kc->len - qc->len);
+        sb->kcap = -1;
+        sb->ns = 0;
+        return rows_visible(g, qs, qe, ks, ke);
+    }
+    const int64_t *oq = g->oq, *ok = g->ok;
+    const int unbounded = g->gplan.left >= SIDE_BIG && g->gplan.right >= SIDE_BIG;
+    while (!it->done && it->s <= it->s_hi) {
+        int64_t first = it->s, t = first, c = 0, kcap = -1;
+        int keyed = 0;
+        for (; t <= it->s_hi; t++) {
+            int64_t qa = clamp64(oq[t], qs, qe), nq1 = clamp64(oq[t + 1], qs, qe) - qa;
+            int64_t ka = clamp64(ok[t], ks, ke), nk1 = clamp64(ok[t + 1], ks, ke) - ka;
+            if (nq1 == 0 || nk1 == 0) continue; /* joins any run */
+            int64_t nq = oq[t + 1] - oq[t], nk = ok[t + 1] - ok[t];
+            int64_t ct = unbounded ? 0 : (qa - oq[t]) + (nk - nq) - (ka - ok[t]) - (nk1 - nq1), capt = -1;
+            if (g->d.key_lengths) {
+                int64_t v0 = g->d.key_lengths[0] - (ka - ok[t]);
+                if (v0 < nk1) capt = v0 < 0 ? 0 : v0;
+            }
+            if (keyed && (ct != c || capt != kcap)) break;
+            keyed = 1;
+            c = ct;
+            kcap = capt;
+        }
+        int64_t last = t - 1;
+        it->s = t;
+        if (!keyed) continue;
+        int64_t q0 = clamp64(oq[first], qs, qe), q1 = clamp64(oq[last + 1], qs, qe);
+        int64_t k0 = clamp64(ok[first], ks, ke), k1 = clamp64(ok[last + 1], ks, ke);
+        if (!rows_visible(g, q0, q1, k0, k1)) continue;
+        sb->ns = last - first + 1;
+        for (int64_t u = 0; u <= sb->ns; u++) {
+            g->goq[u] = clamp64(oq[first + u], qs, qe) - q0;
+            g->gok[u] = clamp64(ok[first + u], ks, ke) - k0;
+        }
+        sb->qa = q0 - qs;
+        sb->lq = q1 - q0;
+        sb->ka = k0 - ks;
+        sb->lk = k1 - k0;
+        sb->c = c;
+        sb->kcap = kcap;
+        return 1;
+    }
+    it->done = 1;
+    return 0;
+}
+
+/* The descriptor and window sides of one sub-block. bias_loc: this rank's
+ * bias rows [bias_h, nq_loc, n_k] (copied into g->bb for the block). */
+static void sub_desc(ring *g, const chunk *qc, const chunk *kc, const sub *sb, const float *bias_loc,
+                     qkv_attn_desc *bd, int64_t *left, int64_t *right) {
     *bd = g->d;
     bd->batch = g->B;
-    bd->n_q = qc->len;
-    bd->n_k = kc->len;
+    bd->n_q = sb->lq;
+    bd->n_k = sb->lk;
     bd->mask = QKV_MASK_NONE;
     bd->window_left = bd->window_right = 0;
     bd->relu_divide_by_count = 0; /* divided once by the global count */
     bd->key_lengths = NULL;
-    if (g->d.key_lengths) {
+    bd->num_seqs = 0;
+    bd->seq_offsets_q = bd->seq_offsets_k = NULL;
+    if (g->packed) {
+        bd->num_seqs = sb->ns;
+        bd->seq_offsets_q = g->goq;
+        bd->seq_offsets_k = g->gok;
+        if (g->d.key_lengths) {
+            g->blk_len[0] = sb->kcap < 0 ? sb->lk : sb->kcap;
+            bd->key_lengths = g->blk_len;
+        }
+    } else if (g->d.key_lengths) {
         for (int64_t b = 0; b < g->B; b++) {
             int64_t l = g->d.key_lengths[b] - kc->start;
             g->blk_len[b] = l < 0 ? 0 : (l > kc->len ? kc->len : l);
@@ -219,15 +335,14 @@ static int pair_desc(ring *g, const chunk *qc, const chunk *kc, const float *bia
     if (g->bias_h > 0) {
         const int64_t nq_loc = g->mq.local_n, nk = g->d.n_k;
         for (int64_t h = 0; h < g->bias_h; h++)
-            for (int64_t i = 0; i < qc->len; i++)
-                memcpy(g->bb + (h * qc->len + i) * kc->len, bias_loc + (h * nq_loc + qc->off + i) * nk + kc->start,
-                       (size_t)kc->len * sizeof(float));
+            for (int64_t i = 0; i < sb->lq; i++)
+                memcpy(g->bb + (h * sb->lq + i) * sb->lk,
+                       bias_loc + (h * nq_loc + qc->off + sb->qa + i) * nk + kc->start + sb->ka,
+                       (size_t)sb->lk * sizeof(float));
         bd->bias = g->bb;
     }
-    int64_t c = qc->start - kc->start + (g->d.n_k - g->d.n_q) - (kc->len - qc->len);
-    *left = shift_side(g->gplan.left, -c);
-    *right = shift_side(g->gplan.right, c);
-    return 1;
+    *left = shift_side(g->gplan.left, -sb->c);
+    *right = shift_side(g->gplan.right, sb->c);
 }
 
 /* qkv_attention_forward / backward of one block with the window sides
@@ -287,8 +402,7 @@ static qkv_status ring_check(const qkv_attn_desc *desc, int backward) {
     d.bias = NULL;
     qkv_status s = qkv_attn_desc_check(&d);
     if (s != QKV_OK) return s;
-    if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || d.seq_offsets_q || d.seq_offsets_k ||
-        d.num_seqs != 0 || d.alibi_slopes || d.rel_table || d.dropout != 0.0)
+    if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || d.alibi_slopes || d.rel_table || d.dropout != 0.0)
         return QKV_ERR_UNSUPPORTED;
     if (backward && d.impl == QKV_IMPL_REFERENCE) return QKV_ERR_UNSUPPORTED;
     return QKV_OK;
@@ -354,6 +468,19 @@ static qkv_status ring_begin(ring *g, const qkv_attn_desc *desc, qkv_dist_layout
         g->bb = qkv_alloc((size_t)bbn * sizeof(float) + 1);
         if (!g->bb) return QKV_ERR_OUT_OF_MEMORY;
     }
+    if (g->gplan.packed) { /* B = 1 (validated): sub-block offsets and lse */
+        g->packed = 1;
+        g->S = g->gplan.d.num_seqs;
+        g->oq = g->gplan.d.seq_offsets_q;
+        g->ok = g->gplan.d.seq_offsets_k; /* the plan made it oq when NULL */
+        int64_t mq = g->mq.c[0].len > g->mq.c[1].len ? g->mq.c[0].len : g->mq.c[1].len, lgn;
+        int64_t fl[2] = {g->H, mq};
+        if (!qkv_count_ok(&lgn, sizeof(float), 2, fl)) return QKV_ERR_SIZE_OVERFLOW;
+        g->goq = qkv_alloc((size_t)(g->S + 1) * sizeof(int64_t));
+        g->gok = qkv_alloc((size_t)(g->S + 1) * sizeof(int64_t));
+        g->lg = qkv_alloc((size_t)lgn * sizeof(float) + 1);
+        if (!g->goq || !g->gok || !g->lg) return QKV_ERR_OUT_OF_MEMORY;
+    }
     return QKV_OK;
 }
 
@@ -362,6 +489,9 @@ static void ring_end(ring *g) {
     qkv_free(g->kown);
     qkv_free(g->blk_len);
     qkv_free(g->bb);
+    qkv_free(g->goq);
+    qkv_free(g->gok);
+    qkv_free(g->lg);
 }
 
 /* Every rank's status agreed: QKV_OK only when all are; otherwise this
@@ -519,12 +649,30 @@ qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout
                 float *qc_p = qp + B * qc->off * H * D;
                 for (int tk = 0; tk < ko->n && cs == QKV_OK; tk++) {
                     const chunk *kc = &ko->c[tk];
-                    qkv_attn_desc bd;
-                    int64_t left, right;
-                    if (!pair_desc(&g, qc, kc, bias_loc, &bd, &left, &right)) continue;
-                    cs = block_forward(&bd, left, right, qc_p, kv_k(&g, buf[cur], ko, tk), kv_v(&g, buf[cur], ko, tk),
-                                       ob, lb);
-                    if (cs == QKV_OK)
+                    const float *kp = kv_k(&g, buf[cur], ko, tk), *vp = kv_v(&g, buf[cur], ko, tk);
+                    sub_iter it;
+                    sub sb;
+                    int any = 0;
+                    sub_begin(&g, qc, kc, &it);
+                    while (cs == QKV_OK && sub_next(&g, qc, kc, &it, &sb)) {
+                        qkv_attn_desc bd;
+                        int64_t left, right;
+                        sub_desc(&g, qc, kc, &sb, bias_loc, &bd, &left, &right);
+                        if (!g.packed) { /* the whole pair */
+                            cs = block_forward(&bd, left, right, qc_p, kp, vp, ob, lb);
+                        } else { /* B = 1: rows qa.. of the pair, lse [H, lq] through g.lg */
+                            if (!any) {
+                                memset(ob, 0, (size_t)(qc->len * H * Dv) * sizeof(float));
+                                for (int64_t t = 0; t < H * qc->len; t++) lb[t] = -INFINITY;
+                            }
+                            cs = block_forward(&bd, left, right, qc_p + sb.qa * H * D, kp + sb.ka * Hkv * D,
+                                               vp + sb.ka * Hkv * Dv, ob + sb.qa * H * Dv, g.lg);
+                            for (int64_t h = 0; h < H && cs == QKV_OK; h++)
+                                memcpy(lb + h * qc->len + sb.qa, g.lg + h * sb.lq, (size_t)sb.lq * sizeof(float));
+                        }
+                        any = 1;
+                    }
+                    if (cs == QKV_OK && any)
                         (g.softmax ? merge : merge_sum)(acc + B * qc->off * H * Dv, acc_l + B * H * qc->off, ob, lb,
                                                         B, qc->len, H, Dv);
                     if (!progress(2, req)) comm_ok = 0;
@@ -575,12 +723,13 @@ qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_dist_layou
  * summed over the batch, and over the heads when shared) into this rank's
  * rows [bias_h, nq_loc, n_k]: each (query chunk, key chunk) pair is
  * computed exactly once, at home, so its entries are copied, not added. */
-static void scatter_dbias(const ring *g, float *dbias, const float *blk, const chunk *qc, const chunk *kc) {
+static void scatter_dbias(const ring *g, float *dbias, const float *blk, const chunk *qc, const chunk *kc,
+                          const sub *sb) {
     const int64_t nq_loc = g->mq.local_n, nk = g->d.n_k;
     for (int64_t h = 0; h < g->bias_h; h++)
-        for (int64_t i = 0; i < qc->len; i++)
-            memcpy(dbias + (h * nq_loc + qc->off + i) * nk + kc->start, blk + (h * qc->len + i) * kc->len,
-                   (size_t)kc->len * sizeof(float));
+        for (int64_t i = 0; i < sb->lq; i++)
+            memcpy(dbias + (h * nq_loc + qc->off + sb->qa + i) * nk + kc->start + sb->ka, blk + (h * sb->lq + i) * sb->lk,
+                   (size_t)sb->lk * sizeof(float));
 }
 
 qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist_layout layout, MPI_Comm comm,
@@ -702,24 +851,49 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                 const chunk *qc = &g.mq.c[tq];
                 for (int tk = 0; tk < ko->n && cs == QKV_OK; tk++) {
                     const chunk *kc = &ko->c[tk];
-                    qkv_attn_desc bd;
-                    int64_t left, right;
-                    if (!pair_desc(&g, qc, kc, bias_loc, &bd, &left, &right)) continue;
-                    bd.impl = QKV_IMPL_FAST; /* the fast path uses the global O and lse given */
                     int64_t nk_el = B * kc->len * Hkv * D, nv_el = B * kc->len * Hkv * Dv;
                     float *dkc = kv_k(&g, dkvb, ko, tk), *dvc = kv_v(&g, dkvb, ko, tk);
-                    qkv_attn_grads gr;
-                    memset(&gr, 0, sizeof gr);
-                    gr.dq = dqb;
-                    gr.dk = scratch ? scratch : dkc; /* the core overwrites */
-                    gr.dv = scratch ? scratch + nk_el : dvc;
-                    gr.dbias = dbb;
-                    cs = block_backward(&bd, left, right, qp + B * qc->off * H * D, kv_k(&g, kv[cur], ko, tk),
-                                        kv_v(&g, kv[cur], ko, tk), g.softmax ? op + B * qc->off * H * Dv : NULL,
-                                        g.softmax ? lp + B * H * qc->off : NULL, gp + B * qc->off * H * Dv, &gr);
-                    if (cs == QKV_OK) {
+                    const float *kp = kv_k(&g, kv[cur], ko, tk), *vp = kv_v(&g, kv[cur], ko, tk);
+                    /* The core overwrites its dQ, dK, dV: scratch for dK/dV
+                     * when two query chunks add into the same keys. A packed
+                     * pair's sub-blocks write disjoint rows: the rest stay 0
+                     * (dkvb is cleared at each step). */
+                    float *dkt = scratch ? scratch : dkc, *dvt = scratch ? scratch + nk_el : dvc;
+                    const float *qcp = qp + B * qc->off * H * D, *ocp = op + B * qc->off * H * Dv;
+                    const float *lcp = lp + B * H * qc->off, *gcp = gp + B * qc->off * H * Dv;
+                    sub_iter it;
+                    sub sb;
+                    int any = 0;
+                    sub_begin(&g, qc, kc, &it);
+                    while (cs == QKV_OK && sub_next(&g, qc, kc, &it, &sb)) {
+                        qkv_attn_desc bd;
+                        int64_t left, right;
+                        sub_desc(&g, qc, kc, &sb, bias_loc, &bd, &left, &right);
+                        bd.impl = QKV_IMPL_FAST; /* the fast path uses the global O and lse given */
+                        if (g.packed && !any) {
+                            memset(dqb, 0, (size_t)(qc->len * H * D) * sizeof(float));
+                            if (scratch) memset(scratch, 0, (size_t)(nk_el + nv_el) * sizeof(float));
+                        }
+                        any = 1;
+                        qkv_attn_grads gr;
+                        memset(&gr, 0, sizeof gr);
+                        gr.dq = dqb + sb.qa * H * D;
+                        gr.dk = dkt + sb.ka * Hkv * D;
+                        gr.dv = dvt + sb.ka * Hkv * Dv;
+                        gr.dbias = dbb;
+                        const float *lsub = lcp;
+                        if (g.packed && g.softmax) { /* B = 1: lse [H, len] -> [H, lq] */
+                            for (int64_t h = 0; h < H; h++)
+                                memcpy(g.lg + h * sb.lq, lcp + h * qc->len + sb.qa, (size_t)sb.lq * sizeof(float));
+                            lsub = g.lg;
+                        }
+                        cs = block_backward(&bd, left, right, qcp + sb.qa * H * D, kp + sb.ka * Hkv * D,
+                                            vp + sb.ka * Hkv * Dv, g.softmax ? ocp + sb.qa * H * Dv : NULL,
+                                            g.softmax ? lsub : NULL, gcp + sb.qa * H * Dv, &gr);
+                        if (cs == QKV_OK && dbias) scatter_dbias(&g, dbias, dbb, qc, kc, &sb);
+                    }
+                    if (cs == QKV_OK && any) {
                         add_to(dqa + B * qc->off * H * D, dqb, B * qc->len * H * D);
-                        if (dbias) scatter_dbias(&g, dbias, dbb, qc, kc);
                         if (scratch) {
                             add_to(dkc, scratch, nk_el);
                             add_to(dvc, scratch + nk_el, nv_el);
