@@ -772,23 +772,41 @@ static int bench_dp(char **argv) {
 /* Helpers for tests/dist/attend_dist.sh (no MPI): write random q, k, v and
  * dout .npy files, and compare two .npy files. */
 static int write_npy(const char *dir) {
-    static const struct { const char *name; int64_t shape[4]; } arr[] = {
-        {"q", {2, 45, 4, 16}}, {"k", {2, 45, 2, 16}}, {"v", {2, 45, 2, 8}}, {"dout", {2, 45, 4, 8}}};
+    /* q, k, v, dout of B = 2; a shared bias [n, n] and a per-head one
+     * [H, n, n] with -inf entries; B = 1 (3-D) copies for packed sequences
+     * and their offsets so.npy (lengths 1, 11, 1, 17, 1, 14). */
+    static const struct { const char *name; int ndim; int64_t shape[4]; } arr[] = {
+        {"q", 4, {2, 45, 4, 16}}, {"k", 4, {2, 45, 2, 16}}, {"v", 4, {2, 45, 2, 8}}, {"dout", 4, {2, 45, 4, 8}},
+        {"bias", 2, {45, 45, 1, 1}}, {"biash", 3, {4, 45, 45, 1}}, {"q1", 3, {45, 4, 16}}, {"k1", 3, {45, 2, 16}},
+        {"v1", 3, {45, 2, 8}}, {"dout1", 3, {45, 4, 8}}};
     tu_rng r;
     tu_rng_seed(&r, 77);
-    for (int i = 0; i < 4; i++) {
+    for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
         qkv_array a;
         char path[1024];
-        if (qkv_array_alloc(&a, QKV_F32, 4, arr[i].shape) != QKV_OK) return 1;
+        if (qkv_array_alloc(&a, QKV_F32, arr[i].ndim, arr[i].shape) != QKV_OK) return 1;
         float *x = a.data;
-        int64_t n = arr[i].shape[0] * arr[i].shape[1] * arr[i].shape[2] * arr[i].shape[3];
+        int64_t n = 1;
+        for (int t = 0; t < arr[i].ndim; t++) n *= arr[i].shape[t];
         for (int64_t j = 0; j < n; j++) x[j] = (float)(2.0 * tu_rng_uniform(&r) - 1.0);
+        if (strcmp(arr[i].name, "biash") == 0)
+            for (int64_t j = 0; j < n; j++)
+                if ((j * 7) % 11 == 3) x[j] = -INFINITY;
         snprintf(path, sizeof path, "%s/%s.npy", dir, arr[i].name);
         qkv_status s = qkv_npy_save(path, &a);
         qkv_array_free(&a);
         if (s != QKV_OK) return 1;
     }
-    return 0;
+    static const int64_t offs[7] = {0, 1, 12, 13, 30, 31, 45};
+    int64_t sh = 7;
+    qkv_array a;
+    char path[1024];
+    if (qkv_array_alloc(&a, QKV_I64, 1, &sh) != QKV_OK) return 1;
+    memcpy(a.data, offs, sizeof offs);
+    snprintf(path, sizeof path, "%s/so.npy", dir);
+    qkv_status s = qkv_npy_save(path, &a);
+    qkv_array_free(&a);
+    return s != QKV_OK;
 }
 
 static int compare_npy(const char *a_path, const char *b_path, double tol) {

@@ -952,8 +952,8 @@ int cli_cmd_attend(int argc, char **argv) {
 /* What rank 0 tells the others before the data. */
 typedef struct dist_head {
     int ok;                 /* 0: rank 0 failed (message printed); stop */
-    int backward, want_lse, has_kl;
-    qkv_attn_desc desc;     /* pointers cleared */
+    int backward, want_lse, has_kl, want_dbias;
+    qkv_attn_desc desc;     /* pointers cleared (bias_kind and num_seqs kept) */
 } dist_head;
 
 static int dist_fail(const char *fmt, const char *detail) {
@@ -1019,8 +1019,6 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
         hd.ok = load_inputs(c, &j, &hd.desc, &dq) == 0;
         if (hd.ok && (c->given[OPT_ATTN] || c->print))
             hd.ok = dist_fail("%s: the n x n attention matrix is not computed by the ring", "--attn/--print") == 0;
-        if (hd.ok && (c->given[OPT_BIAS] || c->given[OPT_SEQ_OFFSETS]))
-            hd.ok = dist_fail("%s are not supported by the ring attention", "--bias and --seq-offsets") == 0;
         if (hd.ok && hd.desc.dtype != QKV_F32)
             hd.ok = dist_fail("%s: the ring attention computes in float32 only", "--dtype") == 0;
         if (hd.ok && hd.desc.batch > (int64_t)(sizeof kl / sizeof kl[0]))
@@ -1034,6 +1032,7 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
         }
         hd.backward = c->backward;
         hd.want_lse = c->given[OPT_LSE];
+        hd.want_dbias = c->backward && c->given[OPT_DBIAS];
         hd.has_kl = hd.ok && hd.desc.key_lengths != NULL;
         if (hd.has_kl) memcpy(kl, hd.desc.key_lengths, (size_t)hd.desc.batch * sizeof(int64_t));
         hd.desc.key_lengths = NULL;
@@ -1049,6 +1048,23 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
         MPI_Bcast(kl, (int)d.batch, MPI_INT64_T, 0, comm);
         d.key_lengths = kl;
     }
+    /* --seq-offsets: every rank gets the offsets (S + 1 entries, checked by
+     * rank 0; the ring derives each block's sequences from them). */
+    int64_t *so = NULL;
+    if (d.num_seqs > 0) {
+        so = malloc((size_t)(d.num_seqs + 1) * sizeof(int64_t));
+        int so_ok = so != NULL, so_all = 0;
+        MPI_Allreduce(&so_ok, &so_all, 1, MPI_INT, MPI_MIN, comm);
+        if (!so_all) {
+            if (!so) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", rank);
+            free(so);
+            job_free(&j);
+            return CLI_EXIT_FAIL;
+        }
+        if (rank == 0) memcpy(so, j.in[IN_SEQ_OFFSETS].a.data, (size_t)(d.num_seqs + 1) * sizeof(int64_t));
+        MPI_Bcast(so, (int)(d.num_seqs + 1), MPI_INT64_T, 0, comm);
+        d.seq_offsets_q = so;
+    }
     const int64_t B = d.batch, H = d.heads, Hkv = d.heads_kv ? d.heads_kv : H, D = d.dim,
                   Dv = d.dim_v ? d.dim_v : D;
     qkv_dist_layout layout = d.mask == QKV_MASK_CAUSAL ? QKV_DIST_ZIGZAG : QKV_DIST_CONTIGUOUS;
@@ -1063,17 +1079,24 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
     qkv_dist_partition(d.n_k, size, rank, layout, ks, kln, &nkl);
     size_t rq = (size_t)(B * nql * H), rk = (size_t)(B * nkl * Hkv);
     size_t tmp_n = (size_t)(B * (maxq > maxk ? maxq : maxk) * H * (D > Dv ? D : Dv)) + 1;
+    /* --bias: each rank holds only the rows of its queries, [Hb, nql, n_k]
+     * (rank 0 reads the file and sends them, as for q, k, v). */
+    const int64_t Hb = d.bias_kind == QKV_BIAS_PER_HEAD ? H : d.bias_kind == QKV_BIAS_SHARED ? 1 : 0;
+    size_t rb = (size_t)(Hb * nql * d.n_k);
+    if ((size_t)(Hb * maxq * d.n_k) + 1 > tmp_n) tmp_n = (size_t)(Hb * maxq * d.n_k) + 1;
+    float *lb = Hb > 0 ? malloc((rb + 1) * sizeof(float)) : NULL, *ldb = NULL;
     float *lq = malloc((rq * (size_t)D + 1) * sizeof(float)), *lk = malloc((rk * (size_t)D + 1) * sizeof(float));
     float *lv = malloc((rk * (size_t)Dv + 1) * sizeof(float)), *lo = malloc((rq * (size_t)Dv + 1) * sizeof(float));
     float *ll_ = malloc((rq + 1) * sizeof(float)), *lg = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
     float *tmp = rank == 0 ? malloc(tmp_n * sizeof(float)) : NULL;
-    int ok = lq && lk && lv && lo && ll_ && (rank != 0 || tmp);
+    int ok = lq && lk && lv && lo && ll_ && (rank != 0 || tmp) && (Hb == 0 || lb);
     if (ok && hd.backward) {
         lg = malloc((rq * (size_t)Dv + 1) * sizeof(float));
         ldq = malloc((rq * (size_t)D + 1) * sizeof(float));
         ldk = malloc((rk * (size_t)D + 1) * sizeof(float));
         ldv = malloc((rk * (size_t)Dv + 1) * sizeof(float));
-        ok = lg && ldq && ldk && ldv;
+        if (hd.want_dbias) ldb = malloc((rb + 1) * sizeof(float));
+        ok = lg && ldq && ldk && ldv && (!hd.want_dbias || ldb);
     }
     int all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
@@ -1086,13 +1109,23 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
         dist_move(comm, rank, size, rank == 0 ? j.in[IN_K].a.data : NULL, lk, B, d.n_k, Hkv * D, layout, 1, tmp) ||
         dist_move(comm, rank, size, rank == 0 ? j.in[IN_V].a.data : NULL, lv, B, d.n_k, Hkv * Dv, layout, 1, tmp) ||
         (hd.backward &&
-         dist_move(comm, rank, size, rank == 0 ? j.in[IN_DOUT].a.data : NULL, lg, B, d.n_q, H * Dv, layout, 1, tmp))) {
+         dist_move(comm, rank, size, rank == 0 ? j.in[IN_DOUT].a.data : NULL, lg, B, d.n_q, H * Dv, layout, 1, tmp)) ||
+        (Hb > 0 &&
+         dist_move(comm, rank, size, rank == 0 ? j.in[IN_BIAS].a.data : NULL, lb, Hb, d.n_q, d.n_k, layout, 1, tmp))) {
         cli_error(CMD, "--distributed", NULL, "rank %d: sending the inputs failed", rank);
         goto out;
     }
+    d.bias = lb;
     qkv_status s = qkv_ring_attention_forward(&d, layout, comm, lq, lk, lv, lo, ll_);
-    if (s == QKV_OK && hd.backward)
-        s = qkv_ring_attention_backward(&d, layout, comm, lq, lk, lv, lo, ll_, lg, ldq, ldk, ldv);
+    if (s == QKV_OK && hd.backward) {
+        qkv_attn_grads gr;
+        memset(&gr, 0, sizeof gr);
+        gr.dq = ldq;
+        gr.dk = ldk;
+        gr.dv = ldv;
+        gr.dbias = ldb;
+        s = qkv_ring_attention_backward_grads(&d, layout, comm, lq, lk, lv, lo, ll_, lg, &gr);
+    }
     if (s != QKV_OK) {
         if (rank == 0) status_error(&j, "ring attention failed", s);
         goto out;
@@ -1116,7 +1149,9 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
             (hd.backward &&
              (alloc_output(&j, OUT_DQ, c->val[OPT_DQ], QKV_F32, qa->ndim, qa->shape, "dL/dQ") ||
               alloc_output(&j, OUT_DK, c->val[OPT_DK], QKV_F32, j.in[IN_K].a.ndim, j.in[IN_K].a.shape, "dL/dK") ||
-              alloc_output(&j, OUT_DV, c->val[OPT_DV], QKV_F32, j.in[IN_V].a.ndim, j.in[IN_V].a.shape, "dL/dV"))))
+              alloc_output(&j, OUT_DV, c->val[OPT_DV], QKV_F32, j.in[IN_V].a.ndim, j.in[IN_V].a.shape, "dL/dV") ||
+              (hd.want_dbias && alloc_output(&j, OUT_DBIAS, c->val[OPT_DBIAS], QKV_F32, j.in[IN_BIAS].a.ndim,
+                                             j.in[IN_BIAS].a.shape, "dL/dbias")))))
             ok = 0;
     }
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
@@ -1127,7 +1162,9 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
         (hd.backward &&
          (dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DQ].a.data : NULL, ldq, B, d.n_q, H * D, layout, 0, tmp) ||
           dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DK].a.data : NULL, ldk, B, d.n_k, Hkv * D, layout, 0, tmp) ||
-          dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DV].a.data : NULL, ldv, B, d.n_k, Hkv * Dv, layout, 0, tmp)))) {
+          dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DV].a.data : NULL, ldv, B, d.n_k, Hkv * Dv, layout, 0, tmp))) ||
+        (hd.want_dbias &&
+         dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DBIAS].a.data : NULL, ldb, Hb, d.n_q, d.n_k, layout, 0, tmp))) {
         cli_error(CMD, "--distributed", NULL, "rank %d: gathering the outputs failed", rank);
         goto out;
     }
@@ -1135,6 +1172,7 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
     if (rank == 0 && write_outputs(&j) != 0) rc = CLI_EXIT_FAIL;
 out:
     free(lq); free(lk); free(lv); free(lo); free(ll_); free(lg); free(ldq); free(ldk); free(ldv); free(tmp);
+    free(lb); free(ldb); free(so);
     job_free(&j);
     return rc;
 }

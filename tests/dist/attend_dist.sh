@@ -3,7 +3,11 @@
 # as one process: forward (out, lse) and backward (dq, dk, dv), causal and
 # not, GQA (4 query heads, 2 key/value heads), n = 45 (uneven over 2..4
 # ranks); then windows and the ReLU/sigmoid normalisers over 2 and 3 ranks;
-# compared with the single-process qkv attend to float rounding.
+# --bias (shared, and per head with -inf entries) with its gradient --dbias
+# (each rank holds only its queries' bias rows); packed sequences
+# (--seq-offsets, B = 1, sequences of length 1 straddling rank boundaries),
+# also with a bias; compared with the single-process qkv attend to float
+# rounding.
 # Usage: attend_dist.sh MPIEXEC QKV_CLI TESTS_BINARY_DIR
 set -u
 mpiexec=$1
@@ -14,31 +18,47 @@ tmp=$(mktemp -d "${QKV_TEST_TMP:-/tmp}/attend_dist.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 fails=0
 "$tool" --write-npy "$tmp" || { echo "FAIL: cannot write the inputs" >&2; exit 1; }
-in=(--q "$tmp/q.npy" --k "$tmp/k.npy" --v "$tmp/v.npy" --grad-out "$tmp/dout.npy" --threads 1)
-# "mask|other options|ranks"
-cases=("none||1 2 3 4" "causal||1 2 3 4" "window:3,2||2 3" "causal-window:5||2 3"
-       "causal|--norm relu --relu-count|2 3" "window:4,4|--norm sigmoid|2 3")
+in2=(--q "$tmp/q.npy" --k "$tmp/k.npy" --v "$tmp/v.npy" --grad-out "$tmp/dout.npy" --threads 1)
+in1=(--q "$tmp/q1.npy" --k "$tmp/k1.npy" --v "$tmp/v1.npy" --grad-out "$tmp/dout1.npy" --threads 1)
+b=$tmp/bias.npy
+bh=$tmp/biash.npy
+so=$tmp/so.npy
+# "mask|other options|ranks|inputs (2: B = 2, 1: B = 1)"; with --bias the
+# bias gradient --dbias is compared too.
+cases=("none||1 2 3 4|2" "causal||1 2 3 4|2" "window:3,2||2 3|2" "causal-window:5||2 3|2"
+       "causal|--norm relu --relu-count|2 3|2" "window:4,4|--norm sigmoid|2 3|2"
+       "causal|--bias $b|1 2 3 4|2" "window:4,4|--bias $bh|2 3|2"
+       "causal|--seq-offsets $so|1 2 3 4|1" "window:3,2|--seq-offsets $so|2 4|1"
+       "none|--seq-offsets $so --bias $bh|3|1")
 for c in "${cases[@]}"; do
-  IFS='|' read -r mask extra nps <<<"$c"
+  IFS='|' read -r mask extra nps set <<<"$c"
   # shellcheck disable=SC2206
   more=($extra)
-  tag=$(printf '%s%s' "$mask" "$extra" | tr -c 'a-z0-9' '_')
+  if [ "$set" = 1 ]; then in=("${in1[@]}"); else in=("${in2[@]}"); fi
+  outs=(out lse dq dk dv)
+  case "$extra" in *--bias*) outs+=(dbias) ;; esac
+  tag=$(printf '%s%s' "$mask" "${extra//$tmp/}" | tr -c 'a-z0-9' '_')
   one=$tmp/one-$tag
   mkdir -p "$one"
-  "$qkv" attend "${in[@]}" --mask "$mask" "${more[@]}" -o "$one/out.npy" --lse "$one/lse.npy" \
-    --dq "$one/dq.npy" --dk "$one/dk.npy" --dv "$one/dv.npy" || { echo "FAIL: one process ($c)" >&2; exit 1; }
+  oneo=()
+  for f in "${outs[@]}"; do oneo+=("--$f" "$one/$f.npy"); done
+  "$qkv" attend "${in[@]}" --mask "$mask" "${more[@]}" "${oneo[@]}" || { echo "FAIL: one process ($c)" >&2; exit 1; }
   for np in $nps; do
     d=$tmp/np$np-$tag
     mkdir -p "$d"
+    dist=()
+    for f in "${outs[@]}"; do dist+=("--$f" "$d/$f.npy"); done
     if ! timeout -k 5 120 "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" "$qkv" attend --distributed \
-        "${in[@]}" --mask "$mask" "${more[@]}" -o "$d/out.npy" --lse "$d/lse.npy" --dq "$d/dq.npy" --dk "$d/dk.npy" \
-        --dv "$d/dv.npy"; then
+        "${in[@]}" --mask "$mask" "${more[@]}" "${dist[@]}"; then
       echo "FAIL: mpirun -np $np qkv attend --distributed --mask $mask $extra" >&2
       fails=$((fails + 1))
       continue
     fi
-    for f in out lse; do "$tool" --compare "$d/$f.npy" "$one/$f.npy" 1e-5 || fails=$((fails + 1)); done
-    for f in dq dk dv; do "$tool" --compare "$d/$f.npy" "$one/$f.npy" 1e-4 || fails=$((fails + 1)); done
+    for f in "${outs[@]}"; do
+      tol=1e-4
+      case $f in out | lse) tol=1e-5 ;; esac
+      "$tool" --compare "$d/$f.npy" "$one/$f.npy" $tol || { echo "  ($f: np $np, $c)" >&2; fails=$((fails + 1)); }
+    done
   done
 done
 # Requests the ring cannot do are refused with a message and no output.
