@@ -38,11 +38,16 @@ static void check_task(qkv_task task, int64_t L, int64_t S) {
             for (int64_t i = 1; i < L; i++) ok &= tk[L + i] <= tk[L + 1 + i];
             ok &= sum_in == sum_out;
         }
-        if (task == QKV_TASK_RECALL) {
-            int found = 0;
-            for (int64_t i = 0; i < L; i++)
-                if (tk[2 * i] == tk[2 * L + 1]) found = tk[2 * i + 1] == tg[2 * L + 1];
-            ok &= found && tk[2 * L] == 2 * S;
+        if (task == QKV_TASK_RECALL) { /* pairs, SEP, every key once as a query -> its value */
+            ok &= N == 3 * L + 1 && tk[2 * L] == 2 * S;
+            for (int64_t q = 2 * L + 1; q < N; q++) {
+                int found = 0;
+                for (int64_t i = 0; i < L; i++)
+                    if (tk[2 * i] == tk[q]) found++, ok &= tk[2 * i + 1] == tg[q];
+                for (int64_t r = 2 * L + 1; r < q; r++) ok &= tk[r] != tk[q];
+                ok &= found == 1;
+            }
+            for (int64_t i = 0; i <= 2 * L; i++) ok &= tg[i] == -1;
         }
         if (task == QKV_TASK_MLM)
             for (int64_t i = 0; i < N; i++) ok &= (tg[i] >= 0) == (tk[i] == 256);

@@ -27,7 +27,7 @@
 enum {
     OPT_HELP, OPT_TASK, OPT_TEXT, OPT_LAYERS, OPT_DIM, OPT_HEADS, OPT_SEQ, OPT_SYMBOLS, OPT_BATCH, OPT_STEPS,
     OPT_LR, OPT_WARMUP, OPT_POS, OPT_SEED, OPT_DROPOUT, OPT_OUT, OPT_RESUME, OPT_THREADS, OPT_CKPT_EVERY,
-    OPT_QUIET, OPT_COUNT
+    OPT_QUIET, OPT_PRECISION, OPT_COUNT
 };
 
 static const cli_opt options[OPT_COUNT] = {
@@ -38,6 +38,7 @@ static const cli_opt options[OPT_COUNT] = {
     {"--pos", NULL, 1, OPT_POS},          {"--seed", NULL, 1, OPT_SEED},         {"--dropout", NULL, 1, OPT_DROPOUT},
     {"--out", "-o", 1, OPT_OUT},          {"--resume", NULL, 1, OPT_RESUME},     {"--threads", NULL, 1, OPT_THREADS},
     {"--ckpt-every", NULL, 1, OPT_CKPT_EVERY}, {"--quiet", "-q", 0, OPT_QUIET},
+    {"--precision", NULL, 1, OPT_PRECISION},
 };
 
 static const char *const POS_NAMES[] = {"none", "sinusoidal", "learned", "rope", "alibi", "relative", "floater"};
@@ -55,7 +56,8 @@ static void help(void) {
           "\n"
           "Task:\n"
           "  --task NAME [FILE]  copy, reverse, sort: L symbols, a separator, the answer;\n"
-          "                      recall: L key-value pairs then a key, answer its value;\n"
+          "                      recall: L key-value pairs then every key again, answer\n"
+          "                      each one's value (trained from 4 pairs up: a curriculum);\n"
           "                      label: word classes that depend on position (encoder);\n"
           "                      text FILE: next-byte prediction; mlm FILE: masked bytes\n"
           "  --text FILE         the corpus (same as the FILE after --task text|mlm)\n"
@@ -68,6 +70,9 @@ static void help(void) {
           "Training:\n"
           "  --batch B (32)  --steps S (2000)  --lr LR (1e-3)  --warmup W (100)\n"
           "  --seed S (1)    --threads N (0: all cores)  --ckpt-every K (250)\n"
+          "  --precision fp32|bf16|fp16 (fp32)  mixed precision: the attention core\n"
+          "                  on bf16 / fp16 copies of q, k, v (and dout), weights and\n"
+          "                  optimiser in fp32; fp16 adds dynamic loss scaling\n"
           "  --resume DIR    continue a run from its checkpoint, exactly\n"
           "  --quiet         no progress bar\n",
           stdout);
@@ -292,7 +297,41 @@ static void dp_end(dp_ctx *dp) {
 
 /* ---- training ---------------------------------------------------------------- */
 
-static int save_checkpoint(const char *dir, const qkv_model *m, const qkv_adamw *opt, const train_run *r) {
+static const char *const PRECISION_NAMES[] = {"fp32", "bf16", "fp16"};
+static const qkv_dtype PRECISION_DTYPES[] = {QKV_F32, QKV_BF16, QKV_F16};
+
+/* --precision and its loss scaler, kept in the checkpoint's metadata
+ * ("train.precision", "train.loss_scale", "train.loss_scale_clean",
+ * "train.loss_scale_skipped") so that a resumed fp16 run goes on exactly. */
+static qkv_status save_precision(qkv_safetensors *st, int prec, const qkv_loss_scaler *ls) {
+    char v[64];
+    qkv_status s = qkv_safetensors_set_meta(st, "train.precision", PRECISION_NAMES[prec]);
+    snprintf(v, sizeof v, "%.17g", ls->scale);
+    if (s == QKV_OK) s = qkv_safetensors_set_meta(st, "train.loss_scale", v);
+    snprintf(v, sizeof v, "%lld", (long long)ls->clean);
+    if (s == QKV_OK) s = qkv_safetensors_set_meta(st, "train.loss_scale_clean", v);
+    snprintf(v, sizeof v, "%lld", (long long)ls->skipped);
+    if (s == QKV_OK) s = qkv_safetensors_set_meta(st, "train.loss_scale_skipped", v);
+    return s;
+}
+
+/* From a checkpoint: fp32 and a fresh scaler when it has no such entries
+ * (written before --precision existed). */
+static void load_precision(const qkv_safetensors *st, int *prec, qkv_loss_scaler *ls) {
+    const char *p = qkv_safetensors_get_meta(st, "train.precision"), *sc = qkv_safetensors_get_meta(st, "train.loss_scale"),
+               *cl = qkv_safetensors_get_meta(st, "train.loss_scale_clean"),
+               *sk = qkv_safetensors_get_meta(st, "train.loss_scale_skipped");
+    for (int i = 0; p && i < 3; i++)
+        if (!strcmp(p, PRECISION_NAMES[i])) *prec = i;
+    if (sc && cl && sk) {
+        ls->scale = strtod(sc, NULL);
+        ls->clean = strtoll(cl, NULL, 10);
+        ls->skipped = strtoll(sk, NULL, 10);
+    }
+}
+
+static int save_checkpoint(const char *dir, const qkv_model *m, const qkv_adamw *opt, const train_run *r, int prec,
+                           const qkv_loss_scaler *ls) {
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", dir, TRAIN_CKPT_FILE);
     qkv_safetensors *st = NULL;
@@ -300,6 +339,7 @@ static int save_checkpoint(const char *dir, const qkv_model *m, const qkv_adamw 
     if (s == QKV_OK) s = qkv_model_save(m, st);
     if (s == QKV_OK) s = qkv_adamw_save(opt, st);
     if (s == QKV_OK) s = train_run_save(r, st);
+    if (s == QKV_OK) s = save_precision(st, prec, ls);
     if (s == QKV_OK) s = qkv_safetensors_save(st, path);
     qkv_safetensors_free(st);
     if (s != QKV_OK) {
@@ -428,7 +468,9 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
     r.seed = 1;
     int64_t layers = 2, dim = 128, heads = 4, seq = -1, threads = 0, ckpt_every = 250, v;
     double dropout = 0.0;
-    int pos = QKV_POSENC_SINUSOIDAL, have_task = 0, quiet = 0, explicit_model = 0;
+    int pos = QKV_POSENC_SINUSOIDAL, have_task = 0, quiet = 0, explicit_model = 0, prec = 0, have_prec = 0;
+    qkv_loss_scaler scaler;
+    qkv_loss_scaler_init(&scaler);
     const char *out = NULL, *resume = NULL, *text = NULL, *name, *val;
     int id;
     while ((id = cli_next(&a, options, OPT_COUNT, &name, &val)) != CLI_END) {
@@ -483,6 +525,16 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         case OPT_OUT: out = val; break;
         case OPT_RESUME: resume = val; break;
         case OPT_QUIET: quiet = 1; break;
+        case OPT_PRECISION:
+            prec = -1;
+            for (int i = 0; i < 3; i++)
+                if (!strcmp(val, PRECISION_NAMES[i])) prec = i;
+            if (prec < 0) {
+                cli_error(CMD, name, NULL, "'%s' is not one of fp32, bf16, fp16", val);
+                return CLI_EXIT_USAGE;
+            }
+            have_prec = 1;
+            break;
         }
     }
     if (!resume && (!have_task || !out)) {
@@ -491,7 +543,7 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         return CLI_EXIT_USAGE;
     }
     if (dp->rank != 0) quiet = 1; /* data parallel: rank 0 reports */
-    if (resume && (have_task || (out && strcmp(out, resume) != 0) || explicit_model)) {
+    if (resume && (have_task || (out && strcmp(out, resume) != 0) || explicit_model || have_prec)) {
         cli_error(CMD, "--resume", resume, "continues the run as it was: give only --threads (and --quiet) with it");
         return CLI_EXIT_USAGE;
     }
@@ -535,6 +587,7 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
             return CLI_EXIT_USAGE;
         }
         r.task.length = seq > 0 ? seq : (r.task.task == QKV_TASK_TEXT || r.task.task == QKV_TASK_MLM ? 64 : 16);
+        train_curriculum_init(&r);
         int64_t V, N;
         int causal;
         if ((s = qkv_task_shape(&r.task, &V, &N, &causal)) != QKV_OK) {
@@ -578,6 +631,11 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         cli_error(CMD, "--resume", resume, "%s", why);
         goto done;
     }
+    if (ckpt) load_precision(ckpt, &prec, &scaler);
+    if ((s = qkv_model_set_precision(m, PRECISION_DTYPES[prec])) != QKV_OK) {
+        cli_error(CMD, "--precision", PRECISION_NAMES[prec], "%s", qkv_status_string(s));
+        goto done;
+    }
     {
         int64_t V, N;
         int causal;
@@ -602,36 +660,53 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         }
         int tty = !quiet && isatty(STDERR_FILENO);
         if (!quiet)
-            fprintf(stderr, "qkv train: %s, n = %lld, vocab %lld, %lld parameters, %lld steps%s\n",
+            fprintf(stderr, "qkv train: %s, n = %lld, vocab %lld, %lld parameters, %lld steps%s%s%s\n",
                     qkv_task_name(r.task.task), (long long)N, (long long)V, (long long)qkv_model_param_count(m),
-                    (long long)r.steps, r.step ? " (resumed)" : "");
+                    (long long)r.steps, r.step ? " (resumed)" : "", prec ? ", attention in " : "",
+                    prec ? PRECISION_NAMES[prec] : "");
         double t0 = now_s(), t_last = t0, ema = NAN;
         int64_t first = r.step;
         int failed = 0;
         for (; r.step < r.steps; r.step++) {
             double loss = 0, gnorm = 0, ts = now_s();
             double lr = qkv_lr_schedule(r.step, r.warmup, r.steps, r.lr, r.min_lr);
-            if ((s = qkv_task_batch(&r.task, r.seed, r.step, r.batch, tok, tgt)) != QKV_OK) break;
+            qkv_task_spec cur = r.task; /* the curriculum's length, if any (N is the most) */
+            int64_t Nc = N;
+            if (r.cur_length > 0) cur.length = r.cur_length;
+            if ((s = qkv_task_shape(&cur, NULL, &Nc, NULL)) != QKV_OK ||
+                (s = qkv_task_batch(&cur, r.seed, r.step, r.batch, tok, tgt)) != QKV_OK)
+                break;
             qkv_model_set_step(m, r.seed, r.step);
             qkv_model_zero_grad(m);
+            if (PRECISION_DTYPES[prec] == QKV_F16 && (s = qkv_model_set_loss_scale(m, scaler.scale)) != QKV_OK) break;
             int64_t b0 = 0, bn = r.batch;
             double share = 1.0;
-            if (dp->size > 1) dp_slice(dp, r.batch, N, tgt, &b0, &bn, &share);
+            if (dp->size > 1) dp_slice(dp, r.batch, Nc, tgt, &b0, &bn, &share);
             s = dp_red_begin(red, share);
-            if (s == QKV_OK) s = qkv_model_forward(m, bn, N, tok + b0 * N, tgt + b0 * N, 1, NULL, &loss);
+            if (s == QKV_OK) s = qkv_model_forward(m, bn, Nc, tok + b0 * Nc, tgt + b0 * Nc, 1, NULL, &loss);
             if (s == QKV_OK) s = qkv_model_backward(m);
             if ((s = dp_red_finish(red, s)) != QKV_OK) break; /* every rank stops together */
-            if ((s = dp_reduce(dp, share, &loss)) != QKV_OK || (s = qkv_adamw_step(opt, lr, r.clip, &gnorm)) != QKV_OK)
+            if ((s = dp_reduce(dp, share, &loss)) != QKV_OK) break;
+            if (PRECISION_DTYPES[prec] == QKV_F16) { /* unscale; skip the step on inf/NaN (logged grad_norm inf) */
+                int skipped = 0;
+                if ((s = qkv_loss_scaler_step(&scaler, m, opt, lr, r.clip, &gnorm, &skipped)) != QKV_OK) break;
+            } else if ((s = qkv_adamw_step(opt, lr, r.clip, &gnorm)) != QKV_OK) {
                 break;
+            }
             double te = now_s();
-            double tps = (double)(r.batch * N) / (te - ts);
+            double tps = (double)(r.batch * Nc) / (te - ts);
+            int64_t was = r.cur_length;
+            train_curriculum_update(&r, loss);
+            if (!quiet && r.cur_length != was)
+                fprintf(stderr, "%scurriculum: %lld pairs from step %lld\n", tty ? "\n" : "", (long long)r.cur_length,
+                        (long long)r.step + 1);
             fprintf(log, "%lld,%.9g,%.6g,%.6g,%.1f\n", (long long)r.step, loss, lr, gnorm, tps);
             ema = isnan(ema) ? loss : 0.95 * ema + 0.05 * loss;
             if ((r.step + 1) % ckpt_every == 0 || r.step + 1 == r.steps) {
                 int64_t keep = r.step;
                 r.step++;
                 fflush(log);
-                if (dp_any(dp, dp->rank == 0 && save_checkpoint(out, m, opt, &r) != 0)) {
+                if (dp_any(dp, dp->rank == 0 && save_checkpoint(out, m, opt, &r, prec, &scaler) != 0)) {
                     failed = 1;
                     break;
                 }
@@ -671,6 +746,9 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         if ((s = evaluate(m, &r, 512, r.seed ^ EVAL_SEED_SALT, &acc, &tacc, &eloss)) == QKV_OK)
             printf("%s: exact-sequence accuracy %.2f%%, token accuracy %.2f%%, loss %.4f on 512 fresh examples\n",
                    qkv_task_name(r.task.task), 100 * acc, 100 * tacc, eloss);
+        if (PRECISION_DTYPES[prec] == QKV_F16)
+            printf("fp16 loss scaling: %lld steps skipped (inf/NaN gradients), final scale %g\n",
+                   (long long)scaler.skipped, scaler.scale);
         if (write_loss_png(out) != 0) goto done;
         printf("checkpoint: %s/%s\nloss log:   %s/loss.csv\nloss curve: %s/loss.png\n", out, TRAIN_CKPT_FILE, out,
                out);

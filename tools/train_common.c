@@ -68,6 +68,9 @@ qkv_status train_run_save(const train_run *r, qkv_safetensors *st) {
     if (s == QKV_OK) s = put_f64(st, "run.min_lr", r->min_lr);
     if (s == QKV_OK) s = put_f64(st, "run.clip", r->clip);
     if (s == QKV_OK) s = put_f64(st, "run.weight_decay", r->weight_decay);
+    if (s == QKV_OK && r->cur_length > 0) s = put_i64(st, "run.cur_length", r->cur_length);
+    if (s == QKV_OK && r->cur_length > 0) s = put_i64(st, "run.cur_steps", r->cur_steps);
+    if (s == QKV_OK && r->cur_length > 0) s = put_f64(st, "run.cur_loss", r->cur_loss);
     return s;
 }
 
@@ -104,6 +107,12 @@ int train_run_load(const char *cmd, const char *path, const qkv_safetensors *st,
     }
     r->task.task = (qkv_task)task;
     r->seed = (uint64_t)seed;
+    if (get_i64(st, "run.cur_length", &r->cur_length) &&
+        (!get_i64(st, "run.cur_steps", &r->cur_steps) || !get_f64(st, "run.cur_loss", &r->cur_loss) ||
+         r->cur_length < 1 || r->cur_length > r->task.length)) {
+        cli_error(cmd, NULL, path, "damaged curriculum state (run.cur_*)");
+        return -1;
+    }
     const char *text = qkv_safetensors_get_meta(st, "run.text");
     if (r->task.task == QKV_TASK_TEXT || r->task.task == QKV_TASK_MLM) {
         if (!text) {
@@ -117,6 +126,37 @@ int train_run_load(const char *cmd, const char *path, const qkv_safetensors *st,
         r->task.text_len = r->text_len;
     }
     return 0;
+}
+
+/* Recall's curriculum: start at 4 pairs; once the loss (an average over the
+ * last steps at this length) is below 0.1 nats after at least 50 steps,
+ * ask for half as many pairs again, up to task.length. Within the first
+ * pairs the model finds the key-matching (induction) circuit, which then
+ * carries over to more pairs in a few dozen steps; trained on 16 pairs
+ * from the start it stays at chance for thousands of steps. The state is a
+ * function of the losses, which are bit-reproducible, and is saved with
+ * the checkpoint, so resumed runs follow the same path. */
+#define CUR_START 4
+#define CUR_MIN_STEPS 50
+#define CUR_LOSS 0.1
+
+void train_curriculum_init(train_run *r) {
+    r->cur_length = 0;
+    r->cur_steps = 0;
+    r->cur_loss = 0;
+    if (r->task.task == QKV_TASK_RECALL && r->task.length > CUR_START) r->cur_length = CUR_START;
+}
+
+void train_curriculum_update(train_run *r, double loss) {
+    if (r->cur_length <= 0) return;
+    r->cur_loss = r->cur_steps == 0 ? loss : 0.9 * r->cur_loss + 0.1 * loss;
+    r->cur_steps++;
+    if (r->cur_length < r->task.length && r->cur_steps >= CUR_MIN_STEPS && r->cur_loss < CUR_LOSS) {
+        int64_t next = r->cur_length + (r->cur_length + 1) / 2;
+        r->cur_length = next < r->task.length ? next : r->task.length;
+        r->cur_steps = 0;
+        r->cur_loss = 0;
+    }
 }
 
 void train_run_free(train_run *r) {

@@ -21,7 +21,17 @@ typedef struct train_run {
     int64_t batch, steps, warmup, step; /* step: steps done so far */
     double lr, min_lr, clip, weight_decay;
     uint64_t seed;
+    /* Curriculum (recall): the task length trained now, grown up to
+     * task.length as the loss at the current length falls (0: none), with
+     * the loss average at this length and the steps spent at it. */
+    int64_t cur_length, cur_steps;
+    double cur_loss;
 } train_run;
+
+/* The curriculum of a new run (train_common.c says how it grows), and its
+ * update after a step with the whole batch's loss. */
+void train_curriculum_init(train_run *r);
+void train_curriculum_update(train_run *r, double loss);
 
 /* Read a whole file (for corpora). Returns NULL and prints a message naming
  * the option and file on failure. */

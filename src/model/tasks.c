@@ -32,7 +32,7 @@ qkv_status qkv_task_shape(const qkv_task_spec *s, int64_t *vocab, int64_t *n, in
     case QKV_TASK_RECALL:
         if (L > S || S > 4096) return QKV_ERR_BAD_SIZE; /* keys are distinct */
         V = 2 * S + 1;
-        N = 2 * L + 2;
+        N = 3 * L + 1;
         break;
     case QKV_TASK_TEXT:
     case QKV_TASK_MLM:
@@ -106,7 +106,14 @@ qkv_status qkv_task_batch(const qkv_task_spec *s, uint64_t seed, int64_t index, 
             break;
         }
         case QKV_TASK_RECALL: {
-            /* L distinct keys (partial Fisher-Yates over S), random values. */
+            /* L distinct keys (partial Fisher-Yates over S), random values;
+             * then every key once more, in a fresh random order, each
+             * position's target the value paired with it. Each query is the
+             * single-query task (pairs, SEP, a key -> its value) with the
+             * earlier queries in between; asking all L keys gives L targets
+             * per sequence instead of one, which is what lets the model find
+             * the key-matching circuit in minutes (one target per sequence
+             * stayed at chance for thousands of steps, docs/TRAINING.md). */
             int32_t keys[4096];
             for (int64_t i = 0; i < S; i++) keys[i] = (int32_t)i;
             for (int64_t i = 0; i < L; i++) {
@@ -117,10 +124,17 @@ qkv_status qkv_task_batch(const qkv_task_spec *s, uint64_t seed, int64_t index, 
                 t[2 * i] = keys[i];
                 t[2 * i + 1] = (int32_t)(S + below(&z, S));
             }
-            int64_t q = below(&z, L);
             t[2 * L] = (int32_t)(2 * S);
-            t[2 * L + 1] = t[2 * q];
-            y[2 * L + 1] = t[2 * q + 1];
+            int32_t order[4096];
+            for (int64_t i = 0; i < L; i++) order[i] = (int32_t)i;
+            for (int64_t i = 0; i < L; i++) {
+                int64_t j = i + below(&z, L - i);
+                int32_t k = order[i];
+                order[i] = order[j];
+                order[j] = k;
+                t[2 * L + 1 + i] = t[2 * order[i]];
+                y[2 * L + 1 + i] = t[2 * order[i] + 1];
+            }
             break;
         }
         case QKV_TASK_TEXT:
