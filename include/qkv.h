@@ -973,9 +973,12 @@ qkv_status qkv_dist_partition(int64_t n, int ranks, int rank, qkv_dist_layout la
  * aligned for any n_q, n_k; blocks outside every window are skipped); the
  * additive bias, of which each rank passes its queries' rows for every key:
  * desc->bias [n_q_loc, n_k] (SHARED) or [H, n_q_loc, n_k] (PER_HEAD), rows
- * in the local order - O(n_q n_k / p) per rank, the bias being n x n.
- * QKV_ERR_UNSUPPORTED: the additive score, packed sequences, ALiBi,
- * relative tables, dropout, F64 and half precision. Errors: those of
+ * in the local order - O(n_q n_k / p) per rank, the bias being n x n;
+ * packed sequences (B = 1; every rank passes the whole seq_offsets_q/_k,
+ * q and k are its positions of the packed streams, as qkv_dist_partition
+ * cuts them: a sequence may straddle ranks).
+ * QKV_ERR_UNSUPPORTED: the additive score, ALiBi, relative tables,
+ * dropout, F64 and half precision. Errors: those of
  * qkv_attention_forward, QKV_ERR_UNSUPPORTED (also MPI not initialised),
  * QKV_ERR_IO (communication failed). */
 qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout layout,
