@@ -104,16 +104,25 @@ static void plain_half(const prob *p, int ops, float *dq, float *dk, float *dv) 
     const int64_t nq = d->n_q, nk = d->n_k, D = d->dim, Dv = d->dim_v, H = d->heads, Hk = d->heads_kv;
     const float scale = (float)d->scale;
     float *S = malloc((size_t)(nq * nk) * sizeof(float)), *dP = malloc((size_t)(nq * nk) * sizeof(float));
-    float *qs = malloc((size_t)(nq * D) * sizeof(float));
+    /* one head's rows, dense: qs [nq, D], kh [nk, D], vh [nk, Dv], gh [nq, Dv] */
+    float *qs = malloc((size_t)(nq * D) * sizeof(float)), *kh = malloc((size_t)(nk * D) * sizeof(float));
+    float *vh = malloc((size_t)(nk * Dv) * sizeof(float)), *gh = malloc((size_t)(nq * Dv) * sizeof(float));
     float *dka = calloc((size_t)p->nk, sizeof(float)), *dva = calloc((size_t)p->nv, sizeof(float));
+    float *dkh = malloc((size_t)(nk * D) * sizeof(float)), *dvh = malloc((size_t)(nk * Dv) * sizeof(float));
     for (int64_t b = 0; b < d->batch; b++)
         for (int64_t h = 0; h < H; h++) {
             const int64_t hk = h / pl->group;
-            for (int64_t i = 0; i < nq; i++)
+            for (int64_t i = 0; i < nq; i++) {
                 for (int64_t t = 0; t < D; t++) {
-                    float x = h2f(dt, p->q[at4(b, i, h, nq, H, D) + t]);
+                    float x = (float)p->qd[at4(b, i, h, nq, H, D) + t];
                     qs[i * D + t] = ops ? rnd(dt, x * scale) : x;
                 }
+                for (int64_t t = 0; t < Dv; t++) gh[i * Dv + t] = (float)p->dod[at4(b, i, h, nq, H, Dv) + t];
+            }
+            for (int64_t j = 0; j < nk; j++) {
+                for (int64_t t = 0; t < D; t++) kh[j * D + t] = (float)p->kd[at4(b, j, hk, nk, Hk, D) + t];
+                for (int64_t t = 0; t < Dv; t++) vh[j * Dv + t] = (float)p->vd[at4(b, j, hk, nk, Hk, Dv) + t];
+            }
             /* S (masked: -inf), softmax */
             for (int64_t i = 0; i < nq; i++) {
                 int64_t lo, hi;
@@ -123,7 +132,7 @@ static void plain_half(const prob *p, int ops, float *dq, float *dk, float *dv) 
                     s[j] = -INFINITY;
                     if (j < lo || j >= hi) continue;
                     float acc = 0.0f;
-                    for (int64_t t = 0; t < D; t++) acc += qs[i * D + t] * h2f(dt, p->k[at4(b, j, hk, nk, Hk, D) + t]);
+                    for (int64_t t = 0; t < D; t++) acc += qs[i * D + t] * kh[j * D + t];
                     s[j] = ops ? rnd(dt, acc) : acc * scale;
                     if (s[j] > m) m = s[j];
                 }
@@ -137,42 +146,48 @@ static void plain_half(const prob *p, int ops, float *dq, float *dk, float *dv) 
                 for (int64_t j = 0; j < nk; j++) {
                     float acc = 0.0f;
                     if (j >= lo && j < hi)
-                        for (int64_t t = 0; t < Dv; t++)
-                            acc += h2f(dt, p->dout[at4(b, i, h, nq, H, Dv) + t]) *
-                                   h2f(dt, p->v[at4(b, j, hk, nk, Hk, Dv) + t]);
+                        for (int64_t t = 0; t < Dv; t++) acc += gh[i * Dv + t] * vh[j * Dv + t];
                     dP[i * nk + j] = ops ? rnd(dt, acc) : acc;
                     di += s[j] * dP[i * nk + j];
                 }
-                for (int64_t j = 0; j < nk; j++) dP[i * nk + j] = rnd(dt, s[j] * (dP[i * nk + j] - di));
+                for (int64_t j = 0; j < nk; j++) {
+                    dP[i * nk + j] = rnd(dt, s[j] * (dP[i * nk + j] - di));
+                    s[j] = rnd(dt, s[j]); /* P in half for P^T dO */
+                }
             }
-            /* dV += P^T dO (P in half), dK += dS^T qs, dQ = dS K */
+            /* dV += P^T dO (P in half), dK += dS^T qs, dQ = dS K: float sums
+             * over i (resp. j) in increasing order, the inner loops over the
+             * columns (independent sums) */
             const float ks = ops ? 1.0f : scale;
+            memset(dkh, 0, (size_t)(nk * D) * sizeof(float));
+            memset(dvh, 0, (size_t)(nk * Dv) * sizeof(float));
+            for (int64_t i = 0; i < nq; i++)
+                for (int64_t j = 0; j < nk; j++) {
+                    const float w = S[i * nk + j], ds = dP[i * nk + j];
+                    for (int64_t t = 0; t < Dv; t++) dvh[j * Dv + t] += w * gh[i * Dv + t];
+                    for (int64_t t = 0; t < D; t++) dkh[j * D + t] += ds * qs[i * D + t];
+                }
             for (int64_t j = 0; j < nk; j++) {
                 float *dvj = dva + at4(b, j, hk, nk, Hk, Dv), *dkj = dka + at4(b, j, hk, nk, Hk, D);
-                for (int64_t t = 0; t < Dv; t++) {
-                    float acc = 0.0f;
-                    for (int64_t i = 0; i < nq; i++)
-                        acc += rnd(dt, S[i * nk + j]) * h2f(dt, p->dout[at4(b, i, h, nq, H, Dv) + t]);
-                    dvj[t] += acc;
-                }
-                for (int64_t t = 0; t < D; t++) {
-                    float acc = 0.0f;
-                    for (int64_t i = 0; i < nq; i++) acc += dP[i * nk + j] * qs[i * D + t];
-                    dkj[t] += acc * ks;
-                }
+                for (int64_t t = 0; t < Dv; t++) dvj[t] += dvh[j * Dv + t];
+                for (int64_t t = 0; t < D; t++) dkj[t] += dkh[j * D + t] * ks;
             }
-            for (int64_t i = 0; i < nq; i++)
-                for (int64_t t = 0; t < D; t++) {
-                    float acc = 0.0f;
-                    for (int64_t j = 0; j < nk; j++) acc += dP[i * nk + j] * h2f(dt, p->k[at4(b, j, hk, nk, Hk, D) + t]);
-                    dq[at4(b, i, h, nq, H, D) + t] = ops ? rnd(dt, rnd(dt, acc) * scale) : rnd(dt, acc * scale);
+            for (int64_t i = 0; i < nq; i++) {
+                float *acc = dkh; /* reused: [D] */
+                for (int64_t t = 0; t < D; t++) acc[t] = 0.0f;
+                for (int64_t j = 0; j < nk; j++) {
+                    const float ds = dP[i * nk + j];
+                    for (int64_t t = 0; t < D; t++) acc[t] += ds * kh[j * D + t];
                 }
+                for (int64_t t = 0; t < D; t++)
+                    dq[at4(b, i, h, nq, H, D) + t] = ops ? rnd(dt, rnd(dt, acc[t]) * scale) : rnd(dt, acc[t] * scale);
+            }
         }
     /* (with ops = 1 a framework would round dK and dV per head before the
      * GQA sum; summing in float is the kinder choice) */
     for (int64_t x = 0; x < p->nk; x++) dk[x] = rnd(dt, dka[x]);
     for (int64_t x = 0; x < p->nv; x++) dv[x] = rnd(dt, dva[x]);
-    free(S); free(dP); free(qs); free(dka); free(dva);
+    free(S); free(dP); free(qs); free(kh); free(vh); free(gh); free(dka); free(dva); free(dkh); free(dvh);
 }
 
 static double err_half(qkv_dtype dt, const uint16_t *a, const double *ref, int64_t n) {
