@@ -9,7 +9,12 @@
  * (halved with --causal), and the speed-up of each half path over float32.
  * Only the public API; never asserted in CI.
  *
- *   bench_half [--n N] [--heads H] [--dim D] [--threads T] [--reps R] [--causal] */
+ * --backward times the backward instead: float32 fast backward, bf16
+ * (the AVX512-BF16 backward when present) and fp16 (portable), each given
+ * the forward's out and lse, counted as FlashAttention does, 2.5 times the
+ * forward's flops (10*B*H*n^2*D; the recomputation of S is not counted).
+ *
+ *   bench_half [--n N] [--heads H] [--dim D] [--threads T] [--reps R] [--causal] [--backward] */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -67,6 +72,12 @@ static double normal(void) {
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -146,9 +157,79 @@ static void errors(int causal) {
     free(o64); free(of); free(oh);
 }
 
+/* The backward of the three storage types, each given its own forward's
+ * out and lse (computed once, untimed). */
+static int bench_backward(int64_t n, int64_t H, int64_t D, int threads, int reps, int causal) {
+    qkv_attn_desc d;
+    qkv_attn_desc_init(&d);
+    d.batch = 1; d.n_q = d.n_k = n; d.heads = H; d.dim = D; d.threads = threads;
+    d.mask = causal ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+    int64_t n_el = n * H * D;
+    inputs in, g;
+    make_inputs(&in, n_el);
+    make_inputs(&g, n_el); /* g.*[0]: dout; [1], [2]: unused */
+    float *of = malloc((size_t)n_el * 4), *lse = malloc((size_t)(n * H) * 4);
+    float *gf[3];
+    uint16_t *oh = malloc((size_t)n_el * 2), *gh[3];
+    for (int t = 0; t < 3; t++) {
+        gf[t] = malloc((size_t)n_el * 4);
+        gh[t] = malloc((size_t)n_el * 2);
+    }
+    double flops = 10.0 * (double)H * (double)n * (double)n * (double)D * (causal ? 0.5 : 1.0);
+    double *t = malloc((size_t)reps * sizeof(double)), *tc = malloc((size_t)reps * sizeof(double));
+    double med[3] = {0, 0, 0}, medc[3] = {0, 0, 0};
+    printf("## backward, B = 1, n = %lld, H = %lld, D = %lld, %d threads%s, median of %d\n\n", (long long)n,
+           (long long)H, (long long)D, threads, causal ? ", causal" : "", reps);
+    printf("(CPU: the process's CPU time of the call, all threads; on a shared machine its ratio is the steadier one)\n\n");
+    printf("| storage | path | ms | GFLOP/s | vs float32 | CPU ms | vs float32 (CPU) |\n|---|---|---|---|---|---|---|\n");
+    for (int kind = 0; kind < 3; kind++) {
+        qkv_attn_desc h = d;
+        h.dtype = kind == 0 ? QKV_F32 : kind == 1 ? QKV_BF16 : QKV_F16;
+        const void *q = kind == 0 ? (void *)in.f32[0] : kind == 1 ? (void *)in.b16[0] : (void *)in.h16[0];
+        const void *k = kind == 0 ? (void *)in.f32[1] : kind == 1 ? (void *)in.b16[1] : (void *)in.h16[1];
+        const void *v = kind == 0 ? (void *)in.f32[2] : kind == 1 ? (void *)in.b16[2] : (void *)in.h16[2];
+        const void *go = kind == 0 ? (void *)g.f32[0] : kind == 1 ? (void *)g.b16[0] : (void *)g.h16[0];
+        void *o = kind == 0 ? (void *)of : (void *)oh;
+        qkv_attn_grads gr = {0};
+        gr.dq = kind == 0 ? (void *)gf[0] : (void *)gh[0];
+        gr.dk = kind == 0 ? (void *)gf[1] : (void *)gh[1];
+        gr.dv = kind == 0 ? (void *)gf[2] : (void *)gh[2];
+        qkv_status s = qkv_attention_forward(&h, q, k, v, o, NULL, lse);
+        for (int r = -1; r < reps && s == QKV_OK; r++) { /* r = -1: warm-up */
+            double t0 = now(), c0 = cpu_now();
+            s = qkv_attention_backward(&h, q, k, v, o, lse, go, &gr);
+            if (r >= 0) {
+                t[r] = now() - t0;
+                tc[r] = cpu_now() - c0;
+            }
+        }
+        if (s != QKV_OK) {
+            printf("| %d | %s |\n", kind, qkv_status_string(s));
+            continue;
+        }
+        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        qsort(tc, (size_t)reps, sizeof *tc, cmp_double);
+        med[kind] = t[reps / 2];
+        medc[kind] = tc[reps / 2];
+        printf("| %s | %s | %.1f | %.1f | %.2fx | %.1f | %.2fx |\n", kind == 0 ? "float32" : kind == 1 ? "bf16" : "fp16",
+               kind == 0 ? "fast (fp32 FMA)" : kind == 1 ? "auto (AVX512-BF16 when present)" : "auto (portable: widen + fp32)",
+               1e3 * med[kind], flops / med[kind] * 1e-9, med[0] / med[kind], 1e3 * medc[kind], medc[0] / medc[kind]);
+    }
+    printf("\ntarget (issue 8): bf16 backward >= 2x float32\n");
+    free(tc);
+    free_inputs(&in);
+    free_inputs(&g);
+    for (int k = 0; k < 3; k++) {
+        free(gf[k]);
+        free(gh[k]);
+    }
+    free(of); free(oh); free(lse); free(t);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int64_t n = 4096, H = 8, D = 64;
-    int threads = 2, reps = 5, causal = 0;
+    int threads = 2, reps = 5, causal = 0, backward = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--n") && i + 1 < argc) n = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--heads") && i + 1 < argc) H = atoll(argv[++i]);
@@ -156,8 +237,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--causal")) causal = 1;
+        else if (!strcmp(argv[i], "--backward")) backward = 1;
         else {
-            fprintf(stderr, "usage: bench_half [--n N] [--heads H] [--dim D] [--threads T] [--reps R] [--causal]\n");
+            fprintf(stderr, "usage: bench_half [--n N] [--heads H] [--dim D] [--threads T] [--reps R] [--causal] "
+                            "[--backward]\n");
             return 2;
         }
     }
@@ -166,6 +249,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     errors(causal);
+    if (backward) return bench_backward(n, H, D, threads, reps, causal);
 
     qkv_attn_desc d;
     qkv_attn_desc_init(&d);
