@@ -631,9 +631,10 @@ static void bench_free(void *ptr, void *user) {
 
 static int bench(char **argv) {
     int64_t n = atoll(argv[0]), H = atoll(argv[1]), D = atoll(argv[2]);
-    /* CAUSAL: 0 full, 1 causal, wN a causal window of N keys */
-    int causal = argv[3][0] == 'w' ? 1 : atoi(argv[3]), reps = atoi(argv[5]);
-    int64_t window = argv[3][0] == 'w' ? atoll(argv[3] + 1) : -1;
+    /* CAUSAL: 0 full, 1 causal, wN a causal window of N keys, pL causal
+     * over packed sequences of L tokens (the last one shorter) */
+    int causal = argv[3][0] == 'w' || argv[3][0] == 'p' ? 1 : atoi(argv[3]), reps = atoi(argv[5]);
+    int64_t window = argv[3][0] == 'w' ? atoll(argv[3] + 1) : -1, packlen = argv[3][0] == 'p' ? atoll(argv[3] + 1) : 0;
     qkv_dist_layout layout = (qkv_dist_layout)atoi(argv[4]);
     qkv_set_allocator(bench_alloc, bench_free, NULL);
     qkv_attn_desc d;
@@ -647,6 +648,13 @@ static int bench(char **argv) {
     if (window >= 0) {
         d.mask = QKV_MASK_CAUSAL_WINDOW;
         d.window_left = window;
+    }
+    int64_t *offs = NULL;
+    if (packlen > 0) {
+        d.num_seqs = (n + packlen - 1) / packlen;
+        offs = malloc((size_t)(d.num_seqs + 1) * sizeof(int64_t));
+        for (int64_t t = 0; t <= d.num_seqs; t++) offs[t] = t * packlen < n ? t * packlen : n;
+        d.seq_offsets_q = offs;
     }
     int64_t st[2], ln[2], nl;
     qkv_dist_partition(n, g_size, g_rank, layout, st, ln, &nl);
@@ -706,11 +714,13 @@ static int bench(char **argv) {
              !causal ? "" : (layout == QKV_DIST_ZIGZAG ? " zig-zag" : " contiguous"));
     if (window >= 0) snprintf(mbuf, sizeof mbuf, "causal window %lld %s", (long long)window,
                               layout == QKV_DIST_ZIGZAG ? "zig-zag" : "contiguous");
+    if (packlen > 0) snprintf(mbuf, sizeof mbuf, "causal packed %lld %s", (long long)packlen,
+                              layout == QKV_DIST_ZIGZAG ? "zig-zag" : "contiguous");
     if (g_rank == 0)
         printf("| %d | %lld | %lld | %s | %.3f | %.3f | %.1f | %.1f | %.0f | %s |\n", g_size, (long long)n,
                (long long)(n / g_size), mbuf,
                tf, tb, lib_max, caller_max, rss_max, tl > 0 ? (snprintf(lbuf, sizeof lbuf, "%.3f", tl), lbuf) : "-");
-    free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
+    free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv); free(offs);
     return 0;
 }
 
