@@ -56,25 +56,31 @@ int cli_cmd_generate(int argc, char **argv) {
     static const cli_opt opts[] = {
         {"--help", "-h", 0, 0},       {"--ckpt", NULL, 1, 1},   {"--prompt", NULL, 1, 2}, {"--tokens", NULL, 1, 3},
         {"--temperature", NULL, 1, 4}, {"--top-k", NULL, 1, 5}, {"--seed", NULL, 1, 6},
+        {"--kv-cache", NULL, 1, 7},
     };
     cli_args a = {CMD, argc, argv, 1};
     const char *ckpt = NULL, *prompt = NULL, *name, *val;
     int64_t ntok = 64, topk = 0, seed = 1;
     double temp = 1.0;
+    qkv_kv_storage kv = QKV_KV_F32;
+    const char *kv_name = "f32";
     int id;
     while ((id = cli_next(&a, opts, sizeof opts / sizeof opts[0], &name, &val)) != CLI_END) {
         if (id == CLI_ERROR) return CLI_EXIT_USAGE;
         switch (id) {
         case 0:
             fputs("Usage: qkv generate --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]\n"
-                  "                    [--top-k K] [--seed S]\n\n"
+                  "                    [--top-k K] [--seed S] [--kv-cache f32|bf16|int8]\n\n"
                   "Continues the prompt with a decoder trained by 'qkv train', one token at a\n"
                   "time through the KV cache. Text models read and write bytes; models of the\n"
                   "generated tasks read and write tokens as integers separated by spaces.\n"
                   "  --tokens N       new tokens (64; at most the model's length minus the prompt)\n"
                   "  --temperature T  1 = the model's distribution, 0 = always the likeliest\n"
                   "  --top-k K        sample among the K likeliest only (0: all)\n"
-                  "  --seed S         the sampler's seed (1)\n",
+                  "  --seed S         the sampler's seed (1)\n"
+                  "  --kv-cache TYPE  f32 (default), bf16 (half the memory) or int8 (about a\n"
+                  "                   quarter: blocks of 32 values with one float32 scale);\n"
+                  "                   bf16/int8 change the logits slightly (docs/HALF.md)\n",
                   stdout);
             return CLI_EXIT_OK;
         case 1: ckpt = val; break;
@@ -89,6 +95,16 @@ int cli_cmd_generate(int argc, char **argv) {
             break;
         case 5: if (cli_parse_int64(CMD, name, val, 0, 1 << 24, &topk)) return CLI_EXIT_USAGE; break;
         case 6: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX, &seed)) return CLI_EXIT_USAGE; break;
+        case 7:
+            if (strcmp(val, "f32") == 0 || strcmp(val, "float32") == 0) kv = QKV_KV_F32;
+            else if (strcmp(val, "bf16") == 0 || strcmp(val, "bfloat16") == 0) kv = QKV_KV_BF16;
+            else if (strcmp(val, "int8") == 0) kv = QKV_KV_INT8;
+            else {
+                cli_error(CMD, name, NULL, "unknown cache type '%s' (expected f32, bf16 or int8)", val);
+                return CLI_EXIT_USAGE;
+            }
+            kv_name = val;
+            break;
         }
     }
     if (!ckpt || !prompt) {
@@ -127,7 +143,14 @@ int cli_cmd_generate(int argc, char **argv) {
                   (long long)ntok, (long long)n, (long long)c->max_seq);
         goto done;
     }
-    qkv_status s = qkv_model_decode_begin(m, n + ntok > 0 ? n + ntok : 1);
+    qkv_status s = qkv_model_decode_begin_typed(m, n + ntok > 0 ? n + ntok : 1, kv);
+    if (s == QKV_ERR_UNSUPPORTED) {
+        cli_error(CMD, "--kv-cache", NULL,
+                  "%s caches do not serve this model's attention (they need the scaled-dot score "
+                  "and softmax, without T5 relative biases): use --kv-cache f32",
+                  kv_name);
+        goto done;
+    }
     /* The prompt in one step, then one token per step. */
     if (s == QKV_OK) s = qkv_model_decode_step(m, n, tokens, logits);
     uint64_t rng = (uint64_t)seed;

@@ -70,6 +70,19 @@ ok $? "eval reports accuracy"
 out=$("$QKV" generate --ckpt "$T/full" --prompt "1 2 3 4 6" --tokens 4 --temperature 0)
 [ "$(echo "$out" | wc -w)" = 9 ]
 ok $? "generate continues the prompt by 4 tokens: '$out'"
+for kv in bf16 int8; do
+    out_kv=$("$QKV" generate --ckpt "$T/full" --prompt "1 2 3 4 6" --tokens 4 --temperature 0 --kv-cache $kv)
+    [ "$(echo "$out_kv" | wc -w)" = 9 ]
+    ok $? "generate --kv-cache $kv continues the prompt by 4 tokens: '$out_kv'"
+done
+"$QKV" generate --ckpt "$T/full" --prompt "1 2" --kv-cache fp8 > /dev/null 2> "$T/err"; rc=$?
+[ $rc = 2 ] && grep -q "unknown cache type 'fp8'" "$T/err"
+ok $? "generate --kv-cache fp8 is a usage error"
+"$QKV" train --task copy --seq 4 --symbols 6 --dim 16 --layers 1 --heads 2 --batch 8 --steps 5 --pos relative \
+    --seed 3 --quiet --out "$T/rel" > /dev/null 2>&1
+"$QKV" generate --ckpt "$T/rel" --prompt "1 2" --tokens 2 --kv-cache int8 > /dev/null 2> "$T/err"; rc=$?
+[ $rc = 1 ] && grep -q "int8 caches do not serve this model's attention" "$T/err"
+ok $? "generate --kv-cache int8 refuses T5 relative biases with a clear message"
 
 # Errors: clear message, non-zero exit, no folder or file made.
 "$QKV" train --task copy --out "$T/none" --seq 0 > /dev/null 2> "$T/err"; rc=$?
