@@ -25,7 +25,7 @@ typedef struct block_act {
     float *attn_out;      /* MHA output before dropout */
     float *mid;           /* x + dropout(attn_out) */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *pre, *act;     /* [rows, F]: W1 ln2 + b1, GELU(pre) */
+    float *pre, *act;     /* [rows, F]: W1 ln2 + b1 (after a forward with targets: GELU' of it), GELU */
     float *mlp_out;       /* before dropout */
 } block_act;
 

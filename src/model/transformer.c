@@ -94,9 +94,13 @@ static void layernorm_backward(const float *x, const float *g, const float *mean
 
 /* GELU with the exact error function (torch.nn.GELU's default). */
 float model_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
-static float gelu_grad(float x) {
-    float cdf = 0.5f * (1.0f + erff(x * 0.70710678f)), pdf = expf(-0.5f * x * x) * 0.39894228f;
-    return cdf + x * pdf;
+/* GELU(x) and its derivative from one erff: the same numbers as model_gelu
+ * and a separate derivative, for half the error-function calls. */
+static float gelu_and_grad(float x, float *grad) {
+    float e = erff(x * 0.70710678f);
+    float cdf = 0.5f * (1.0f + e), pdf = expf(-0.5f * x * x) * 0.39894228f;
+    *grad = cdf + x * pdf;
+    return 0.5f * x * (1.0f + e);
 }
 
 /* Counter-based dropout: the mask of element i at (step, layer, site) is a
@@ -472,7 +476,12 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         model_layernorm_forward(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean, b->ln2_rstd);
         if ((s = model_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
             return s;
-        for (int64_t i = 0; i < rows * F; i++) b->act[i] = model_gelu(b->pre[i]);
+        /* With targets (a backward may follow) pre is replaced by GELU'(pre),
+         * all the backward needs of it, computed with the same erff. */
+        if (targets)
+            for (int64_t i = 0; i < rows * F; i++) b->act[i] = gelu_and_grad(b->pre[i], &b->pre[i]);
+        else
+            for (int64_t i = 0; i < rows * F; i++) b->act[i] = model_gelu(b->pre[i]);
         if ((s = model_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
             return s;
         const float *mo = dropped(m, l, 1, b->mlp_out, m->dtmp, rows * E);
@@ -571,7 +580,7 @@ qkv_status qkv_model_backward(qkv_model *m) {
         if ((s = model_linear_backward(b->act, dmo, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
                                        G + m->o_fc2_b[l], m->dF, 0, thr)) != QKV_OK)
             return s;
-        for (int64_t i = 0; i < rows * F; i++) m->dF[i] *= gelu_grad(b->pre[i]);
+        for (int64_t i = 0; i < rows * F; i++) m->dF[i] *= b->pre[i]; /* GELU'(pre), from the forward */
         if ((s = model_linear_backward(b->ln2, m->dF, rows, E, F, P + m->o_fc1_w[l], G + m->o_fc1_w[l],
                                        G + m->o_fc1_b[l], dd, 0, thr)) != QKV_OK)
             return s;
