@@ -536,6 +536,20 @@ void qkv_mha_zero_grad(qkv_mha *m);
  * QKV_ERR_BAD_PARAMETER. */
 qkv_status qkv_mha_set_dropout(qkv_mha *m, double p, uint64_t seed);
 
+/* Compute precision of the layer's attention core (mixed precision,
+ * docs/HALF.md "Mixed-precision training"): QKV_F32 (the default), QKV_BF16
+ * or QKV_F16. With a half type the forward rounds the projected q, k, v
+ * (after RoPE and bias_k/bias_v) to half copies, runs
+ * qkv_attention_forward in that storage and widens the output back to
+ * float32; the backward does the same with dout and widens dq, dk, dv. The
+ * parameters, their gradients, the projections and everything else stay
+ * float32 (master weights); accumulation and softmax statistics are float32
+ * as always. The extra memory is the half copies, O(B n H Dh). Decoding
+ * (qkv_mha_decode) stays float32. Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_ENUM (another dtype). */
+qkv_status qkv_mha_set_precision(qkv_mha *m, qkv_dtype compute);
+qkv_dtype qkv_mha_get_precision(const qkv_mha *m);
+
 /* Load / save the parameters with torch's names, each prefixed by `prefix`
  * (e.g. "layers.0.attn." or ""). Load checks every shape and reports a
  * missing or misshapen tensor (QKV_ERR_SHAPE, QKV_ERR_FORMAT) with its name in
@@ -735,6 +749,15 @@ void qkv_model_zero_grad(qkv_model *m);
 /* Dropout masks are a pure function of (seed, step, position): set the step
  * before each training forward so runs are reproducible bit for bit. */
 void qkv_model_set_step(qkv_model *m, uint64_t seed, int64_t step);
+/* Mixed precision: the attention core of every layer in QKV_BF16 or
+ * QKV_F16 (qkv_mha_set_precision), or QKV_F32 (the default). Not saved with
+ * the model (a training choice). Errors: QKV_ERR_NULL_POINTER,
+ * QKV_ERR_BAD_ENUM. */
+qkv_status qkv_model_set_precision(qkv_model *m, qkv_dtype compute);
+/* Loss scaling: qkv_model_backward multiplies the loss gradient (and so
+ * every gradient) by `scale` (default 1; finite and > 0, else
+ * QKV_ERR_BAD_PARAMETER). Used through qkv_loss_scaler below. */
+qkv_status qkv_model_set_loss_scale(qkv_model *m, double scale);
 
 /* Save / load parameters and configuration (as "__metadata__") in a
  * safetensors set; load needs a model of the same configuration. */
@@ -758,6 +781,35 @@ qkv_status qkv_adamw_load(qkv_adamw *o, const qkv_safetensors *st, char *why, si
 
 /* Warm-up (linear from 0) then cosine decay to min_lr at total_steps. */
 double qkv_lr_schedule(int64_t step, int64_t warmup, int64_t total_steps, double lr, double min_lr);
+
+/* Dynamic loss scaling for fp16 training (torch's GradScaler rule), so that
+ * small gradients of the attention core's fp16 dout do not flush to zero:
+ *
+ *     qkv_loss_scaler ls;  qkv_loss_scaler_init(&ls);
+ *     per step: qkv_model_zero_grad(m); qkv_model_set_loss_scale(m, ls.scale);
+ *               forward, backward;
+ *               qkv_loss_scaler_step(&ls, m, opt, lr, clip, &norm, &skipped);
+ *
+ * qkv_loss_scaler_step checks every gradient: if any is inf or NaN, the step
+ * is skipped (parameters and optimiser state untouched, *skipped = 1), the
+ * scale halves (not below 2^-24) and the clean count restarts; otherwise
+ * the gradients are unscaled (multiplied by 1/scale: exact, the scale being a
+ * power of two), qkv_adamw_step runs (its clipping sees the true gradients),
+ * and after growth_interval clean steps in a row the scale doubles (not
+ * above 2^48). Deterministic: a function of the gradients alone. The state
+ * is these four numbers (checkpoints may store them). */
+typedef struct qkv_loss_scaler {
+    double scale;             /* 2^15 at init */
+    int64_t growth_interval;  /* 1000 at init */
+    int64_t clean;            /* clean steps since the scale last changed */
+    int64_t skipped;          /* steps skipped so far */
+} qkv_loss_scaler;
+void qkv_loss_scaler_init(qkv_loss_scaler *ls);
+/* Errors: QKV_ERR_NULL_POINTER (ls, m, opt), QKV_ERR_BAD_PARAMETER (a scale
+ * that is not a positive power of two, growth_interval < 1), those of
+ * qkv_adamw_step. grad_norm (optional): the unscaled norm, +inf when skipped. */
+qkv_status qkv_loss_scaler_step(qkv_loss_scaler *ls, qkv_model *m, qkv_adamw *opt, double lr, double clip,
+                                double *grad_norm, int *skipped);
 
 /* ------------------------------------------------------------------------- */
 /* Training tasks that need attention, generated on the fly from (seed,

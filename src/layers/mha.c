@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/half.h"
 #include "core/internal.h"
 #include "layers/mha_internal.h"
 
@@ -190,6 +191,7 @@ void qkv_mha_free(qkv_mha *m) {
     qkv_free(m->slopes);
     qkv_free(m->key_lengths);
     for (int i = 0; i < MHA_ACT_COUNT; i++) qkv_free(m->act[i]);
+    for (int i = 0; i < 8; i++) qkv_free(m->half[i]);
     qkv_free(m);
 }
 
@@ -215,6 +217,16 @@ qkv_status qkv_mha_set_dropout(qkv_mha *m, double p, uint64_t seed) {
     return QKV_OK;
 }
 
+qkv_status qkv_mha_set_precision(qkv_mha *m, qkv_dtype compute) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    if (compute != QKV_F32 && compute != QKV_BF16 && compute != QKV_F16) return QKV_ERR_BAD_ENUM;
+    m->compute = compute;
+    m->have_forward = 0; /* a backward must follow a forward of the same precision */
+    return QKV_OK;
+}
+
+qkv_dtype qkv_mha_get_precision(const qkv_mha *m) { return m ? m->compute : QKV_F32; }
+
 /* ---- activations ---------------------------------------------------------- */
 
 /* Grow activation buffer i to at least n floats. */
@@ -226,6 +238,27 @@ static int act_reserve(qkv_mha *m, int i, int64_t n) {
     m->act[i] = p;
     m->act_cap[i] = n;
     return 1;
+}
+
+/* Grow half buffer i to at least n elements. */
+static int half_reserve(qkv_mha *m, int i, int64_t n) {
+    if (m->half_cap[i] >= n) return 1;
+    uint16_t *p = qkv_alloc((size_t)n * sizeof(uint16_t));
+    if (!p) return 0;
+    qkv_free(m->half[i]);
+    m->half[i] = p;
+    m->half_cap[i] = n;
+    return 1;
+}
+
+/* float32 <-> the layer's half type (round to nearest even; exact widening). */
+static void to_half(const qkv_mha *m, uint16_t *dst, const float *src, int64_t n) {
+    if (m->compute == QKV_BF16) qkv_f32_to_bf16_array(dst, src, (size_t)n);
+    else qkv_f32_to_f16_array(dst, src, (size_t)n);
+}
+static void from_half(const qkv_mha *m, float *dst, const uint16_t *src, int64_t n) {
+    if (m->compute == QKV_BF16) qkv_bf16_to_f32_array(dst, src, (size_t)n);
+    else qkv_f16_to_f32_array(dst, src, (size_t)n);
 }
 
 /* y[r, :] = x[r, :] Wᵀ + b for rows r < rows: x [rows, in], W [out, in]. */
@@ -378,8 +411,24 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
 
     qkv_attn_desc d;
     mha_desc(m, batch, n_q, nkc, key_lengths ? m->key_lengths : NULL, &d);
-    s = qkv_attention_forward(&d, Q, K, V, O, attn, m->act[MHA_LSE]);
-    if (s != QKV_OK) return s;
+    if (m->compute != QKV_F32) {
+        /* Mixed precision: the core on half copies of q, k, v; O widened back. */
+        const int64_t nQ = batch * n_q * Dq, nK = batch * nkc * Dkv;
+        if (!half_reserve(m, MHA_HQ, nQ) || !half_reserve(m, MHA_HK, nK) || !half_reserve(m, MHA_HV, nK) ||
+            !half_reserve(m, MHA_HO, nQ))
+            return QKV_ERR_OUT_OF_MEMORY;
+        to_half(m, m->half[MHA_HQ], Q, nQ);
+        to_half(m, m->half[MHA_HK], K, nK);
+        to_half(m, m->half[MHA_HV], V, nK);
+        d.dtype = m->compute;
+        s = qkv_attention_forward(&d, m->half[MHA_HQ], m->half[MHA_HK], m->half[MHA_HV], m->half[MHA_HO], attn,
+                                  m->act[MHA_LSE]);
+        if (s != QKV_OK) return s;
+        from_half(m, O, m->half[MHA_HO], nQ);
+    } else {
+        s = qkv_attention_forward(&d, Q, K, V, O, attn, m->act[MHA_LSE]);
+        if (s != QKV_OK) return s;
+    }
     if (bkv && attn) {
         /* torch's order: the extra key's weight last in every row. */
         float *a = attn;
@@ -497,8 +546,31 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
             g.d_additive_w = tmp + nrel + (m->off[MHA_AW] - a0);
         }
     }
-    s = qkv_attention_backward(&d, m->act[MHA_Q], m->act[MHA_K], m->act[MHA_V], m->act[MHA_O],
-                               m->act[MHA_LSE], dO, &g);
+    if (m->compute != QKV_F32) {
+        /* Mixed precision: q, k, v, o as the forward stored them in half, dO
+         * rounded to half; dq, dk, dv widened back to float32. */
+        const int64_t nQ = B * nq * Dq, nK = B * nkc * Dkv;
+        if (!half_reserve(m, MHA_HDO, nQ) || !half_reserve(m, MHA_HDQ, nQ) || !half_reserve(m, MHA_HDK, nK) ||
+            !half_reserve(m, MHA_HDV, nK)) {
+            s = QKV_ERR_OUT_OF_MEMORY;
+        } else {
+            to_half(m, m->half[MHA_HDO], dO, nQ);
+            d.dtype = m->compute;
+            g.dq = m->half[MHA_HDQ];
+            g.dk = m->half[MHA_HDK];
+            g.dv = m->half[MHA_HDV];
+            s = qkv_attention_backward(&d, m->half[MHA_HQ], m->half[MHA_HK], m->half[MHA_HV], m->half[MHA_HO],
+                                       m->act[MHA_LSE], m->half[MHA_HDO], &g);
+            if (s == QKV_OK) {
+                from_half(m, dQ, m->half[MHA_HDQ], nQ);
+                from_half(m, dK, m->half[MHA_HDK], nK);
+                from_half(m, dV, m->half[MHA_HDV], nK);
+            }
+        }
+    } else {
+        s = qkv_attention_backward(&d, m->act[MHA_Q], m->act[MHA_K], m->act[MHA_V], m->act[MHA_O],
+                                   m->act[MHA_LSE], dO, &g);
+    }
     if (s == QKV_OK) {
         for (int64_t i = 0; i < nrel; i++) G[t0 + i] += tmp[i];
         for (int64_t i = 0; i < nadd; i++) G[a0 + i] += tmp[nrel + i];

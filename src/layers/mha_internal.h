@@ -30,7 +30,13 @@ struct qkv_mha {
     int have_forward, self, kv_same, has_key_lengths;
     int64_t batch, n_q, n_k;
     int64_t *key_lengths, key_lengths_cap; /* as the core saw them: + 1 with add_bias_kv */
+    /* Mixed precision (qkv_mha_set_precision): the attention core's dtype and
+     * its half copies of q, k, v, o (kept from the forward), do, dq, dk, dv. */
+    qkv_dtype compute;
+    uint16_t *half[8];
+    int64_t half_cap[8];
 };
+enum { MHA_HQ, MHA_HK, MHA_HV, MHA_HO, MHA_HDO, MHA_HDQ, MHA_HDK, MHA_HDV };
 
 /* add_bias_kv: the extra key and value sit FIRST in the core's key sequence
  * (index 0 of every batch row, so n_k + 1 keys), where the masks the layer

@@ -62,6 +62,7 @@ struct qkv_model {
     int train;
     qkv_grad_hook grad_hook; /* qkv_model_set_grad_hook: told as gradients become final */
     void *grad_hook_user;
+    double loss_scale;    /* qkv_model_set_loss_scale: the loss gradient's factor (1 by default) */
 };
 
 /* Linear layers through qkv_sgemm: y = x Wᵀ + b; dW += dyᵀ x, db += sum dy, dx = dy W. */

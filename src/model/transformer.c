@@ -169,6 +169,7 @@ qkv_status qkv_model_create(const qkv_model_config *cfg, uint64_t seed, qkv_mode
     qkv_model *m = qkv_alloc_zeroed(sizeof *m);
     if (!m) return QKV_ERR_OUT_OF_MEMORY;
     m->cfg = *cfg;
+    m->loss_scale = 1.0;
     const int64_t E = cfg->dim, V = cfg->vocab, L = cfg->layers;
     m->F = cfg->mlp_dim ? cfg->mlp_dim : 4 * E;
     const int64_t F = m->F;
@@ -399,6 +400,24 @@ void qkv_model_set_step(qkv_model *m, uint64_t seed, int64_t step) {
     m->drop_step = step;
 }
 
+qkv_status qkv_model_set_precision(qkv_model *m, qkv_dtype compute) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    if (compute != QKV_F32 && compute != QKV_BF16 && compute != QKV_F16) return QKV_ERR_BAD_ENUM;
+    for (int64_t l = 0; l < m->cfg.layers; l++) {
+        qkv_status s = qkv_mha_set_precision(m->attn[l], compute);
+        if (s != QKV_OK) return s;
+    }
+    m->have_targets = 0; /* the layers forgot their forward */
+    return QKV_OK;
+}
+
+qkv_status qkv_model_set_loss_scale(qkv_model *m, double scale) {
+    if (!m) return QKV_ERR_NULL_POINTER;
+    if (!(isfinite(scale) && scale > 0)) return QKV_ERR_BAD_PARAMETER;
+    m->loss_scale = scale;
+    return QKV_OK;
+}
+
 /* ---- forward -------------------------------------------------------------- */
 
 /* With sinusoidal or FLOATER positions (entries of order 1) the embeddings
@@ -544,7 +563,8 @@ qkv_status qkv_model_backward(qkv_model *m) {
     const int thr = m->cfg.threads;
     qkv_status s;
 
-    /* dlogits = (softmax - onehot) / count, in place over the logits. */
+    /* dlogits = (softmax - onehot) / count, in place over the logits, times
+     * the loss scale (1 unless qkv_model_set_loss_scale says otherwise). */
     int64_t count = 0;
     for (int64_t r = 0; r < rows; r++) count += m->targets[r] >= 0;
     float *dl = m->logits;
@@ -558,7 +578,8 @@ qkv_status qkv_model_backward(qkv_model *m) {
         for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
         for (int64_t v = 0; v < V; v++) sum += exp(z[v] - mx);
         for (int64_t v = 0; v < V; v++)
-            z[v] = (float)((exp(z[v] - mx) / sum - (v == m->targets[r] ? 1.0 : 0.0)) / (double)count);
+            z[v] = (float)((exp(z[v] - mx) / sum - (v == m->targets[r] ? 1.0 : 0.0)) / (double)count *
+                           m->loss_scale);
     }
     m->have_targets = 0; /* the logits are gone */
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# qkv train --precision fp32|bf16|fp16 (mixed precision, docs/HALF.md): each
+# trains and reports its accuracy; the checkpoint records the precision and
+# the fp16 loss scaler (so --resume goes on in it); a bad value and
+# --precision with --resume are refused; bf16 and fp16 runs are bitwise the
+# same for 1 and 2 threads.
+set -u
+QKV=$1
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { if [ "$1" = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $2" >&2; fi; }
+args=(--task copy --seq 6 --symbols 8 --dim 16 --layers 1 --heads 2 --batch 8 --steps 30 --warmup 5 --seed 3 --quiet)
+
+for p in fp32 bf16 fp16; do
+  "$QKV" train "${args[@]}" --precision $p --threads 1 --out "$T/$p" > "$T/$p.out" 2>&1
+  ok $? "$p: trains"
+  grep -q "^copy: exact-sequence accuracy" "$T/$p.out"
+  ok $? "$p: reports its accuracy"
+  grep -aq "\"train.precision\":\"$p\"" "$T/$p/model.safetensors"
+  ok $? "$p: the checkpoint records the precision"
+  "$QKV" eval --ckpt "$T/$p" --examples 32 > /dev/null 2>&1
+  ok $? "$p: eval reads the checkpoint"
+done
+grep -q "^fp16 loss scaling: 0 steps skipped" "$T/fp16.out"
+ok $? "fp16 reports its loss scaler: $(grep 'loss scaling' "$T/fp16.out")"
+grep -aq '"train.loss_scale":"32768"' "$T/fp16/model.safetensors"
+ok $? "the checkpoint records the loss scale"
+! cmp -s "$T/fp32/loss.csv" "$T/bf16/loss.csv"
+ok $? "bf16 computes something else than fp32"
+for p in bf16 fp16; do
+  "$QKV" train "${args[@]}" --precision $p --threads 2 --out "$T/${p}2" > /dev/null 2>&1
+  ok $? "$p: 2 threads"
+  cmp -s <(cut -d, -f1-4 "$T/$p/loss.csv") <(cut -d, -f1-4 "$T/${p}2/loss.csv")
+  ok $? "$p: 1 and 2 threads give the same loss curve"
+done
+
+"$QKV" train "${args[@]}" --precision fp8 --out "$T/bad" > "$T/bad.out" 2>&1
+[ $? = 2 ] && grep -q "fp8" "$T/bad.out"
+ok $? "a bad --precision is a usage error naming it: $(cat "$T/bad.out")"
+"$QKV" train --resume "$T/fp16" --precision bf16 > "$T/res.out" 2>&1
+[ $? = 2 ]
+ok $? "--precision with --resume is refused"
+"$QKV" train --help | grep -q -- "--precision fp32|bf16|fp16"
+ok $? "help names --precision"
+
+echo "train_precision: $pass passed, $fail failed"
+[ "$fail" = 0 ]
