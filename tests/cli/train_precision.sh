@@ -44,5 +44,35 @@ ok $? "--precision with --resume is refused"
 "$QKV" train --help | grep -q -- "--precision fp32|bf16|fp16"
 ok $? "help names --precision"
 
+# fp16 killed at a random moment and resumed: the same loss curve and the
+# same final scaler state as an uninterrupted run (the scale doubles at step
+# 1000, which needs the clean-step count restored from the checkpoint).
+long=(--task copy --seq 6 --symbols 8 --dim 16 --layers 1 --heads 2 --batch 8 --steps 1100 --warmup 5 --seed 3
+      --quiet --precision fp16 --ckpt-every 50 --threads 1)
+"$QKV" train "${long[@]}" --out "$T/full" > /dev/null 2>&1
+ok $? "fp16: the long run"
+grep -aq '"train.loss_scale":"65536"' "$T/full/model.safetensors"
+ok $? "fp16: the scale doubled once in 1100 clean steps"
+killed=0
+for trial in 1 2 3; do
+  d="$T/killed$trial"
+  "$QKV" train "${long[@]}" --out "$d" > /dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 1 1000); do [ -f "$d/model.safetensors" ] && break; sleep 0.01; done
+  sleep "0.0$((RANDOM % 10))"
+  kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
+  wait "$pid" 2>/dev/null
+  "$QKV" train --resume "$d" --quiet > "$d.out" 2>&1
+  ok $? "fp16 trial $trial: resume"
+  cmp -s <(cut -d, -f1-4 "$T/full/loss.csv") <(cut -d, -f1-4 "$d/loss.csv")
+  ok $? "fp16 trial $trial: the resumed loss curve equals the uninterrupted one"
+  for k in loss_scale loss_scale_clean loss_scale_skipped; do
+    [ "$(grep -ao "\"train.$k\":\"[0-9]*\"" "$T/full/model.safetensors")" = \
+      "$(grep -ao "\"train.$k\":\"[0-9]*\"" "$d/model.safetensors")" ]
+    ok $? "fp16 trial $trial: train.$k as uninterrupted"
+  done
+done
+echo "fp16 runs killed mid-way: $killed of 3"
+
 echo "train_precision: $pass passed, $fail failed"
 [ "$fail" = 0 ]
