@@ -1134,6 +1134,36 @@ qkv_status qkv_npy_parse(const void *bytes, size_t len, qkv_array *out,
 /* Load a .npy file: as qkv_npy_parse, plus QKV_ERR_IO when it cannot be read. */
 qkv_status qkv_npy_load(const char *path, qkv_array *out, char *why, size_t why_len);
 
+/* Read only the header of a .npy file: *out gets its dtype, ndim and shape,
+ * with data NULL (nothing to free). Also checks that the file holds all the
+ * data the header declares (a truncated file is QKV_ERR_FORMAT here, not at
+ * a later read). path must be a regular file. Errors: as qkv_npy_load. */
+qkv_status qkv_npy_load_header(const char *path, qkv_array *out, char *why, size_t why_len);
+
+/* Read only some rows of a .npy file along one axis: for each of the
+ * nranges ranges [starts[r], starts[r] + counts[r]) of axis `axis` (in the
+ * order given; ranges may be empty, and may repeat or overlap), the rows of
+ * every index of the axes before it. *out has the file's dtype and shape
+ * except shape[axis] = the sum of counts, in C order: for an [A, n, X]
+ * array and ranges (s0, c0), (s1, c1), out is [A, c0 + c1, X] holding
+ * a[:, s0:s0+c0, :] then a[:, s1:s1+c1, :] for each index of A. Only those
+ * bytes are read (pread, one strided chunk per (outer index, range)), so the
+ * memory is the result's size, never the file's: this is how each MPI rank
+ * of `qkv attend --distributed` reads its own positions (one contiguous
+ * range, or two for the zig-zag causal layout) of q, k, v and the bias.
+ * Validation as qkv_npy_load (header, dtype, the file holding all the data
+ * the header declares, checked before any data is read); every offset is
+ * checked to lie inside the data. *axis_len (may be NULL) gets the file's
+ * full length of the axis. path must be a regular file (it is read with
+ * pread). Errors: those of qkv_npy_load; QKV_ERR_NULL_POINTER (out or path
+ * NULL, or starts/counts NULL with nranges > 0); QKV_ERR_BAD_SIZE (nranges
+ * < 0, axis outside 0..ndim-1, a range with a negative start or count or
+ * past the axis's end); QKV_ERR_SIZE_OVERFLOW; a file that shrinks while it
+ * is read gives QKV_ERR_FORMAT ("truncated"). */
+qkv_status qkv_npy_load_rows(const char *path, int axis, int nranges, const int64_t *starts,
+                             const int64_t *counts, qkv_array *out, int64_t *axis_len, char *why,
+                             size_t why_len);
+
 /* Save an array as a version 1.0 .npy file (2.0 when the header needs it).
  * Writes to a temporary file in the same folder and renames it over path, so
  * a failure never leaves a partial file. Errors: QKV_ERR_NULL_POINTER,

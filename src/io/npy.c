@@ -467,6 +467,194 @@ qkv_status qkv_npy_load(const char *path, qkv_array *out, char *why, size_t why_
     return s;
 }
 
+/* ---- header only, and ranges of rows ------------------------------------- */
+
+/* Read exactly n bytes at offset off; 1 when the file ends first, -1 on a
+ * read error, 0 on success. */
+static int pread_full(int fd, unsigned char *p, size_t n, off_t off) {
+    while (n > 0) {
+        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
+        ssize_t r = pread(fd, p, chunk, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) return 1;
+        p += r;
+        n -= (size_t)r;
+        off += (off_t)r;
+    }
+    return 0;
+}
+
+/* Open path (a regular file: the reads seek), parse its header and check
+ * that the file holds all the data the header declares. On success *fd_out
+ * is open and *data_off is where the data starts. */
+static qkv_status open_header(const char *path, int *fd_out, npy_header *hd, off_t *data_off,
+                              char *why, size_t why_len) {
+    char e[128];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) FAIL(QKV_ERR_IO, "cannot open: %s", errtext(errno, e, sizeof e));
+    struct stat st;
+    qkv_status s = QKV_OK;
+    unsigned char pre[12], *head = NULL;
+    int major, rr;
+    size_t start = 0, hlen = 0, n = 0;
+    if (fstat(fd, &st) != 0) {
+        set_why(why, why_len, "cannot read: %s", errtext(errno, e, sizeof e));
+        s = QKV_ERR_IO;
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        set_why(why, why_len, "%s", "cannot read by rows: not a regular file");
+        s = QKV_ERR_IO;
+        goto fail;
+    }
+    /* Magic, version and the 2 or 4 bytes of header length. */
+    n = (uintmax_t)st.st_size < sizeof pre ? (size_t)st.st_size : sizeof pre;
+    rr = pread_full(fd, pre, n, 0);
+    if (rr != 0) {
+        set_why(why, why_len, "cannot read: %s", rr < 0 ? errtext(errno, e, sizeof e) : "the file shrank");
+        s = rr < 0 ? QKV_ERR_IO : QKV_ERR_FORMAT;
+        goto fail;
+    }
+    s = parse_prefix(pre, n, &major, &start, &hlen, why, why_len);
+    if (s != QKV_OK) goto fail;
+    if ((uintmax_t)hlen > (uintmax_t)st.st_size - start) {
+        set_why(why, why_len, "header length %zu goes past the end of the file (%jd bytes)", hlen,
+                (intmax_t)st.st_size);
+        s = QKV_ERR_FORMAT;
+        goto fail;
+    }
+    head = qkv_alloc(hlen);
+    if (!head) {
+        set_why(why, why_len, "%s", "out of memory");
+        s = QKV_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    rr = pread_full(fd, head, hlen, (off_t)start);
+    if (rr != 0) {
+        set_why(why, why_len, "cannot read: %s", rr < 0 ? errtext(errno, e, sizeof e) : "the file shrank");
+        s = rr < 0 ? QKV_ERR_IO : QKV_ERR_FORMAT;
+        goto fail;
+    }
+    s = parse_header(head, hlen, major, hd, why, why_len);
+    qkv_free(head);
+    head = NULL;
+    if (s != QKV_OK) goto fail;
+    uintmax_t have = (uintmax_t)st.st_size - start - hlen;
+    if ((uintmax_t)hd->nbytes > have) {
+        set_why(why, why_len, "truncated: header says %zu bytes of data, file has %ju", hd->nbytes, have);
+        s = QKV_ERR_FORMAT;
+        goto fail;
+    }
+    *fd_out = fd;
+    *data_off = (off_t)(start + hlen);
+    return QKV_OK;
+fail:
+    qkv_free(head);
+    close(fd);
+    return s;
+}
+
+qkv_status qkv_npy_load_header(const char *path, qkv_array *out, char *why, size_t why_len) {
+    set_why(why, why_len, "%s", "");
+    if (out) memset(out, 0, sizeof *out);
+    if (!out || !path) FAIL(QKV_ERR_NULL_POINTER, "a required pointer is NULL");
+    int fd;
+    off_t off;
+    npy_header hd;
+    qkv_status s = open_header(path, &fd, &hd, &off, why, why_len);
+    if (s != QKV_OK) return s;
+    close(fd);
+    out->dtype = hd.dtype;
+    out->ndim = hd.ndim;
+    for (int i = 0; i < hd.ndim; i++) out->shape[i] = hd.shape[i];
+    return QKV_OK;
+}
+
+qkv_status qkv_npy_load_rows(const char *path, int axis, int nranges, const int64_t *starts,
+                             const int64_t *counts, qkv_array *out, int64_t *axis_len, char *why,
+                             size_t why_len) {
+    set_why(why, why_len, "%s", "");
+    if (out) memset(out, 0, sizeof *out);
+    if (!out || !path || (nranges > 0 && (!starts || !counts)))
+        FAIL(QKV_ERR_NULL_POINTER, "a required pointer is NULL");
+    if (nranges < 0) FAIL(QKV_ERR_BAD_SIZE, "negative number of ranges %d", nranges);
+    int fd;
+    off_t off;
+    npy_header hd;
+    qkv_status s = open_header(path, &fd, &hd, &off, why, why_len);
+    if (s != QKV_OK) return s;
+    if (axis < 0 || axis >= hd.ndim) {
+        close(fd);
+        FAIL(QKV_ERR_BAD_SIZE, "axis %d is outside the array's %d dimensions", axis, hd.ndim);
+    }
+    const int64_t rows = hd.shape[axis];
+    int64_t total = 0;
+    for (int r = 0; r < nranges; r++) {
+        if (starts[r] < 0 || counts[r] < 0 || starts[r] > rows || counts[r] > rows - starts[r]) {
+            close(fd);
+            FAIL(QKV_ERR_BAD_SIZE, "rows %" PRId64 " + %" PRId64 " are outside 0..%" PRId64 " of axis %d",
+                 starts[r], counts[r], rows, axis);
+        }
+        if (counts[r] > INT64_MAX - total) {
+            close(fd);
+            FAIL(QKV_ERR_SIZE_OVERFLOW, "%s", "the ranges hold too many rows (the size overflows)");
+        }
+        total += counts[r];
+    }
+    size_t elem = qkv_dtype_size(hd.dtype);
+    npy_header oh = hd;
+    oh.shape[axis] = total;
+    int64_t count;
+    if (!shape_count(oh.ndim, oh.shape, elem, &count)) {
+        close(fd);
+        FAIL(QKV_ERR_SIZE_OVERFLOW, "%s", "the ranges hold too many elements (the size overflows)");
+    }
+    oh.nbytes = (size_t)count * elem;
+    unsigned char *data = qkv_alloc(oh.nbytes);
+    if (!data) {
+        close(fd);
+        FAIL(QKV_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    /* outer blocks of `rows` rows of `inner` bytes: with nothing to read
+     * (a zero dimension or empty ranges) the loops below do nothing. Every
+     * offset lies inside the data, whose size fits in the file (checked). */
+    if (oh.nbytes > 0) {
+        int64_t outer = 1;
+        size_t inner = elem;
+        for (int i = 0; i < axis; i++) outer *= hd.shape[i];
+        for (int i = axis + 1; i < hd.ndim; i++) inner *= (size_t)hd.shape[i];
+        unsigned char *p = data;
+        for (int64_t o = 0; o < outer; o++) {
+            for (int r = 0; r < nranges; r++) {
+                if (counts[r] == 0) continue;
+                uintmax_t first = ((uintmax_t)o * (uintmax_t)rows + (uintmax_t)starts[r]) * inner;
+                size_t len = (size_t)counts[r] * inner;
+                if (first > hd.nbytes || len > hd.nbytes - first) { /* cannot happen: checked above */
+                    qkv_free(data);
+                    close(fd);
+                    FAIL(QKV_ERR_SIZE_OVERFLOW, "%s", "a row range goes past the data");
+                }
+                int rr = pread_full(fd, p, len, off + (off_t)first);
+                if (rr != 0) {
+                    char e[128];
+                    if (rr < 0) errtext(errno, e, sizeof e);
+                    qkv_free(data);
+                    close(fd);
+                    if (rr < 0) FAIL(QKV_ERR_IO, "cannot read: %s", e);
+                    FAIL(QKV_ERR_FORMAT, "truncated: the file ended while reading rows (%zu bytes of data expected)",
+                         hd.nbytes);
+                }
+                p += len;
+            }
+        }
+    }
+    close(fd);
+    adopt(out, &oh, data);
+    if (axis_len) *axis_len = rows;
+    return QKV_OK;
+}
+
 /* ---- save --------------------------------------------------------------- */
 
 /* The whole prefix + header as numpy 1.x/2.x writes it (same bytes):
