@@ -375,6 +375,7 @@ typedef struct output {
 typedef struct job {
     input in[IN_COUNT];
     output out[OUT_COUNT];
+    int header_only; /* --distributed: q, k, v, dL/dO and the bias are read as headers only */
 } job;
 
 static void job_free(job *j) {
@@ -408,9 +409,10 @@ static void misfit(const input *x, const input *ref, const char *fmt, ...) {
              opt_name(ref->opt), ref->path, shape_of(&ref->a, rs, sizeof rs), detail);
 }
 
-static int load(input *in) {
+static int load(input *in, int header_only) {
     char why[256] = "";
-    qkv_status s = qkv_npy_load(in->path, &in->a, why, sizeof why);
+    qkv_status s = header_only ? qkv_npy_load_header(in->path, &in->a, why, sizeof why)
+                               : qkv_npy_load(in->path, &in->a, why, sizeof why);
     if (s != QKV_OK) {
         in_error(in, "%s", why[0] ? why : qkv_status_string(s));
         return -1;
@@ -508,7 +510,9 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
         j->in[i].path = c->given[input_opt[i]] ? c->val[input_opt[i]] : NULL;
     }
     for (int i = 0; i < IN_COUNT; i++)
-        if (j->in[i].path && load(&j->in[i]) != 0) return -1;
+        if (j->in[i].path &&
+            load(&j->in[i], j->header_only && i != IN_KEY_LENGTHS && i != IN_SEQ_OFFSETS) != 0)
+            return -1;
 
     /* q, k, v: float tensors of one rank 2..4. */
     char sh[160];
@@ -660,9 +664,9 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
     /* Everything fits: convert the tensors to the compute type (the bias of a
      * half-precision call is float32, as the API wants). */
     static const int tensors[] = {IN_Q, IN_K, IN_V, IN_DOUT};
-    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++)
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0] && !j->header_only; i++)
         if (j->in[tensors[i]].path && convert(&j->in[tensors[i]], d->dtype)) return -1;
-    if (bias->path && convert(bias, is_half(d->dtype) ? QKV_F32 : d->dtype)) return -1;
+    if (bias->path && !j->header_only && convert(bias, is_half(d->dtype) ? QKV_F32 : d->dtype)) return -1;
 
     d->batch = dq.b;
     d->n_q = dq.n;
@@ -940,25 +944,65 @@ int cli_cmd_attend(int argc, char **argv) {
 
 /* ------------------------------------------------------------------------- */
 /* --distributed: mpirun -np P qkv attend --distributed ... reads and writes
- * the same files as one process. Rank 0 reads and checks the inputs, sends
- * each rank its positions (zig-zag pieces for a causal mask, contiguous
- * ones otherwise: qkv_dist_partition), every rank runs the ring attention
- * (qkv_ring_attention_forward/backward) on its slice, and rank 0 gathers the
- * slices and writes the outputs. Only rank 0 holds whole arrays (for the
- * I/O); the attention itself uses O(n/P) memory per rank. Every rank exits
- * with rank 0's status. */
+ * the same files as one process. Rank 0 reads the inputs' headers (and the
+ * small --key-lengths and --seq-offsets whole) and checks that they fit;
+ * then every rank reads only its own positions (zig-zag pieces for a causal
+ * mask, contiguous ones otherwise: qkv_dist_partition) of q, k, v, dL/dO and
+ * its queries' rows of the bias straight from the files
+ * (qkv_npy_load_rows), the ranks agree that every read succeeded
+ * (MPI_Allreduce) before the ring runs (qkv_ring_attention_forward/
+ * backward), and rank 0 gathers the output slices and writes the outputs
+ * atomically. So no rank ever holds the whole inputs: O(n/P) per rank for
+ * q, k, v; only rank 0 holds the whole outputs, for the write. Every rank
+ * exits with the worst rank's status. */
 #ifdef QKV_HAVE_MPI
 
 /* What rank 0 tells the others before the data. */
 typedef struct dist_head {
     int ok;                 /* 0: rank 0 failed (message printed); stop */
     int backward, want_lse, has_kl, want_dbias;
+    int q_ndim;             /* 2, 3 or 4: the sequence axis is 1 for 4, else 0 */
     qkv_attn_desc desc;     /* pointers cleared (bias_kind and num_seqs kept) */
 } dist_head;
 
 static int dist_fail(const char *fmt, const char *detail) {
     cli_error(CMD, "--distributed", NULL, fmt, detail);
     return -1;
+}
+
+/* This rank's rows of one input, read from its file (nothing else of it):
+ * the positions st/ln (qkv_dist_partition) of axis `axis`, whose length
+ * must be n, expected to hold `count` elements in all; converted to float32
+ * into dst. 0, or -1 with a message naming the rank. */
+static int dist_read(int rank, int opt, const char *path, int axis, int64_t n, const int64_t st[2],
+                     const int64_t ln[2], int64_t count, float *dst) {
+    char why[256] = "";
+    qkv_array a, f;
+    int64_t len = 0;
+    qkv_status s = qkv_npy_load_rows(path, axis, 2, st, ln, &a, &len, why, sizeof why);
+    if (s != QKV_OK) {
+        cli_error(CMD, opt_name(opt), path, "rank %d: %s", rank, why[0] ? why : qkv_status_string(s));
+        return -1;
+    }
+    if (len != n || qkv_array_count(&a) != count ||
+        (a.dtype != QKV_F32 && a.dtype != QKV_F64 && a.dtype != QKV_F16)) {
+        cli_error(CMD, opt_name(opt), path, "rank %d: the file changed while it was read", rank);
+        qkv_array_free(&a);
+        return -1;
+    }
+    if (a.dtype != QKV_F32) {
+        s = qkv_array_convert(&a, QKV_F32, &f);
+        qkv_array_free(&a);
+        if (s != QKV_OK) {
+            cli_error(CMD, opt_name(opt), path, "rank %d: cannot convert to float32: %s", rank,
+                      qkv_status_string(s));
+            return -1;
+        }
+        a = f;
+    }
+    if (count > 0) memcpy(dst, a.data, (size_t)count * sizeof(float));
+    qkv_array_free(&a);
+    return 0;
 }
 
 /* Rows of one rank's pieces of a [B, n, x] float tensor <-> [B, nloc, x]. */
@@ -1016,7 +1060,9 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
     if (rank == 0) {
         hd.desc = c->desc;
         for (int i = 0; i < OUT_COUNT; i++) j.out[i].opt = output_opt[i];
+        j.header_only = 1; /* each rank reads its own rows below */
         hd.ok = load_inputs(c, &j, &hd.desc, &dq) == 0;
+        hd.q_ndim = j.in[IN_Q].a.ndim;
         if (hd.ok && (c->given[OPT_ATTN] || c->print))
             hd.ok = dist_fail("%s: the n x n attention matrix is not computed by the ring", "--attn/--print") == 0;
         if (hd.ok && hd.desc.dtype != QKV_F32)
@@ -1024,7 +1070,12 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
         if (hd.ok && hd.desc.batch > (int64_t)(sizeof kl / sizeof kl[0]))
             hd.ok = dist_fail("%s: at most 4096 batches", "--q") == 0;
         if (hd.ok) {
-            qkv_status s = qkv_attn_desc_check(&hd.desc);
+            /* The bias is not read yet (each rank reads its rows): check the
+             * request with a stand-in pointer. */
+            static const float no_bias_yet = 0.0f;
+            qkv_attn_desc chk = hd.desc;
+            if (chk.bias_kind != QKV_BIAS_NONE && !chk.bias) chk.bias = &no_bias_yet;
+            qkv_status s = qkv_attn_desc_check(&chk);
             if (s != QKV_OK) {
                 status_error(&j, "invalid attention request", s);
                 hd.ok = 0;
@@ -1080,7 +1131,7 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
     size_t rq = (size_t)(B * nql * H), rk = (size_t)(B * nkl * Hkv);
     size_t tmp_n = (size_t)(B * (maxq > maxk ? maxq : maxk) * H * (D > Dv ? D : Dv)) + 1;
     /* --bias: each rank holds only the rows of its queries, [Hb, nql, n_k]
-     * (rank 0 reads the file and sends them, as for q, k, v). */
+     * (read from the file by each rank, as q, k, v). */
     const int64_t Hb = d.bias_kind == QKV_BIAS_PER_HEAD ? H : d.bias_kind == QKV_BIAS_SHARED ? 1 : 0;
     size_t rb = (size_t)(Hb * nql * d.n_k);
     if ((size_t)(Hb * maxq * d.n_k) + 1 > tmp_n) tmp_n = (size_t)(Hb * maxq * d.n_k) + 1;
@@ -1088,7 +1139,7 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
     float *lq = malloc((rq * (size_t)D + 1) * sizeof(float)), *lk = malloc((rk * (size_t)D + 1) * sizeof(float));
     float *lv = malloc((rk * (size_t)Dv + 1) * sizeof(float)), *lo = malloc((rq * (size_t)Dv + 1) * sizeof(float));
     float *ll_ = malloc((rq + 1) * sizeof(float)), *lg = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
-    float *tmp = rank == 0 ? malloc(tmp_n * sizeof(float)) : NULL;
+    float *tmp = rank == 0 ? malloc(tmp_n * sizeof(float)) : NULL; /* for the gather */
     int ok = lq && lk && lv && lo && ll_ && (rank != 0 || tmp) && (Hb == 0 || lb);
     if (ok && hd.backward) {
         lg = malloc((rq * (size_t)Dv + 1) * sizeof(float));
@@ -1104,16 +1155,22 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
         if (!ok) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", rank);
         goto out;
     }
-    /* Scatter the inputs. */
-    if (dist_move(comm, rank, size, rank == 0 ? j.in[IN_Q].a.data : NULL, lq, B, d.n_q, H * D, layout, 1, tmp) ||
-        dist_move(comm, rank, size, rank == 0 ? j.in[IN_K].a.data : NULL, lk, B, d.n_k, Hkv * D, layout, 1, tmp) ||
-        dist_move(comm, rank, size, rank == 0 ? j.in[IN_V].a.data : NULL, lv, B, d.n_k, Hkv * Dv, layout, 1, tmp) ||
-        (hd.backward &&
-         dist_move(comm, rank, size, rank == 0 ? j.in[IN_DOUT].a.data : NULL, lg, B, d.n_q, H * Dv, layout, 1, tmp)) ||
-        (Hb > 0 &&
-         dist_move(comm, rank, size, rank == 0 ? j.in[IN_BIAS].a.data : NULL, lb, Hb, d.n_q, d.n_k, layout, 1, tmp))) {
-        cli_error(CMD, "--distributed", NULL, "rank %d: sending the inputs failed", rank);
-        goto out;
+    /* Each rank reads its own rows; all agree that every read succeeded
+     * before any communication, so a bad or truncated file fails every rank
+     * with a message, never a hang. The sequence axis: 1 of [B, n, H, D],
+     * 0 of [n, D] and [n, H, D]; the bias's query axis: 0 of [n_q, n_k], 1 of
+     * [H, n_q, n_k]. */
+    {
+        const int ax = hd.q_ndim == 4 ? 1 : 0;
+        ok = dist_read(rank, OPT_Q, c->val[OPT_Q], ax, d.n_q, qs, ql, (int64_t)rq * D, lq) == 0 &&
+             dist_read(rank, OPT_K, c->val[OPT_K], ax, d.n_k, ks, kln, (int64_t)rk * D, lk) == 0 &&
+             dist_read(rank, OPT_V, c->val[OPT_V], ax, d.n_k, ks, kln, (int64_t)rk * Dv, lv) == 0 &&
+             (!hd.backward ||
+              dist_read(rank, OPT_GRAD_OUT, c->val[OPT_GRAD_OUT], ax, d.n_q, qs, ql, (int64_t)rq * Dv, lg) == 0) &&
+             (Hb == 0 ||
+              dist_read(rank, OPT_BIAS, c->val[OPT_BIAS], d.bias_kind == QKV_BIAS_SHARED ? 0 : 1, d.n_q, qs, ql, (int64_t)rb, lb) == 0);
+        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+        if (!all_ok) goto out;
     }
     d.bias = lb;
     qkv_status s = qkv_ring_attention_forward(&d, layout, comm, lq, lk, lv, lo, ll_);

@@ -69,6 +69,19 @@ if timeout -k 5 60 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$qkv" a
 fi
 grep -q "attention matrix" "$tmp/err" || { echo "FAIL: no message for --attn:" >&2; cat "$tmp/err" >&2; fails=$((fails + 1)); }
 [ ! -e "$tmp/bad.npy" ] || { echo "FAIL: an output was left behind" >&2; fails=$((fails + 1)); }
+# Each rank reads its own rows of the files: a truncated input fails every
+# rank with a message (no hang: the ranks agree on the reads' status before
+# they communicate) and writes nothing.
+head -c 3000 "$tmp/k.npy" >"$tmp/kcut.npy"
+for np in 1 3; do
+  if timeout -k 5 60 "$mpiexec" --oversubscribe --allow-run-as-root -np "$np" "$qkv" attend --distributed \
+      --q "$tmp/q.npy" --k "$tmp/kcut.npy" --v "$tmp/v.npy" --mask causal -o "$tmp/cut.npy" 2>"$tmp/err"; then
+    echo "FAIL: --distributed with a truncated --k succeeded (np $np)" >&2
+    fails=$((fails + 1))
+  fi
+  grep -q "truncated" "$tmp/err" || { echo "FAIL: no 'truncated' message (np $np):" >&2; cat "$tmp/err" >&2; fails=$((fails + 1)); }
+  [ ! -e "$tmp/cut.npy" ] || { echo "FAIL: an output was left behind (np $np)" >&2; fails=$((fails + 1)); }
+done
 if [ "$fails" -ne 0 ]; then
   echo "attend_dist: $fails failures" >&2
   exit 1
