@@ -139,10 +139,10 @@ static void test_checkpoint(void) {
 
 /* A few hundred AdamW steps on "copy the first half": the loss must fall
  * well below chance (log 6 = 1.8), with each kind of position. */
-static void test_learns_copy(qkv_posenc pos, int STEPS) {
+static void test_learns_copy(qkv_posenc pos, int STEPS, int64_t dim) {
     qkv_model_config c;
     qkv_model_config_init(&c, 8, 16);
-    c.dim = 32;
+    c.dim = dim;
     c.heads = 2;
     c.layers = 2;
     c.pos = pos;
@@ -228,10 +228,15 @@ int main(void) {
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) test_decode(kinds[k]);
     test_dropout_and_determinism();
     test_checkpoint();
-    test_learns_copy(QKV_POSENC_SINUSOIDAL, 300);
-    test_learns_copy(QKV_POSENC_LEARNED, 300);
-    test_learns_copy(QKV_POSENC_ROPE, 300);
-    test_learns_copy(QKV_POSENC_FLOATER, 600); /* its positions must be learned first */
+    test_learns_copy(QKV_POSENC_SINUSOIDAL, 300, 32);
+    test_learns_copy(QKV_POSENC_LEARNED, 300, 32);
+    test_learns_copy(QKV_POSENC_ROPE, 300, 32);
+    /* FLOATER's positions must be learned first. At E = 32 this run ends
+     * either near 0.01 or on a plateau near 1.3 depending on the data seed
+     * (4 of 8 seeds; a one-ulp change of any constant flips it), so the check
+     * could not judge numerics changes; at E = 64 all 8 seeds tried (and 8
+     * more with another model seed) end at 0.001-0.015, far below 0.3. */
+    test_learns_copy(QKV_POSENC_FLOATER, 600, 64);
     test_errors();
     return tu_finish();
 }
