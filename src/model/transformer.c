@@ -92,15 +92,11 @@ static void layernorm_backward(const float *x, const float *g, const float *mean
     }
 }
 
-/* GELU with the exact error function (torch.nn.GELU's default). */
-float model_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
-/* GELU(x) and its derivative from one erff: the same numbers as model_gelu
- * and a separate derivative, for half the error-function calls. */
-static float gelu_and_grad(float x, float *grad) {
-    float e = erff(x * 0.70710678f);
-    float cdf = 0.5f * (1.0f + e), pdf = expf(-0.5f * x * x) * 0.39894228f;
-    *grad = cdf + x * pdf;
-    return 0.5f * x * (1.0f + e);
+/* GELU with the exact error function (torch.nn.GELU's default), through
+ * model_gelu_eval (model_internal.h: its accuracy is argued there). */
+float model_gelu(float x) {
+    float g;
+    return model_gelu_eval(x, &g);
 }
 
 /* Counter-based dropout: the mask of element i at (step, layer, site) is a
@@ -496,11 +492,18 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         if ((s = model_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
             return s;
         /* With targets (a backward may follow) pre is replaced by GELU'(pre),
-         * all the backward needs of it, computed with the same erff. */
+         * all the backward needs of it, from the same exponential. */
         if (targets)
-            for (int64_t i = 0; i < rows * F; i++) b->act[i] = gelu_and_grad(b->pre[i], &b->pre[i]);
+            for (int64_t i = 0; i < rows * F; i++) {
+                float g;
+                b->act[i] = model_gelu_eval(b->pre[i], &g);
+                b->pre[i] = g;
+            }
         else
-            for (int64_t i = 0; i < rows * F; i++) b->act[i] = model_gelu(b->pre[i]);
+            for (int64_t i = 0; i < rows * F; i++) {
+                float g;
+                b->act[i] = model_gelu_eval(b->pre[i], &g);
+            }
         if ((s = model_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
             return s;
         const float *mo = dropped(m, l, 1, b->mlp_out, m->dtmp, rows * E);
