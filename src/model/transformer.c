@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/threads.h"
 #include "model/model_internal.h"
 
 #define LN_EPS 1e-5
@@ -53,32 +54,89 @@ qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, 
 
 /* ---- building blocks ------------------------------------------------------ */
 
-void model_layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
-                              float *mean, float *rstd) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * E;
+/* ---- row-parallel loops ---------------------------------------------------- */
+
+/* The model's own loops (LayerNorm, GELU, the loss gradient) are a quarter
+ * of a training step at E = 128; left serial they cap what a second thread
+ * can give. Each loop below is split into chunks of whole rows (or, for the
+ * LayerNorm parameter gradients, of whole columns summed over the rows in
+ * order), so every output element is computed by exactly the code and in
+ * exactly the order of the serial loop: bitwise the same for any thread
+ * count. Small problems stay on the calling thread (starting workers costs
+ * more than they save). */
+enum { PAR_MIN_ELEMS = 1 << 15, PAR_CHUNKS_PER_THREAD = 4 };
+
+typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
+typedef struct {
+    range_fn fn;
+    void *ctx;
+    int64_t total, chunk;
+} range_job;
+
+static void range_unit(void *ctx, int64_t unit, int thread) {
+    (void)thread;
+    const range_job *j = ctx;
+    int64_t b = unit * j->chunk, e = b + j->chunk < j->total ? b + j->chunk : j->total;
+    j->fn(j->ctx, b, e);
+}
+
+/* fn over [0, total) in chunks; work_per_item sizes the serial cut-off. */
+static void par_range(int threads, int64_t total, int64_t work_per_item, range_fn fn, void *ctx) {
+    int t = qkv_threads_resolve(threads);
+    if (t <= 1 || total < 2 || total * work_per_item < PAR_MIN_ELEMS) {
+        fn(ctx, 0, total);
+        return;
+    }
+    int64_t units = (int64_t)t * PAR_CHUNKS_PER_THREAD;
+    if (units > total) units = total;
+    range_job j = {fn, ctx, total, (total + units - 1) / units};
+    qkv_parallel_for(t, (total + j.chunk - 1) / j.chunk, range_unit, &j);
+}
+
+typedef struct {
+    const float *x, *g, *b, *mean, *rstd, *dy;
+    float *y, *out_mean, *out_rstd, *dg, *db, *dx;
+    int64_t E, rows;
+    int accumulate;
+} ln_job;
+
+static void ln_forward_rows(void *ctx, int64_t r0, int64_t r1) {
+    const ln_job *j = ctx;
+    const int64_t E = j->E;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = j->x + r * E;
         double mu = 0, var = 0;
         for (int64_t i = 0; i < E; i++) mu += xr[i];
         mu /= (double)E;
         for (int64_t i = 0; i < E; i++) var += (xr[i] - mu) * (xr[i] - mu);
         double rs = 1.0 / sqrt(var / (double)E + LN_EPS);
-        for (int64_t i = 0; i < E; i++) y[r * E + i] = (float)((xr[i] - mu) * rs * g[i] + b[i]);
-        mean[r] = (float)mu;
-        rstd[r] = (float)rs;
+        for (int64_t i = 0; i < E; i++) j->y[r * E + i] = (float)((xr[i] - mu) * rs * j->g[i] + j->b[i]);
+        j->out_mean[r] = (float)mu;
+        j->out_rstd[r] = (float)rs;
     }
 }
 
-/* dx (+)= LN'(x)ᵀ dy; dg, db accumulate. */
-static void layernorm_backward(const float *x, const float *g, const float *mean, const float *rstd,
-                               const float *dy, int64_t rows, int64_t E, float *dg, float *db, float *dx,
-                               int accumulate) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * E, *dyr = dy + r * E;
+static void model_layernorm_forward_t(const float *x, const float *g, const float *b, int64_t rows, int64_t E,
+                                      float *y, float *mean, float *rstd, int threads) {
+    ln_job j = {.x = x, .g = g, .b = b, .y = y, .out_mean = mean, .out_rstd = rstd, .E = E};
+    par_range(threads, rows, 4 * E, ln_forward_rows, &j);
+}
+
+void model_layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
+                              float *mean, float *rstd) {
+    model_layernorm_forward_t(x, g, b, rows, E, y, mean, rstd, 1);
+}
+
+/* dx (+)= LN'(x)ᵀ dy, one chunk of rows per unit. */
+static void ln_backward_rows(void *ctx, int64_t r0, int64_t r1) {
+    const ln_job *j = ctx;
+    const int64_t E = j->E;
+    const float *g = j->g, *mean = j->mean, *rstd = j->rstd;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = j->x + r * E, *dyr = j->dy + r * E;
         double mdg = 0, mdgx = 0;
         for (int64_t i = 0; i < E; i++) {
             double xh = (xr[i] - mean[r]) * rstd[r], dxh = (double)dyr[i] * g[i];
-            dg[i] += (float)(dyr[i] * xh);
-            db[i] += dyr[i];
             mdg += dxh;
             mdgx += dxh * xh;
         }
@@ -87,8 +145,89 @@ static void layernorm_backward(const float *x, const float *g, const float *mean
         for (int64_t i = 0; i < E; i++) {
             double xh = (xr[i] - mean[r]) * rstd[r];
             float v = (float)(rstd[r] * ((double)dyr[i] * g[i] - mdg - xh * mdgx));
-            dx[r * E + i] = accumulate ? dx[r * E + i] + v : v;
+            j->dx[r * E + i] = j->accumulate ? j->dx[r * E + i] + v : v;
         }
+    }
+}
+
+/* dg, db accumulate over all rows in row order, one chunk of columns per unit. */
+static void ln_backward_cols(void *ctx, int64_t c0, int64_t c1) {
+    const ln_job *j = ctx;
+    const int64_t E = j->E;
+    for (int64_t r = 0; r < j->rows; r++) {
+        const float *xr = j->x + r * E, *dyr = j->dy + r * E;
+        for (int64_t i = c0; i < c1; i++) {
+            double xh = (xr[i] - j->mean[r]) * j->rstd[r];
+            j->dg[i] += (float)(dyr[i] * xh);
+            j->db[i] += dyr[i];
+        }
+    }
+}
+
+static void layernorm_backward(const float *x, const float *g, const float *mean, const float *rstd,
+                               const float *dy, int64_t rows, int64_t E, float *dg, float *db, float *dx,
+                               int accumulate, int threads) {
+    ln_job j = {.x = x, .g = g, .mean = mean, .rstd = rstd, .dy = dy, .dg = dg, .db = db, .dx = dx, .E = E,
+                .rows = rows, .accumulate = accumulate};
+    par_range(threads, rows, 6 * E, ln_backward_rows, &j);
+    par_range(threads, E, 3 * rows, ln_backward_cols, &j);
+}
+
+/* act = GELU(pre); with keep_grad pre is replaced by GELU'(pre). */
+typedef struct {
+    float *pre, *act;
+    int keep_grad;
+} gelu_job;
+
+static void gelu_range(void *ctx, int64_t i0, int64_t i1) {
+    const gelu_job *j = ctx;
+    if (j->keep_grad)
+        for (int64_t i = i0; i < i1; i++) {
+            float g;
+            j->act[i] = model_gelu_eval(j->pre[i], &g);
+            j->pre[i] = g;
+        }
+    else
+        for (int64_t i = i0; i < i1; i++) {
+            float g;
+            j->act[i] = model_gelu_eval(j->pre[i], &g);
+        }
+}
+
+/* x *= y elementwise. */
+typedef struct {
+    float *x;
+    const float *y;
+} scale_job;
+
+static void scale_range(void *ctx, int64_t i0, int64_t i1) {
+    const scale_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) j->x[i] *= j->y[i];
+}
+
+/* dlogits = (softmax - onehot) / count · loss_scale, in place, per row. */
+typedef struct {
+    float *z;
+    const int32_t *targets;
+    int64_t V, count;
+    double loss_scale;
+} dlogits_job;
+
+static void dlogits_rows(void *ctx, int64_t r0, int64_t r1) {
+    const dlogits_job *j = ctx;
+    const int64_t V = j->V;
+    for (int64_t r = r0; r < r1; r++) {
+        float *z = j->z + r * V;
+        if (j->targets[r] < 0 || j->count == 0) {
+            memset(z, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        double mx = z[0], sum = 0.0;
+        for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        for (int64_t v = 0; v < V; v++) sum += exp(z[v] - mx);
+        for (int64_t v = 0; v < V; v++)
+            z[v] = (float)((exp(z[v] - mx) / sum - (v == j->targets[r] ? 1.0 : 0.0)) / (double)j->count *
+                           j->loss_scale);
     }
 }
 
@@ -478,7 +617,8 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < E; i++)
                 b->x[r * E + i] = h[r * E + i] + (m->floater ? m->floater_pos[(r % n) * E + i] : 0.0f);
-        model_layernorm_forward(b->x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], rows, E, b->ln1, b->ln1_mean, b->ln1_rstd);
+        model_layernorm_forward_t(b->x, P + m->o_ln1_w[l], P + m->o_ln1_b[l], rows, E, b->ln1, b->ln1_mean,
+                                  b->ln1_rstd, thr);
         /* Attention dropout happens inside the kernel, its mask keyed by
          * (seed, step, layer); the layer's backward regenerates it. */
         qkv_mha_set_dropout(m->attn[l], train ? m->cfg.dropout : 0.0,
@@ -488,28 +628,20 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         if (s != QKV_OK) return s;
         const float *ao = dropped(m, l, 0, b->attn_out, m->dtmp, rows * E);
         for (int64_t i = 0; i < rows * E; i++) b->mid[i] = b->x[i] + ao[i];
-        model_layernorm_forward(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean, b->ln2_rstd);
+        model_layernorm_forward_t(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean,
+                                  b->ln2_rstd, thr);
         if ((s = model_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
             return s;
         /* With targets (a backward may follow) pre is replaced by GELU'(pre),
          * all the backward needs of it, from the same exponential. */
-        if (targets)
-            for (int64_t i = 0; i < rows * F; i++) {
-                float g;
-                b->act[i] = model_gelu_eval(b->pre[i], &g);
-                b->pre[i] = g;
-            }
-        else
-            for (int64_t i = 0; i < rows * F; i++) {
-                float g;
-                b->act[i] = model_gelu_eval(b->pre[i], &g);
-            }
+        gelu_job gj = {b->pre, b->act, targets != NULL};
+        par_range(thr, rows * F, 8, gelu_range, &gj);
         if ((s = model_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
             return s;
         const float *mo = dropped(m, l, 1, b->mlp_out, m->dtmp, rows * E);
         for (int64_t i = 0; i < rows * E; i++) h[i] = b->mid[i] + mo[i];
     }
-    model_layernorm_forward(h, P + m->o_lnf_w, P + m->o_lnf_b, rows, E, m->lnf, m->lnf_mean, m->lnf_rstd);
+    model_layernorm_forward_t(h, P + m->o_lnf_w, P + m->o_lnf_b, rows, E, m->lnf, m->lnf_mean, m->lnf_rstd, thr);
     if ((s = model_linear(m->lnf, rows, E, P + m->o_head, NULL, V, m->logits, thr)) != QKV_OK) return s;
     if (logits) memcpy(logits, m->logits, (size_t)(rows * V) * sizeof(float));
 
@@ -571,26 +703,15 @@ qkv_status qkv_model_backward(qkv_model *m) {
     int64_t count = 0;
     for (int64_t r = 0; r < rows; r++) count += m->targets[r] >= 0;
     float *dl = m->logits;
-    for (int64_t r = 0; r < rows; r++) {
-        float *z = dl + r * V;
-        if (m->targets[r] < 0 || count == 0) {
-            memset(z, 0, (size_t)V * sizeof(float));
-            continue;
-        }
-        double mx = z[0], sum = 0.0;
-        for (int64_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        for (int64_t v = 0; v < V; v++) sum += exp(z[v] - mx);
-        for (int64_t v = 0; v < V; v++)
-            z[v] = (float)((exp(z[v] - mx) / sum - (v == m->targets[r] ? 1.0 : 0.0)) / (double)count *
-                           m->loss_scale);
-    }
+    dlogits_job dj = {dl, m->targets, V, count, m->loss_scale};
+    par_range(thr, rows, 3 * V, dlogits_rows, &dj);
     m->have_targets = 0; /* the logits are gone */
 
     float *dh = m->dh, *dx = m->dtmp, *dd = m->dtmp2;
     if ((s = model_linear_backward(m->lnf, dl, rows, E, V, P + m->o_head, G + m->o_head, NULL, dd, 0, thr)) != QKV_OK)
         return s;
     layernorm_backward(m->h, P + m->o_lnf_w, m->lnf_mean, m->lnf_rstd, dd, rows, E, G + m->o_lnf_w, G + m->o_lnf_b, dh,
-                       0);
+                       0, thr);
     { /* the output head (untied: final now) and the final norm */
         const float *r[3] = {G + m->o_lnf_w, G + m->o_lnf_b, G + m->o_head};
         if ((s = grads_ready(m, r, m->o_head == m->o_emb ? 2 : 3)) != QKV_OK) return s;
@@ -604,18 +725,19 @@ qkv_status qkv_model_backward(qkv_model *m) {
         if ((s = model_linear_backward(b->act, dmo, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
                                        G + m->o_fc2_b[l], m->dF, 0, thr)) != QKV_OK)
             return s;
-        for (int64_t i = 0; i < rows * F; i++) m->dF[i] *= b->pre[i]; /* GELU'(pre), from the forward */
+        scale_job sj = {m->dF, b->pre}; /* dF *= GELU'(pre), from the forward */
+        par_range(thr, rows * F, 1, scale_range, &sj);
         if ((s = model_linear_backward(b->ln2, m->dF, rows, E, F, P + m->o_fc1_w[l], G + m->o_fc1_w[l],
                                        G + m->o_fc1_b[l], dd, 0, thr)) != QKV_OK)
             return s;
         /* dmid = dh + LN2'(dd) */
         layernorm_backward(b->mid, P + m->o_ln2_w[l], b->ln2_mean, b->ln2_rstd, dd, rows, E, G + m->o_ln2_w[l],
-                           G + m->o_ln2_b[l], dh, 1);
+                           G + m->o_ln2_b[l], dh, 1, thr);
         /* mid = x + drop(attn_out) */
         const float *dao = dropped(m, l, 0, dh, dd, rows * E);
         if ((s = qkv_mha_backward(m->attn[l], b->ln1, NULL, NULL, dao, dx, NULL, NULL)) != QKV_OK) return s;
         layernorm_backward(b->x, P + m->o_ln1_w[l], b->ln1_mean, b->ln1_rstd, dx, rows, E, G + m->o_ln1_w[l],
-                           G + m->o_ln1_b[l], dh, 1);
+                           G + m->o_ln1_b[l], dh, 1, thr);
         if (m->floater)
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t i = 0; i < E; i++) m->floater_dpos[(r % n) * E + i] += dh[r * E + i];
