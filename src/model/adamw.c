@@ -49,6 +49,30 @@ void qkv_adamw_free(qkv_adamw *o) {
     qkv_free(o);
 }
 
+/* The update of elements [i0, i1) of one segment (its moments start at `at`). */
+typedef struct {
+    qkv_adamw *o;
+    model_segment *sg;
+    int64_t at;
+    double lr, scale, c1, c2, wd;
+} update_job;
+
+static void update_range(void *ctx, int64_t i0, int64_t i1) {
+    const update_job *j = ctx;
+    qkv_adamw *o = j->o;
+    model_segment *sg = j->sg;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t at = j->at + i;
+        double g = sg->grad[i] * j->scale;
+        double mo = o->b1 * o->mom[at] + (1 - o->b1) * g, ve = o->b2 * o->vel[at] + (1 - o->b2) * g * g;
+        o->mom[at] = (float)mo;
+        o->vel[at] = (float)ve;
+        double p = sg->param[i];
+        p -= j->lr * (mo / j->c1 / (sqrt(ve / j->c2) + o->eps) + j->wd * p);
+        sg->param[i] = (float)p;
+    }
+}
+
 qkv_status qkv_adamw_step(qkv_adamw *o, double lr, double clip, double *grad_norm) {
     if (!o) return QKV_ERR_NULL_POINTER;
     if (!isfinite(lr) || lr < 0) return QKV_ERR_BAD_PARAMETER;
@@ -65,16 +89,10 @@ qkv_status qkv_adamw_step(qkv_adamw *o, double lr, double clip, double *grad_nor
         model_segment *sg = &m->seg[s];
         /* The attention block holds its biases with its matrices; decaying
          * them too is harmless at these rates (GPT-2 practice differs). */
-        double wd = sg->decay ? o->wd : 0.0;
-        for (int64_t i = 0; i < sg->count; i++, at++) {
-            double g = sg->grad[i] * scale;
-            double mo = o->b1 * o->mom[at] + (1 - o->b1) * g, ve = o->b2 * o->vel[at] + (1 - o->b2) * g * g;
-            o->mom[at] = (float)mo;
-            o->vel[at] = (float)ve;
-            double p = sg->param[i];
-            p -= lr * (mo / c1 / (sqrt(ve / c2) + o->eps) + wd * p);
-            sg->param[i] = (float)p;
-        }
+        update_job j = {o, sg, at, lr, scale, c1, c2, sg->decay ? o->wd : 0.0};
+        /* Elementwise, so split over the threads: the same bits for any count. */
+        model_par_range(m->cfg.threads, sg->count, 16, update_range, &j);
+        at += sg->count;
     }
     return QKV_OK;
 }

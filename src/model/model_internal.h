@@ -70,6 +70,13 @@ struct qkv_model {
 };
 
 /* Linear layers through qkv_sgemm: y = x Wᵀ + b; dW += dyᵀ x, db += sum dy, dx = dy W. */
+/* fn(ctx, begin, end) over [0, total) split into whole chunks on up to
+ * `threads` threads (serial below a size where threads cannot pay off);
+ * each item must be computed independently of the chunking, so the result
+ * is bitwise the same for any thread count (transformer.c). */
+typedef void (*model_range_fn)(void *ctx, int64_t begin, int64_t end);
+void model_par_range(int threads, int64_t total, int64_t work_per_item, model_range_fn fn, void *ctx);
+
 qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
                         float *y, int threads);
 qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,

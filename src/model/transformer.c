@@ -31,29 +31,6 @@ void qkv_model_config_init(qkv_model_config *cfg, int64_t vocab, int64_t max_seq
 
 const qkv_model_config *qkv_model_get_config(const qkv_model *m) { return m ? &m->cfg : NULL; }
 
-qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
-                        float *y, int threads) {
-    qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
-    if (s != QKV_OK || !b) return s;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t o = 0; o < out; o++) y[r * out + o] += b[o];
-    return QKV_OK;
-}
-
-qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
-                                 const float *w, float *dw, float *db, float *dx, int accumulate_dx,
-                                 int threads) {
-    qkv_status s = qkv_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in, threads);
-    if (s != QKV_OK) return s;
-    if (db)
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t o = 0; o < out; o++) db[o] += dy[r * out + o];
-    if (!dx) return QKV_OK;
-    return qkv_sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in, threads);
-}
-
-/* ---- building blocks ------------------------------------------------------ */
-
 /* ---- row-parallel loops ---------------------------------------------------- */
 
 /* The model's own loops (LayerNorm, GELU, the loss gradient) are a quarter
@@ -66,9 +43,8 @@ qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, 
  * more than they save). */
 enum { PAR_MIN_ELEMS = 1 << 15, PAR_CHUNKS_PER_THREAD = 4 };
 
-typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
 typedef struct {
-    range_fn fn;
+    model_range_fn fn;
     void *ctx;
     int64_t total, chunk;
 } range_job;
@@ -81,7 +57,7 @@ static void range_unit(void *ctx, int64_t unit, int thread) {
 }
 
 /* fn over [0, total) in chunks; work_per_item sizes the serial cut-off. */
-static void par_range(int threads, int64_t total, int64_t work_per_item, range_fn fn, void *ctx) {
+void model_par_range(int threads, int64_t total, int64_t work_per_item, model_range_fn fn, void *ctx) {
     int t = qkv_threads_resolve(threads);
     if (t <= 1 || total < 2 || total * work_per_item < PAR_MIN_ELEMS) {
         fn(ctx, 0, total);
@@ -92,6 +68,49 @@ static void par_range(int threads, int64_t total, int64_t work_per_item, range_f
     range_job j = {fn, ctx, total, (total + units - 1) / units};
     qkv_parallel_for(t, (total + j.chunk - 1) / j.chunk, range_unit, &j);
 }
+
+/* y[r] += b, one chunk of rows per unit; db += Σ_r dy[r], one chunk of
+ * columns per unit with the rows in order (the serial sum's order). */
+typedef struct {
+    float *y, *b;
+    int64_t rows, out;
+} bias_job;
+
+static void bias_add_rows(void *ctx, int64_t r0, int64_t r1) {
+    const bias_job *j = ctx;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t o = 0; o < j->out; o++) j->y[r * j->out + o] += j->b[o];
+}
+
+static void bias_grad_cols(void *ctx, int64_t c0, int64_t c1) {
+    const bias_job *j = ctx;
+    for (int64_t r = 0; r < j->rows; r++)
+        for (int64_t o = c0; o < c1; o++) j->b[o] += j->y[r * j->out + o];
+}
+
+qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                        float *y, int threads) {
+    qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
+    if (s != QKV_OK || !b) return s;
+    bias_job j = {y, (float *)b, rows, out};
+    model_par_range(threads, rows, out, bias_add_rows, &j);
+    return QKV_OK;
+}
+
+qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
+                                 const float *w, float *dw, float *db, float *dx, int accumulate_dx,
+                                 int threads) {
+    qkv_status s = qkv_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in, threads);
+    if (s != QKV_OK) return s;
+    if (db) {
+        bias_job j = {(float *)dy, db, rows, out};
+        model_par_range(threads, out, rows, bias_grad_cols, &j);
+    }
+    if (!dx) return QKV_OK;
+    return qkv_sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in, threads);
+}
+
+/* ---- building blocks ------------------------------------------------------ */
 
 typedef struct {
     const float *x, *g, *b, *mean, *rstd, *dy;
@@ -119,7 +138,7 @@ static void ln_forward_rows(void *ctx, int64_t r0, int64_t r1) {
 static void model_layernorm_forward_t(const float *x, const float *g, const float *b, int64_t rows, int64_t E,
                                       float *y, float *mean, float *rstd, int threads) {
     ln_job j = {.x = x, .g = g, .b = b, .y = y, .out_mean = mean, .out_rstd = rstd, .E = E};
-    par_range(threads, rows, 4 * E, ln_forward_rows, &j);
+    model_par_range(threads, rows, 4 * E, ln_forward_rows, &j);
 }
 
 void model_layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
@@ -169,8 +188,8 @@ static void layernorm_backward(const float *x, const float *g, const float *mean
                                int accumulate, int threads) {
     ln_job j = {.x = x, .g = g, .mean = mean, .rstd = rstd, .dy = dy, .dg = dg, .db = db, .dx = dx, .E = E,
                 .rows = rows, .accumulate = accumulate};
-    par_range(threads, rows, 6 * E, ln_backward_rows, &j);
-    par_range(threads, E, 3 * rows, ln_backward_cols, &j);
+    model_par_range(threads, rows, 6 * E, ln_backward_rows, &j);
+    model_par_range(threads, E, 3 * rows, ln_backward_cols, &j);
 }
 
 /* act = GELU(pre); with keep_grad pre is replaced by GELU'(pre). */
@@ -635,7 +654,7 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         /* With targets (a backward may follow) pre is replaced by GELU'(pre),
          * all the backward needs of it, from the same exponential. */
         gelu_job gj = {b->pre, b->act, targets != NULL};
-        par_range(thr, rows * F, 8, gelu_range, &gj);
+        model_par_range(thr, rows * F, 8, gelu_range, &gj);
         if ((s = model_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
             return s;
         const float *mo = dropped(m, l, 1, b->mlp_out, m->dtmp, rows * E);
@@ -704,7 +723,7 @@ qkv_status qkv_model_backward(qkv_model *m) {
     for (int64_t r = 0; r < rows; r++) count += m->targets[r] >= 0;
     float *dl = m->logits;
     dlogits_job dj = {dl, m->targets, V, count, m->loss_scale};
-    par_range(thr, rows, 3 * V, dlogits_rows, &dj);
+    model_par_range(thr, rows, 3 * V, dlogits_rows, &dj);
     m->have_targets = 0; /* the logits are gone */
 
     float *dh = m->dh, *dx = m->dtmp, *dd = m->dtmp2;
@@ -726,7 +745,7 @@ qkv_status qkv_model_backward(qkv_model *m) {
                                        G + m->o_fc2_b[l], m->dF, 0, thr)) != QKV_OK)
             return s;
         scale_job sj = {m->dF, b->pre}; /* dF *= GELU'(pre), from the forward */
-        par_range(thr, rows * F, 1, scale_range, &sj);
+        model_par_range(thr, rows * F, 1, scale_range, &sj);
         if ((s = model_linear_backward(b->ln2, m->dF, rows, E, F, P + m->o_fc1_w[l], G + m->o_fc1_w[l],
                                        G + m->o_fc1_b[l], dd, 0, thr)) != QKV_OK)
             return s;
