@@ -142,19 +142,6 @@ typedef struct hprob {
     double *qd, *kd, *vd, *doutd;
 } hprob;
 
-static float h2f(qkv_dtype dt, uint16_t h) { return dt == QKV_BF16 ? qkv_bf16_to_f32(h) : qkv_f16_to_f32(h); }
-static uint16_t f2h(qkv_dtype dt, float x) { return dt == QKV_BF16 ? qkv_f32_to_bf16(x) : qkv_f32_to_f16(x); }
-static float rnd(qkv_dtype dt, float x) { return h2f(dt, f2h(dt, x)); }
-
-static uint16_t *half_random(tu_rng *r, qkv_dtype dt, int64_t n, double sd, double **dbl) {
-    uint16_t *x = malloc((size_t)(n ? n : 1) * 2);
-    *dbl = malloc((size_t)(n ? n : 1) * sizeof(double));
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = f2h(dt, (float)(sd * tu_rng_normal(r)));
-        (*dbl)[i] = h2f(dt, x[i]);
-    }
-    return x;
-}
 
 static int hp_make(hprob *p, qkv_dtype dt, uint64_t seed, double sd) {
     tu_rng r;
@@ -169,10 +156,10 @@ static int hp_make(hprob *p, qkv_dtype dt, uint64_t seed, double sd) {
     p->nv = p->pl.n_v_elems;
     p->no = p->pl.n_o_elems;
     p->nl = p->pl.n_lse_elems;
-    p->q = half_random(&r, dt, p->nq, sd, &p->qd);
-    p->k = half_random(&r, dt, p->nk, sd, &p->kd);
-    p->v = half_random(&r, dt, p->nv, 1.0, &p->vd);
-    p->dout = half_random(&r, dt, p->no, 1.0, &p->doutd);
+    p->q = tu_half_random(&r, dt, p->nq, sd, &p->qd);
+    p->k = tu_half_random(&r, dt, p->nk, sd, &p->kd);
+    p->v = tu_half_random(&r, dt, p->nv, 1.0, &p->vd);
+    p->dout = tu_half_random(&r, dt, p->no, 1.0, &p->doutd);
     p->d.dtype = dt;
     return 1;
 }
@@ -209,7 +196,7 @@ static void plain_half(const hprob *p, float *out, float *lse, float *dq, float 
                 for (int64_t j = lo; j < hi; j++) {
                     const uint16_t *kj = p->k + idx4(b, j, hk, nk, d->heads_kv, D);
                     float acc = 0.0f;
-                    for (int64_t t = 0; t < D; t++) acc += h2f(dt, qi[t]) * h2f(dt, kj[t]);
+                    for (int64_t t = 0; t < D; t++) acc += tu_half_to_f32(dt, qi[t]) * tu_half_to_f32(dt, kj[t]);
                     s[j] = acc * scale;
                     m = s[j] > m ? s[j] : m;
                 }
@@ -219,12 +206,12 @@ static void plain_half(const hprob *p, float *out, float *lse, float *dq, float 
                 for (int64_t t = 0; t < Dv; t++) o[t] = 0.0f;
                 for (int64_t j = lo; j < hi; j++) {
                     w[j] = expf(s[j] - m) / sum;
-                    float pr = rnd(dt, w[j]);
+                    float pr = tu_half_round(dt, w[j]);
                     const uint16_t *vj = p->v + idx4(b, j, hk, nk, d->heads_kv, Dv);
-                    for (int64_t t = 0; t < Dv; t++) o[t] += pr * h2f(dt, vj[t]);
+                    for (int64_t t = 0; t < Dv; t++) o[t] += pr * tu_half_to_f32(dt, vj[t]);
                 }
                 float *orow = out + idx4(b, i, h, d->n_q, d->heads, Dv);
-                for (int64_t t = 0; t < Dv; t++) orow[t] = rnd(dt, o[t]);
+                for (int64_t t = 0; t < Dv; t++) orow[t] = tu_half_round(dt, o[t]);
                 if (!dq) continue;
                 /* backward of the row: dV += P^T dO (P in half), dP = dO V^T,
                  * dS = P (dP - sum P dP) rounded to half, dQ = dS K, dK += dS^T Q */
@@ -233,30 +220,30 @@ static void plain_half(const hprob *p, float *out, float *lse, float *dq, float 
                 for (int64_t j = lo; j < hi; j++) {
                     const uint16_t *vj = p->v + idx4(b, j, hk, nk, d->heads_kv, Dv);
                     float *dvj = dva + idx4(b, j, hk, nk, d->heads_kv, Dv);
-                    float acc = 0.0f, pr = rnd(dt, w[j]);
+                    float acc = 0.0f, pr = tu_half_round(dt, w[j]);
                     for (int64_t t = 0; t < Dv; t++) {
-                        acc += h2f(dt, gi[t]) * h2f(dt, vj[t]);
-                        dvj[t] += pr * h2f(dt, gi[t]);
+                        acc += tu_half_to_f32(dt, gi[t]) * tu_half_to_f32(dt, vj[t]);
+                        dvj[t] += pr * tu_half_to_f32(dt, gi[t]);
                     }
                     s[j] = acc; /* dP */
                     di += w[j] * acc;
                 }
                 for (int64_t t = 0; t < D; t++) dqa[t] = 0.0f;
                 for (int64_t j = lo; j < hi; j++) {
-                    float ds = rnd(dt, w[j] * (s[j] - di)) * scale;
+                    float ds = tu_half_round(dt, w[j] * (s[j] - di)) * scale;
                     const uint16_t *kj = p->k + idx4(b, j, hk, nk, d->heads_kv, D);
                     float *dkj = dka + idx4(b, j, hk, nk, d->heads_kv, D);
                     for (int64_t t = 0; t < D; t++) {
-                        dqa[t] += ds * h2f(dt, kj[t]);
-                        dkj[t] += ds * h2f(dt, qi[t]);
+                        dqa[t] += ds * tu_half_to_f32(dt, kj[t]);
+                        dkj[t] += ds * tu_half_to_f32(dt, qi[t]);
                     }
                 }
                 float *dqi = dq + idx4(b, i, h, d->n_q, d->heads, D);
-                for (int64_t t = 0; t < D; t++) dqi[t] = rnd(dt, dqa[t]);
+                for (int64_t t = 0; t < D; t++) dqi[t] = tu_half_round(dt, dqa[t]);
             }
     if (dq) {
-        for (int64_t x = 0; x < p->nk; x++) dk[x] = rnd(dt, dka[x]);
-        for (int64_t x = 0; x < p->nv; x++) dv[x] = rnd(dt, dva[x]);
+        for (int64_t x = 0; x < p->nk; x++) dk[x] = tu_half_round(dt, dka[x]);
+        for (int64_t x = 0; x < p->nv; x++) dv[x] = tu_half_round(dt, dva[x]);
     }
     free(s); free(w); free(o); free(dqa); free(dka); free(dva);
 }
@@ -264,7 +251,7 @@ static void plain_half(const hprob *p, float *out, float *lse, float *dq, float 
 static double err_half(qkv_dtype dt, const uint16_t *a, const double *ref, int64_t n) {
     double m = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        double x = h2f(dt, a[i]), e = fabs(x - ref[i]);
+        double x = tu_half_to_f32(dt, a[i]), e = fabs(x - ref[i]);
         if (isnan(x) != isnan(ref[i])) return INFINITY;
         if (!isnan(e) && e > m) m = e;
     }
@@ -503,7 +490,7 @@ static void test_masked_nan(qkv_dtype dt) {
         (void)sees;
         int64_t pos = i + 70;
         int vis = 69 >= pos - 10 && 69 <= pos;
-        ok &= isnan(h2f(dt, o2[idx4(0, i, 0, 70, 2, 32) + 3])) == vis;
+        ok &= isnan(tu_half_to_f32(dt, o2[idx4(0, i, 0, 70, 2, 32) + 3])) == vis;
     }
     CHECK(ok, "NaN in a visible value: wrong rows");
     /* check_finite rejects it */

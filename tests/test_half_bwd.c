@@ -31,9 +31,6 @@
 #include "qkv.h"
 #include "test_util.h"
 
-static float h2f(qkv_dtype dt, uint16_t h) { return dt == QKV_BF16 ? qkv_bf16_to_f32(h) : qkv_f16_to_f32(h); }
-static uint16_t f2h(qkv_dtype dt, float x) { return dt == QKV_BF16 ? qkv_f32_to_bf16(x) : qkv_f32_to_f16(x); }
-static float rnd(qkv_dtype dt, float x) { return h2f(dt, f2h(dt, x)); }
 
 typedef struct prob {
     qkv_attn_desc d; /* dtype = the half type */
@@ -44,16 +41,6 @@ typedef struct prob {
     uint16_t *q, *k, *v, *dout;
     double *qd, *kd, *vd, *dod;
 } prob;
-
-static uint16_t *rand_half(tu_rng *r, qkv_dtype dt, int64_t n, double sd, double **dbl) {
-    uint16_t *x = malloc((size_t)n * 2);
-    *dbl = malloc((size_t)n * sizeof(double));
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = f2h(dt, (float)(sd * tu_rng_normal(r)));
-        (*dbl)[i] = h2f(dt, x[i]);
-    }
-    return x;
-}
 
 static int make(prob *p, qkv_dtype dt, uint64_t seed, double sd) {
     tu_rng r;
@@ -68,10 +55,10 @@ static int make(prob *p, qkv_dtype dt, uint64_t seed, double sd) {
     p->nv = p->pl.n_v_elems;
     p->no = p->pl.n_o_elems;
     p->nl = p->pl.n_lse_elems;
-    p->q = rand_half(&r, dt, p->nq, sd, &p->qd);
-    p->k = rand_half(&r, dt, p->nk, sd, &p->kd);
-    p->v = rand_half(&r, dt, p->nv, 1.0, &p->vd);
-    p->dout = rand_half(&r, dt, p->no, 1.0, &p->dod);
+    p->q = tu_half_random(&r, dt, p->nq, sd, &p->qd);
+    p->k = tu_half_random(&r, dt, p->nk, sd, &p->kd);
+    p->v = tu_half_random(&r, dt, p->nv, 1.0, &p->vd);
+    p->dout = tu_half_random(&r, dt, p->no, 1.0, &p->dod);
     return 1;
 }
 
@@ -115,7 +102,7 @@ static void plain_half(const prob *p, int ops, float *dq, float *dk, float *dv) 
             for (int64_t i = 0; i < nq; i++) {
                 for (int64_t t = 0; t < D; t++) {
                     float x = (float)p->qd[at4(b, i, h, nq, H, D) + t];
-                    qs[i * D + t] = ops ? rnd(dt, x * scale) : x;
+                    qs[i * D + t] = ops ? tu_half_round(dt, x * scale) : x;
                 }
                 for (int64_t t = 0; t < Dv; t++) gh[i * Dv + t] = (float)p->dod[at4(b, i, h, nq, H, Dv) + t];
             }
@@ -133,13 +120,13 @@ static void plain_half(const prob *p, int ops, float *dq, float *dk, float *dv) 
                     if (j < lo || j >= hi) continue;
                     float acc = 0.0f;
                     for (int64_t t = 0; t < D; t++) acc += qs[i * D + t] * kh[j * D + t];
-                    s[j] = ops ? rnd(dt, acc) : acc * scale;
+                    s[j] = ops ? tu_half_round(dt, acc) : acc * scale;
                     if (s[j] > m) m = s[j];
                 }
                 for (int64_t j = lo; j < hi; j++) sum += expf(s[j] - m);
                 for (int64_t j = 0; j < nk; j++) {
                     float w = j >= lo && j < hi ? expf(s[j] - m) / sum : 0.0f;
-                    s[j] = ops ? rnd(dt, w) : w;
+                    s[j] = ops ? tu_half_round(dt, w) : w;
                 }
                 /* dP = dO V^T, D_i = rowsum(P dP), dS = P (dP - D_i) in half */
                 float di = 0.0f;
@@ -147,12 +134,12 @@ static void plain_half(const prob *p, int ops, float *dq, float *dk, float *dv) 
                     float acc = 0.0f;
                     if (j >= lo && j < hi)
                         for (int64_t t = 0; t < Dv; t++) acc += gh[i * Dv + t] * vh[j * Dv + t];
-                    dP[i * nk + j] = ops ? rnd(dt, acc) : acc;
+                    dP[i * nk + j] = ops ? tu_half_round(dt, acc) : acc;
                     di += s[j] * dP[i * nk + j];
                 }
                 for (int64_t j = 0; j < nk; j++) {
-                    dP[i * nk + j] = rnd(dt, s[j] * (dP[i * nk + j] - di));
-                    s[j] = rnd(dt, s[j]); /* P in half for P^T dO */
+                    dP[i * nk + j] = tu_half_round(dt, s[j] * (dP[i * nk + j] - di));
+                    s[j] = tu_half_round(dt, s[j]); /* P in half for P^T dO */
                 }
             }
             /* dV += P^T dO (P in half), dK += dS^T qs, dQ = dS K: float sums
@@ -180,20 +167,20 @@ static void plain_half(const prob *p, int ops, float *dq, float *dk, float *dv) 
                     for (int64_t t = 0; t < D; t++) acc[t] += ds * kh[j * D + t];
                 }
                 for (int64_t t = 0; t < D; t++)
-                    dq[at4(b, i, h, nq, H, D) + t] = ops ? rnd(dt, rnd(dt, acc[t]) * scale) : rnd(dt, acc[t] * scale);
+                    dq[at4(b, i, h, nq, H, D) + t] = ops ? tu_half_round(dt, tu_half_round(dt, acc[t]) * scale) : tu_half_round(dt, acc[t] * scale);
             }
         }
     /* (with ops = 1 a framework would round dK and dV per head before the
      * GQA sum; summing in float is the kinder choice) */
-    for (int64_t x = 0; x < p->nk; x++) dk[x] = rnd(dt, dka[x]);
-    for (int64_t x = 0; x < p->nv; x++) dv[x] = rnd(dt, dva[x]);
+    for (int64_t x = 0; x < p->nk; x++) dk[x] = tu_half_round(dt, dka[x]);
+    for (int64_t x = 0; x < p->nv; x++) dv[x] = tu_half_round(dt, dva[x]);
     free(S); free(dP); free(qs); free(kh); free(vh); free(gh); free(dka); free(dva); free(dkh); free(dvh);
 }
 
 static double err_half(qkv_dtype dt, const uint16_t *a, const double *ref, int64_t n) {
     double m = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)h2f(dt, a[i]) - ref[i]);
+        double e = fabs((double)tu_half_to_f32(dt, a[i]) - ref[i]);
         if (isnan(e)) return INFINITY;
         if (e > m) m = e;
     }
@@ -240,7 +227,7 @@ static void d_term(const prob *p, const uint16_t *o_half, double e[2]) {
                 double di = 0.0;
                 for (int64_t t = 0; t < Dv; t++) {
                     int64_t x = at4(b, i, h, nq, H, Dv) + t;
-                    di += p->dod[x] * ((double)h2f(p->dt, o_half[x]) - o64[x]);
+                    di += p->dod[x] * ((double)tu_half_to_f32(p->dt, o_half[x]) - o64[x]);
                 }
                 for (int64_t t = 0; t < D; t++) kbar[t] = 0.0;
                 for (int64_t j = lo; j < hi; j++) {
@@ -364,16 +351,16 @@ static void check(prob *p, const char *what, int expect_fast) {
             if (lo < hi) continue;
             for (int64_t h = 0; h < d->heads; h++)
                 for (int64_t t = 0; t < d->dim; t++)
-                    zero_ok &= h2f(dt, g[0].dq[at4(b, i, h, d->n_q, d->heads, d->dim) + t]) == 0.0f;
+                    zero_ok &= tu_half_to_f32(dt, g[0].dq[at4(b, i, h, d->n_q, d->heads, d->dim) + t]) == 0.0f;
         }
     for (int64_t b = 0; b < d->batch; b++)
         for (int64_t j = 0; j < d->n_k; j++) {
             if (seen[b * d->n_k + j]) continue;
             for (int64_t h = 0; h < d->heads_kv; h++) {
                 for (int64_t t = 0; t < d->dim; t++)
-                    zero_ok &= h2f(dt, g[0].dk[at4(b, j, h, d->n_k, d->heads_kv, d->dim) + t]) == 0.0f;
+                    zero_ok &= tu_half_to_f32(dt, g[0].dk[at4(b, j, h, d->n_k, d->heads_kv, d->dim) + t]) == 0.0f;
                 for (int64_t t = 0; t < d->dim_v; t++)
-                    zero_ok &= h2f(dt, g[0].dv[at4(b, j, h, d->n_k, d->heads_kv, d->dim_v) + t]) == 0.0f;
+                    zero_ok &= tu_half_to_f32(dt, g[0].dv[at4(b, j, h, d->n_k, d->heads_kv, d->dim_v) + t]) == 0.0f;
             }
         }
     CHECK(zero_ok, "%s: a fully masked row or unseen key has a nonzero gradient", what);

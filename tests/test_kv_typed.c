@@ -219,9 +219,7 @@ static qkv_mha *make_layer(int64_t E, int64_t H, int64_t Hkv, qkv_pos_kind pos, 
     if (m) {
         int64_t n;
         float *p = qkv_mha_params(m, &n);
-        tu_rng r;
-        tu_rng_seed(&r, seed + 1);
-        for (int64_t i = 0; i < n; i++) p[i] += (float)(0.1 * tu_rng_normal(&r));
+        tu_perturb_f32(p, n, seed + 1, 0.1);
     }
     return m;
 }

@@ -63,9 +63,7 @@ static qkv_mha *make(const xcase *c, uint64_t seed) {
         /* Non-zero biases, so that their gradients matter. */
         int64_t n;
         float *p = qkv_mha_params(m, &n);
-        tu_rng r;
-        tu_rng_seed(&r, seed + 1);
-        for (int64_t i = 0; i < n; i++) p[i] += (float)(0.1 * tu_rng_normal(&r));
+        tu_perturb_f32(p, n, seed + 1, 0.1);
     }
     return m;
 }

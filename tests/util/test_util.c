@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "core/half.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,4 +106,24 @@ const char *tu_tmp_path(char *buf, size_t len, const char *name) {
     if (!dir || !*dir) dir = "/tmp";
     snprintf(buf, len, "%s/%s", dir, name);
     return buf;
+}
+
+float tu_half_to_f32(qkv_dtype dt, uint16_t h) { return dt == QKV_BF16 ? qkv_bf16_to_f32(h) : qkv_f16_to_f32(h); }
+uint16_t tu_f32_to_half(qkv_dtype dt, float x) { return dt == QKV_BF16 ? qkv_f32_to_bf16(x) : qkv_f32_to_f16(x); }
+float tu_half_round(qkv_dtype dt, float x) { return tu_half_to_f32(dt, tu_f32_to_half(dt, x)); }
+
+uint16_t *tu_half_random(tu_rng *r, qkv_dtype dt, int64_t n, double sd, double **dbl) {
+    uint16_t *x = malloc((size_t)(n ? n : 1) * 2);
+    *dbl = malloc((size_t)(n ? n : 1) * sizeof(double));
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = tu_f32_to_half(dt, (float)(sd * tu_rng_normal(r)));
+        (*dbl)[i] = tu_half_to_f32(dt, x[i]);
+    }
+    return x;
+}
+
+void tu_perturb_f32(float *x, int64_t n, uint64_t seed, double sd) {
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++) x[i] += (float)(sd * tu_rng_normal(&r));
 }

@@ -55,6 +55,19 @@ double tu_max_abs_diff_f32_f64(const float *a, const double *b, size_t n);
 int tu_has_nan_f32(const float *x, size_t n);
 int tu_has_nan_f64(const double *x, size_t n);
 
+/* Half precision (dt = QKV_BF16 or QKV_F16): one value to and from float
+ * (round to nearest even), and a float rounded through the half type. */
+float tu_half_to_f32(qkv_dtype dt, uint16_t h);
+uint16_t tu_f32_to_half(qkv_dtype dt, float x);
+float tu_half_round(qkv_dtype dt, float x);
+/* n normal values (sd) stored in dt, malloc'd; *dbl gets a malloc'd double
+ * copy of the stored values. The caller frees both. */
+uint16_t *tu_half_random(tu_rng *r, qkv_dtype dt, int64_t n, double sd, double **dbl);
+
+/* Adds N(0, sd²) noise from its own seed to n floats: non-zero biases and
+ * tables in tests, so that their gradients matter. */
+void tu_perturb_f32(float *x, int64_t n, uint64_t seed, double sd);
+
 /* A temp path under $QKV_TEST_TMP (or /tmp): dir/name, returned in buf. */
 const char *tu_tmp_path(char *buf, size_t len, const char *name);
 
