@@ -31,7 +31,7 @@
 
 typedef struct bwd_ctx {
     fa_ctx c;
-    const float *dout;
+    const float *dout, *out, *lse; /* out and lse: the forward's (or recomputed) */
     float *dq, *dk, *dv, *dbias;
     int64_t nqb, nkb;
     int64_t *LO, *HI;     /* [B, n_q] key range of every query */
@@ -276,11 +276,15 @@ static void dq_unit(void *vf, int64_t u, int t) {
 
 /* ---- preparation ------------------------------------------------------- */
 
+static void prepare_rows(bwd_ctx *f, int64_t b, int64_t h);
+
+/* Unit: one (b, h): its per-row tables, Q and dO packed (and copied). */
 static void pack_unit(void *vf, int64_t u, int t) {
     (void)t;
     bwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
     int64_t b = u / c->H, h = u % c->H;
+    prepare_rows(f, b, h);
     fa_pack_panels(f->qt + u * f->qt_stride, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq,
                    c->D, 1.0f);
     fa_pack_panels(f->dot + u * f->dot_stride, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq,
@@ -293,8 +297,9 @@ static void pack_unit(void *vf, int64_t u, int t) {
                      c->ldo, c->Dv);
 }
 
-/* Per-row tables: ranges, lse in base 2, D = rowsum(dO * O), visible counts. */
-static void prepare_rows(bwd_ctx *f, const float *out, const float *lse) {
+/* The key range of every query and the union range of every query block
+ * (cheap: per batch, not per head). */
+static void prepare_ranges(bwd_ctx *f) {
     const fa_ctx *c = &f->c;
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t qb = 0; qb < f->nqb; qb++) {
@@ -304,31 +309,40 @@ static void prepare_rows(bwd_ctx *f, const float *out, const float *lse) {
             f->BLO[b * f->nqb + qb] = any ? blo : 0;
             f->BHI[b * f->nqb + qb] = any ? bhi : 0;
         }
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t h = 0; h < c->H; h++)
-            for (int64_t i = 0; i < c->nq; i++) {
-                int64_t row = (b * c->H + h) * c->nq + i;
-                if (f->L2) {
-                    if (!f->M2) {
-                        float l = lse[row];
-                        f->L2[row] = l == -INFINITY ? INFINITY : (float)((double)l * FA_LOG2E);
-                    }
-                    const float *o = out + ((b * c->nq + i) * c->H + h) * c->Dv;
-                    const float *g = f->dout + ((b * c->nq + i) * c->H + h) * c->Dv;
-                    double acc = 0.0;
-                    for (int64_t t = 0; t < c->Dv; t++) acc += (double)o[t] * g[t];
-                    f->Dd[row] = (float)acc;
-                }
-                if (f->cnt) {
-                    int64_t lo = f->LO[b * c->nq + i], hi = f->HI[b * c->nq + i], n = hi > lo ? hi - lo : 0;
-                    if (c->bias && n > 0) {
-                        const float *br = c->bias + h * c->bias_head_stride + i * c->nk;
-                        n = 0;
-                        for (int64_t j = lo; j < hi; j++) n += br[j] != -INFINITY;
-                    }
-                    f->cnt[row] = (float)n;
-                }
+}
+
+/* Per-row tables of one (b, h): lse in base 2, D = rowsum(dO * O), visible
+ * counts (after prepare_ranges). */
+static void prepare_rows(bwd_ctx *f, int64_t b, int64_t h) {
+    const fa_ctx *c = &f->c;
+    for (int64_t i = 0; i < c->nq; i++) {
+        int64_t row = (b * c->H + h) * c->nq + i;
+        if (f->L2) {
+            if (!f->M2) {
+                float l = f->lse[row];
+                f->L2[row] = l == -INFINITY ? INFINITY : (float)((double)l * FA_LOG2E);
             }
+            const float *o = f->out + ((b * c->nq + i) * c->H + h) * c->Dv;
+            const float *g = f->dout + ((b * c->nq + i) * c->H + h) * c->Dv;
+            /* Four partial sums in double: independent chains (one would
+             * wait on the add latency per element), same order every call. */
+            double acc[4] = {0.0, 0.0, 0.0, 0.0};
+            int64_t t = 0;
+            for (; t + 4 <= c->Dv; t += 4)
+                for (int k = 0; k < 4; k++) acc[k] += (double)o[t + k] * g[t + k];
+            for (; t < c->Dv; t++) acc[t % 4] += (double)o[t] * g[t];
+            f->Dd[row] = (float)((acc[0] + acc[1]) + (acc[2] + acc[3]));
+        }
+        if (f->cnt) {
+            int64_t lo = f->LO[b * c->nq + i], hi = f->HI[b * c->nq + i], n = hi > lo ? hi - lo : 0;
+            if (c->bias && n > 0) {
+                const float *br = c->bias + h * c->bias_head_stride + i * c->nk;
+                n = 0;
+                for (int64_t j = lo; j < hi; j++) n += br[j] != -INFINITY;
+            }
+            f->cnt[row] = (float)n;
+        }
+    }
 }
 
 /* Whether a caller's log-sum-exp pins the weights down to float accuracy:
@@ -435,7 +449,9 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
             st = QKV_ERR_OUT_OF_MEMORY;
     }
     if (st == QKV_OK) {
-        prepare_rows(&f, out, lse);
+        f.out = out;
+        f.lse = lse;
+        prepare_ranges(&f);
         qkv_parallel_for(threads, c->B * c->H, pack_unit, &f);
         if (f.dbias) memset(f.dbias, 0, (size_t)p->n_bias_elems * sizeof(float));
         qkv_parallel_for(threads, units1, kv_unit, &f);
