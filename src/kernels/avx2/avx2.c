@@ -190,8 +190,6 @@ static void exp2_avx2(float *x, size_t n) {
     }
 }
 
-static float exp2_scalar(float x) { return x < -126.0f ? 0.0f : exp2f(x); }
-
 static float hmax(__m256 v) {
     __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     a = _mm_max_ps(a, _mm_movehl_ps(a, a));
@@ -206,43 +204,62 @@ static float hsum(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
+/* Rows in blocks of 8 (as the AVX-512 kernel, 16): the row maxima and sums
+ * are reduced row by row, the statistics (new max, rescale factor, running
+ * sum) updated 8 rows at once with the vector exp2, no libm call per row. */
 static void softmax_avx2(float *s, size_t lds, size_t rows, size_t cols, float cm, float *m,
                          float *l, float *alpha) {
     const __m256 vc = _mm256_set1_ps(cm);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    for (size_t r = 0; r < rows; r++) {
-        float *row = s + r * lds;
-        __m256 mx = ninf;
-        size_t c = 0;
-        for (; c + 8 <= cols; c += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + c));
-        if (c < cols) {
-            __m256i tm = tail_mask(cols - c);
-            __m256 x = _mm256_blendv_ps(ninf, _mm256_maskload_ps(row + c, tm), _mm256_castsi256_ps(tm));
-            mx = _mm256_max_ps(mx, x);
+    float mts[8], bases[8], sums[8];
+    for (size_t r0 = 0; r0 < rows; r0 += 8) {
+        size_t nb = rows - r0 < 8 ? rows - r0 : 8;
+        __m256i bm = tail_mask(nb);
+        for (size_t i = 0; i < nb; i++) {
+            const float *row = s + (r0 + i) * lds;
+            __m256 mx = ninf;
+            size_t c = 0;
+            for (; c + 8 <= cols; c += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + c));
+            if (c < cols) {
+                __m256i tm = tail_mask(cols - c);
+                __m256 x = _mm256_blendv_ps(ninf, _mm256_maskload_ps(row + c, tm), _mm256_castsi256_ps(tm));
+                mx = _mm256_max_ps(mx, x);
+            }
+            mts[i] = hmax(mx);
         }
-        float mt = hmax(mx);
-        float mn = m[r] > mt ? m[r] : mt;
-        float a = 1.0f, base = 0.0f;
-        if (mn != -INFINITY) {
-            base = mn;
-            a = exp2_scalar((m[r] - mn) * cm);
+        for (size_t i = nb; i < 8; i++) mts[i] = -INFINITY;
+        __m256 mold = _mm256_blendv_ps(ninf, _mm256_maskload_ps(m + r0, bm), _mm256_castsi256_ps(bm));
+        /* as m > mt ? m : mt (vmaxps returns its second operand unless the first is greater) */
+        __m256 mn = _mm256_max_ps(mold, _mm256_loadu_ps(mts));
+        __m256 empty = _mm256_cmp_ps(mn, ninf, _CMP_EQ_OQ);
+        __m256 base = _mm256_andnot_ps(empty, mn);
+        __m256 a = exp2_neg_ps(_mm256_mul_ps(_mm256_sub_ps(mold, base), vc));
+        a = _mm256_blendv_ps(a, _mm256_set1_ps(1.0f), empty);
+        _mm256_storeu_ps(bases, base);
+        for (size_t i = 0; i < nb; i++) {
+            float *row = s + (r0 + i) * lds;
+            __m256 vb = _mm256_set1_ps(bases[i]), acc = _mm256_setzero_ps();
+            size_t c = 0;
+            for (; c + 8 <= cols; c += 8) {
+                __m256 e = exp2_neg_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row + c), vb), vc));
+                _mm256_storeu_ps(row + c, e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            if (c < cols) {
+                __m256i tm = tail_mask(cols - c);
+                __m256 x = _mm256_blendv_ps(ninf, _mm256_maskload_ps(row + c, tm), _mm256_castsi256_ps(tm));
+                __m256 e = exp2_neg_ps(_mm256_mul_ps(_mm256_sub_ps(x, vb), vc));
+                _mm256_maskstore_ps(row + c, tm, e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            sums[i] = hsum(acc);
         }
-        __m256 vb = _mm256_set1_ps(base), acc = _mm256_setzero_ps();
-        for (c = 0; c + 8 <= cols; c += 8) {
-            __m256 e = exp2_neg_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(row + c), vb), vc));
-            _mm256_storeu_ps(row + c, e);
-            acc = _mm256_add_ps(acc, e);
-        }
-        if (c < cols) {
-            __m256i tm = tail_mask(cols - c);
-            __m256 x = _mm256_blendv_ps(ninf, _mm256_maskload_ps(row + c, tm), _mm256_castsi256_ps(tm));
-            __m256 e = exp2_neg_ps(_mm256_mul_ps(_mm256_sub_ps(x, vb), vc));
-            _mm256_maskstore_ps(row + c, tm, e);
-            acc = _mm256_add_ps(acc, e);
-        }
-        l[r] = l[r] * a + hsum(acc);
-        m[r] = mn;
-        alpha[r] = a;
+        for (size_t i = nb; i < 8; i++) sums[i] = 0.0f;
+        __m256 lv = _mm256_maskload_ps(l + r0, bm);
+        lv = _mm256_add_ps(_mm256_mul_ps(lv, a), _mm256_loadu_ps(sums));
+        _mm256_maskstore_ps(l + r0, bm, lv);
+        _mm256_maskstore_ps(m + r0, bm, mn);
+        _mm256_maskstore_ps(alpha + r0, bm, a);
     }
 }
 
