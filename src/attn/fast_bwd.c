@@ -276,25 +276,21 @@ static void dq_unit(void *vf, int64_t u, int t) {
 
 /* ---- preparation ------------------------------------------------------- */
 
-static void prepare_rows(bwd_ctx *f, int64_t b, int64_t h);
+static void prepare_row(bwd_ctx *f, int64_t b, int64_t h, int64_t i);
 
-/* Unit: one (b, h): its per-row tables, Q and dO packed (and copied). */
+/* Unit: FA_PACK_ROWS query rows of one batch, every head: their per-row
+ * tables, Q and dO packed in panels (and copied to contiguous rows). Rows
+ * outer, heads inner: O, dO and Q are read in order (see fa_pack_block). */
 static void pack_unit(void *vf, int64_t u, int t) {
     (void)t;
     bwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
-    int64_t b = u / c->H, h = u % c->H;
-    prepare_rows(f, b, h);
-    fa_pack_panels(f->qt + u * f->qt_stride, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq,
-                   c->D, 1.0f);
-    fa_pack_panels(f->dot + u * f->dot_stride, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq,
-                   c->ldo, c->Dv, 1.0f);
-    if (f->qr_own)
-        fa_copy_rows(f->qr_own + u * c->nq * c->D, c->q + (b * c->nq * c->H + h) * c->D, c->nq, c->ldq,
-                     c->D);
-    if (f->dor_own)
-        fa_copy_rows(f->dor_own + u * c->nq * c->Dv, f->dout + (b * c->nq * c->H + h) * c->Dv, c->nq,
-                     c->ldo, c->Dv);
+    const int64_t nrb = (c->nq + FA_PACK_ROWS - 1) / FA_PACK_ROWS, b = u / nrb, r0 = u % nrb * FA_PACK_ROWS;
+    const int64_t r1 = c->nq - r0 < FA_PACK_ROWS ? c->nq : r0 + FA_PACK_ROWS;
+    for (int64_t i = r0; i < r1; i++)
+        for (int64_t h = 0; h < c->H; h++) prepare_row(f, b, h, i);
+    fa_pack_block(f->qt, f->qt_stride, f->qr_own, c->q, c->ldq, b, c->nq, c->H, c->D, r0, r1, 1.0f);
+    fa_pack_block(f->dot, f->dot_stride, f->dor_own, f->dout, c->ldo, b, c->nq, c->H, c->Dv, r0, r1, 1.0f);
 }
 
 /* The key range of every query and the union range of every query block
@@ -311,37 +307,35 @@ static void prepare_ranges(bwd_ctx *f) {
         }
 }
 
-/* Per-row tables of one (b, h): lse in base 2, D = rowsum(dO * O), visible
- * counts (after prepare_ranges). */
-static void prepare_rows(bwd_ctx *f, int64_t b, int64_t h) {
+/* Per-row tables of query row i of (b, h): lse in base 2, D = rowsum(dO * O),
+ * visible count (after prepare_ranges). */
+static void prepare_row(bwd_ctx *f, int64_t b, int64_t h, int64_t i) {
     const fa_ctx *c = &f->c;
-    for (int64_t i = 0; i < c->nq; i++) {
-        int64_t row = (b * c->H + h) * c->nq + i;
-        if (f->L2) {
-            if (!f->M2) {
-                float l = f->lse[row];
-                f->L2[row] = l == -INFINITY ? INFINITY : (float)((double)l * FA_LOG2E);
-            }
-            const float *o = f->out + ((b * c->nq + i) * c->H + h) * c->Dv;
-            const float *g = f->dout + ((b * c->nq + i) * c->H + h) * c->Dv;
-            /* Four partial sums in double: independent chains (one would
-             * wait on the add latency per element), same order every call. */
-            double acc[4] = {0.0, 0.0, 0.0, 0.0};
-            int64_t t = 0;
-            for (; t + 4 <= c->Dv; t += 4)
-                for (int k = 0; k < 4; k++) acc[k] += (double)o[t + k] * g[t + k];
-            for (; t < c->Dv; t++) acc[t % 4] += (double)o[t] * g[t];
-            f->Dd[row] = (float)((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    const int64_t row = (b * c->H + h) * c->nq + i;
+    if (f->L2) {
+        if (!f->M2) {
+            float l = f->lse[row];
+            f->L2[row] = l == -INFINITY ? INFINITY : (float)((double)l * FA_LOG2E);
         }
-        if (f->cnt) {
-            int64_t lo = f->LO[b * c->nq + i], hi = f->HI[b * c->nq + i], n = hi > lo ? hi - lo : 0;
-            if (c->bias && n > 0) {
-                const float *br = c->bias + h * c->bias_head_stride + i * c->nk;
-                n = 0;
-                for (int64_t j = lo; j < hi; j++) n += br[j] != -INFINITY;
-            }
-            f->cnt[row] = (float)n;
+        const float *o = f->out + ((b * c->nq + i) * c->H + h) * c->Dv;
+        const float *g = f->dout + ((b * c->nq + i) * c->H + h) * c->Dv;
+        /* Four partial sums in double: independent chains (one would wait
+         * on the add latency per element), same order every call. */
+        double acc[4] = {0.0, 0.0, 0.0, 0.0};
+        int64_t t = 0;
+        for (; t + 4 <= c->Dv; t += 4)
+            for (int k = 0; k < 4; k++) acc[k] += (double)o[t + k] * g[t + k];
+        for (; t < c->Dv; t++) acc[t % 4] += (double)o[t] * g[t];
+        f->Dd[row] = (float)((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    }
+    if (f->cnt) {
+        int64_t lo = f->LO[b * c->nq + i], hi = f->HI[b * c->nq + i], n = hi > lo ? hi - lo : 0;
+        if (c->bias && n > 0) {
+            const float *br = c->bias + h * c->bias_head_stride + i * c->nk;
+            n = 0;
+            for (int64_t j = lo; j < hi; j++) n += br[j] != -INFINITY;
         }
+        f->cnt[row] = (float)n;
     }
 }
 
@@ -452,7 +446,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
         f.out = out;
         f.lse = lse;
         prepare_ranges(&f);
-        qkv_parallel_for(threads, c->B * c->H, pack_unit, &f);
+        qkv_parallel_for(threads, c->B * ((c->nq + FA_PACK_ROWS - 1) / FA_PACK_ROWS), pack_unit, &f);
         if (f.dbias) memset(f.dbias, 0, (size_t)p->n_bias_elems * sizeof(float));
         qkv_parallel_for(threads, units1, kv_unit, &f);
         qkv_parallel_for(threads, units2, dq_unit, &f);
