@@ -196,12 +196,23 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
                     for (int i = w->a[r]; i < w->e[r]; i++) w->dp[r * FA_BQ + i] *= w->dcap[r * FA_BQ + i];
             const float *qrows = f->qr + (bh * c->nq + i0) * D;
             const float *dorows = f->dor + (bh * c->nq + i0) * Dv;
-            for (int r0 = 0; r0 < rows; r0 += 8) {
-                int nv = nkr - r0 < 8 ? nkr - r0 : 8;
-                fa_pv_ranges(c, w->acc2 + r0 * ldDv, ldDv, NULL, w->s + r0 * FA_BQ, FA_BQ, 1, dorows,
-                             (size_t)Dv, (size_t)Dv, w->a + r0, w->e + r0, nv);
-                fa_pv_ranges(c, w->acc1 + r0 * ldD, ldD, NULL, w->dp + r0 * FA_BQ, FA_BQ, 1, qrows,
-                             (size_t)D, (size_t)D, w->a + r0, w->e + r0, nv);
+            /* A tile every key sees whole goes to the kernel at once (its own
+             * row tiling: 6 rows on AVX2), else 8 keys at a time with their
+             * ranges. Padding keys (r >= nkr) have zero weights and are never
+             * stored. */
+            if (interior) {
+                K->pv(w->acc2, ldDv, NULL, w->s, FA_BQ, 1, dorows, (size_t)Dv, (size_t)nqc, (size_t)Dv,
+                      (size_t)rows);
+                K->pv(w->acc1, ldD, NULL, w->dp, FA_BQ, 1, qrows, (size_t)D, (size_t)nqc, (size_t)D,
+                      (size_t)rows);
+            } else {
+                for (int r0 = 0; r0 < rows; r0 += 8) {
+                    int nv = nkr - r0 < 8 ? nkr - r0 : 8;
+                    fa_pv_ranges(c, w->acc2 + r0 * ldDv, ldDv, NULL, w->s + r0 * FA_BQ, FA_BQ, 1, dorows,
+                                 (size_t)Dv, (size_t)Dv, w->a + r0, w->e + r0, nv);
+                    fa_pv_ranges(c, w->acc1 + r0 * ldD, ldD, NULL, w->dp + r0 * FA_BQ, FA_BQ, 1, qrows,
+                                 (size_t)D, (size_t)D, w->a + r0, w->e + r0, nv);
+                }
             }
             /* dQ (this block's part) = dS K, reading the key-major dS tile
              * transposed (row stride 1, column stride FA_BQ). */
@@ -215,9 +226,13 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
                 w->qe[i] = (int)y;
             }
             memset(w->dqt, 0, (size_t)qrows8 * ldD * sizeof(float));
-            for (int g0 = 0; g0 < qrows8; g0 += 8)
-                fa_pv_ranges(c, w->dqt + g0 * ldD, ldD, NULL, w->dp + g0, 1, FA_BQ, w->xb, (size_t)D,
-                             (size_t)D, w->qa + g0, w->qe + g0, nqc - g0 < 8 ? nqc - g0 : 8);
+            if (interior)
+                K->pv(w->dqt, ldD, NULL, w->dp, 1, FA_BQ, w->xb, (size_t)D, (size_t)nkr, (size_t)D,
+                      (size_t)qrows8);
+            else
+                for (int g0 = 0; g0 < qrows8; g0 += 8)
+                    fa_pv_ranges(c, w->dqt + g0 * ldD, ldD, NULL, w->dp + g0, 1, FA_BQ, w->xb, (size_t)D,
+                                 (size_t)D, w->qa + g0, w->qe + g0, nqc - g0 < 8 ? nqc - g0 : 8);
             float *dst = dqp_c + (bh * c->nq + i0) * D;
             for (int i = 0; i < nqc; i++)
                 for (int64_t t = 0; t < D; t++) dst[i * D + t] += w->dqt[i * ldD + t];

@@ -283,6 +283,17 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                     K->softmax(w.s + (size_t)r0 * FA_BK, FA_BK, (size_t)nb, (size_t)cols, c->sc, w.m + r0,
                                w.l + r0, w.alpha + r0);
                 }
+            /* Every row sees the whole tile (the common case away from a
+             * mask's edges): one product over all rows, tiled by the kernel
+             * (6 rows on AVX2); padding rows have zero weights and are never
+             * stored. */
+            int whole = want_o && softmax && !holes;
+            for (int r = 0; whole && r < nr; r++) whole = w.a[r] == 0 && w.e[r] == ncols;
+            if (whole) {
+                K->pv(w.o, ldob, w.alpha, w.s, FA_BK, 1, vb + kt * Dv, (size_t)Dv, (size_t)ncols, (size_t)Dv,
+                      (size_t)rows);
+                continue;
+            }
             for (int g = 0; want_o && g < rows; g += 8) {
                 int nv = nr - g < 8 ? nr - g : 8, gh = 0;
                 for (int r = 0; holes && r < nv; r++) gh |= w.holes[g + r];

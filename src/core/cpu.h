@@ -35,7 +35,9 @@ typedef struct qkv_kernels {
     void (*qk)(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
                size_t npanels, float *s, size_t lds);
     /* o[r*ldo + c] = a_r * o[r*ldo + c] + sum_{j<nk} p[r*ldp + j*pcs] * v[j*ldv + c]
-     * for r < rows (1..8), c < dv; a_r = alpha[r], or 1 when alpha is NULL.
+     * for r < rows (any count: the fast paths pass 1..8, or a whole tile of
+     * rows when every row sees the same keys), c < dv; a_r = alpha[r], or 1
+     * when alpha is NULL.
      * pcs = 1 reads p row by row; pcs = its row stride with ldp = 1 reads the
      * transpose (the backward's dQ from a key-major tile). Reads exactly
      * v[j*ldv + c] for j < nk, c < dv. */

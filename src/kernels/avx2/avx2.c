@@ -163,13 +163,15 @@ static void pv_avx2(float *o, size_t ldo, const float *alpha, const float *p, si
                     size_t pcs, const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
     size_t r = 0;
 #define PV_AT(R) pv_tile(R, o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, pcs, v, ldv, nk, dv)
-    if (rows == 8) { /* 4 + 4: each tile keeps 8 FMA chains busy (6 + 2 would leave 4) */
+    /* 6-row tiles (12 FMA chains); 8 rows left go as 4 + 4, each keeping 8
+     * chains busy (6 + 2 would leave 4). */
+    for (; rows - r >= 6 && rows - r != 8; r += 6) PV_AT(6);
+    if (rows - r == 8) {
         PV_AT(4);
-        r = 4;
+        r += 4;
         PV_AT(4);
         return;
     }
-    for (; r + 6 <= rows; r += 6) PV_AT(6);
     switch (rows - r) {
     case 5: PV_AT(5); break;
     case 4: PV_AT(4); break;

@@ -132,12 +132,9 @@ static void pv1(float *o, const float *alpha, const float *p, size_t pcs, const 
 
 static void pv_avx512(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
                       size_t pcs, const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
-    if (rows == 8) {
-        pv8(o, ldo, alpha, p, ldp, pcs, v, ldv, nk, dv);
-        return;
-    }
-    for (size_t r = 0; r < rows; r++)
-        pv1(o + r * ldo, alpha ? alpha + r : NULL, p + r * ldp, pcs, v, ldv, nk, dv);
+    size_t r = 0;
+    for (; r + 8 <= rows; r += 8) pv8(o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, pcs, v, ldv, nk, dv);
+    for (; r < rows; r++) pv1(o + r * ldo, alpha ? alpha + r : NULL, p + r * ldp, pcs, v, ldv, nk, dv);
 }
 
 static void exp2_avx512(float *x, size_t n) {
