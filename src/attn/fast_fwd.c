@@ -4,7 +4,8 @@
  * online-softmax step (running max from -inf, rescale alpha), O = alpha O +
  * P V (kernel). Tiles outside every row's key range are never touched, so a
  * causal mask costs about half and a window of width r costs O(n r D).
- * Memory: K packed once per call (O(n D)), per-thread tiles; the attention
+ * Memory: K packed once per call, with several heads V and Q copied per
+ * head (O(n D) each, fa_pack_kv), per-thread tiles; the attention
  * matrix only when the caller passes one, filled block by block from the
  * saved log-sum-exp in a second sweep over the block's tiles. */
 #include <math.h>
