@@ -576,30 +576,50 @@ static void note_status(job_result *r, qkv_status s) {
         set_note(r, JOB_FAILED, "failed: %s", qkv_status_string(s));
 }
 
+/* A job's arrays, allocated and touched (q, k, v random; the child process
+ * exits after the job, so they are not freed). Returns 0 (and notes it in
+ * r) when out of memory. */
+typedef struct job_io {
+    float *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv; /* the last four with backward */
+    int64_t count;                                       /* elements of q */
+} job_io;
+
+static int job_io_make(const job *j, int backward, job_io *io, job_result *r) {
+    const options *o = j->o;
+    memset(io, 0, sizeof *io);
+    io->count = j->batch * j->n * j->heads * j->dim;
+    const size_t fb = (size_t)io->count * sizeof(float);
+    io->q = alloc_touched(fb);
+    io->k = alloc_touched(fb);
+    io->v = alloc_touched(fb);
+    io->out = alloc_touched(fb);
+    io->lse = alloc_touched((size_t)(j->batch * j->heads * j->n) * sizeof(float));
+    if (backward) {
+        io->dout = alloc_touched(fb);
+        io->dq = alloc_touched(fb);
+        io->dk = alloc_touched(fb);
+        io->dv = alloc_touched(fb);
+    }
+    if (!io->q || !io->k || !io->v || !io->out || !io->lse ||
+        (backward && (!io->dout || !io->dq || !io->dk || !io->dv))) {
+        set_note(r, JOB_FAILED, "out of memory for the inputs%s", "");
+        return 0;
+    }
+    fill_random(io->q, io->count, o->seed * 4 + 1);
+    fill_random(io->k, io->count, o->seed * 4 + 2);
+    fill_random(io->v, io->count, o->seed * 4 + 3);
+    if (io->dout) fill_random(io->dout, io->count, o->seed * 4 + 4);
+    return 1;
+}
+
 /* The timing job: inputs, outputs, baseline, one warm-up, timed repetitions. */
 static void job_time(const void *arg, job_result *r) {
     const job *j = arg;
     const options *o = j->o;
-    const int64_t nq = j->batch * j->n * j->heads * j->dim;
-    const size_t fb = (size_t)nq * sizeof(float);
-    const size_t lb = (size_t)(j->batch * j->heads * j->n) * sizeof(float);
-    float *q = alloc_touched(fb), *k = alloc_touched(fb), *v = alloc_touched(fb);
-    float *out = alloc_touched(fb), *lse = alloc_touched(lb);
-    float *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
-    if (j->backward) {
-        dout = alloc_touched(fb);
-        dq = alloc_touched(fb);
-        dk = alloc_touched(fb);
-        dv = alloc_touched(fb);
-    }
-    if (!q || !k || !v || !out || !lse || (j->backward && (!dout || !dq || !dk || !dv))) {
-        set_note(r, JOB_FAILED, "out of memory for the inputs%s", "");
-        return;
-    }
-    fill_random(q, nq, o->seed * 4 + 1);
-    fill_random(k, nq, o->seed * 4 + 2);
-    fill_random(v, nq, o->seed * 4 + 3);
-    if (dout) fill_random(dout, nq, o->seed * 4 + 4);
+    job_io io;
+    if (!job_io_make(j, j->backward, &io, r)) return;
+    float *q = io.q, *k = io.k, *v = io.v, *out = io.out, *lse = io.lse;
+    float *dout = io.dout, *dq = io.dq, *dk = io.dk, *dv = io.dv;
 
     qkv_attn_desc d;
     qkv_attn_grads g;
@@ -683,21 +703,14 @@ static void job_time(const void *arg, job_result *r) {
 static void job_pair(const void *arg, job_result *r) {
     const job *j = arg;
     const options *o = j->o;
-    const int64_t nq = j->batch * j->n * j->heads * j->dim;
-    const size_t fb = (size_t)nq * sizeof(float);
-    const size_t lb = (size_t)(j->batch * j->heads * j->n) * sizeof(float);
-    float *q = alloc_touched(fb), *k = alloc_touched(fb), *v = alloc_touched(fb);
-    float *out = alloc_touched(fb), *lse = alloc_touched(lb);
     const int rounds = o->pair_reps;
+    job_io io;
+    if (!job_io_make(j, 0, &io, r)) return;
     double *ratio = malloc((size_t)rounds * sizeof(double));
-    if (!q || !k || !v || !out || !lse || !ratio) {
-        free(ratio);
-        set_note(r, JOB_FAILED, "out of memory for the inputs%s", "");
+    if (!ratio) {
+        set_note(r, JOB_FAILED, "out of memory%s", "");
         return;
     }
-    fill_random(q, nq, o->seed * 4 + 1);
-    fill_random(k, nq, o->seed * 4 + 2);
-    fill_random(v, nq, o->seed * 4 + 3);
     qkv_attn_desc d[2];
     job jf = *j, jc = *j;
     jf.causal = 0;
@@ -709,7 +722,7 @@ static void job_pair(const void *arg, job_result *r) {
         for (int x = 0; x < 2; x++) {
             int which = round % 2 ? 1 - x : x; /* full first in even rounds */
             double t0 = bench_now();
-            qkv_status s = qkv_attention_forward(&d[which], q, k, v, out, NULL, lse);
+            qkv_status s = qkv_attention_forward(&d[which], io.q, io.k, io.v, io.out, NULL, io.lse);
             t[which] = bench_now() - t0;
             if (s != QKV_OK) {
                 free(ratio);
