@@ -75,24 +75,18 @@ typedef struct bwd_ws {
 
 static size_t bwd_ws_layout(const bwd_ctx *f, unsigned char *base, bwd_ws *w) {
     size_t at = 0;
-#define CARVE(field, type, count)                                   \
-    do {                                                            \
-        if (w) w->field = (type *)(void *)(base + at);              \
-        at += fa_round64((size_t)(count) * sizeof(type));           \
-    } while (0)
-    CARVE(xb, float, BT * f->c.D);
-    CARVE(yb, float, BT * f->c.Dv);
-    CARVE(s, float, FA_BKB * FA_BQ);
-    CARVE(dp, float, FA_BKB * FA_BQ);
-    CARVE(dcap, float, FA_BKB * FA_BQ);
-    CARVE(acc1, float, BT * f->ldD);
-    CARVE(acc2, float, BT * f->ldDv);
-    CARVE(dqt, float, FA_BQ * f->ldD);
-    CARVE(a, int, BT);
-    CARVE(e, int, BT);
-    CARVE(qa, int, FA_BQ);
-    CARVE(qe, int, FA_BQ);
-#undef CARVE
+    QKV_CARVE(xb, float, BT * f->c.D);
+    QKV_CARVE(yb, float, BT * f->c.Dv);
+    QKV_CARVE(s, float, FA_BKB * FA_BQ);
+    QKV_CARVE(dp, float, FA_BKB * FA_BQ);
+    QKV_CARVE(dcap, float, FA_BKB * FA_BQ);
+    QKV_CARVE(acc1, float, BT * f->ldD);
+    QKV_CARVE(acc2, float, BT * f->ldDv);
+    QKV_CARVE(dqt, float, FA_BQ * f->ldD);
+    QKV_CARVE(a, int, BT);
+    QKV_CARVE(e, int, BT);
+    QKV_CARVE(qa, int, FA_BQ);
+    QKV_CARVE(qe, int, FA_BQ);
     return at;
 }
 
@@ -442,11 +436,11 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
          * where several were unmapped and faulted in afresh each time.
          * Rows are copied only when the layout interleaves heads. */
         f.ws_stride = bwd_ws_layout(&f, NULL, NULL);
-        size_t b_qt = fa_round64((size_t)(f.qt_stride * c->B * c->H) * sizeof(float));
-        size_t b_dot = fa_round64((size_t)(f.dot_stride * c->B * c->H) * sizeof(float));
-        size_t b_dqp = fa_round64((size_t)(f.chunks * rows_q * c->D) * sizeof(float));
-        size_t b_qr = c->H > 1 ? fa_round64((size_t)(c->nq * c->D * c->B * c->H) * sizeof(float)) : 0;
-        size_t b_dor = c->H > 1 ? fa_round64((size_t)(c->nq * c->Dv * c->B * c->H) * sizeof(float)) : 0;
+        size_t b_qt = qkv_round64((size_t)(f.qt_stride * c->B * c->H) * sizeof(float));
+        size_t b_dot = qkv_round64((size_t)(f.dot_stride * c->B * c->H) * sizeof(float));
+        size_t b_dqp = qkv_round64((size_t)(f.chunks * rows_q * c->D) * sizeof(float));
+        size_t b_qr = c->H > 1 ? qkv_round64((size_t)(c->nq * c->D * c->B * c->H) * sizeof(float)) : 0;
+        size_t b_dor = c->H > 1 ? qkv_round64((size_t)(c->nq * c->Dv * c->B * c->H) * sizeof(float)) : 0;
         unsigned char *blk = fa_alloc(b_qt + b_dot + b_dqp + b_qr + b_dor + f.ws_stride * (size_t)threads);
         if (blk) {
             f.qt = (float *)(void *)blk;

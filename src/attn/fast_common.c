@@ -153,8 +153,8 @@ qkv_status fa_pack_kv(fa_ctx *c) {
      * (glibc raises its mmap and trim thresholds to the largest block
      * freed), where two halves were unmapped and faulted in afresh each
      * time (1000 page faults, ~5% of a forward at n = 1024, 8 heads). */
-    size_t kt_bytes = fa_round64((size_t)(c->kt_stride * c->B * c->Hkv) * sizeof(float));
-    size_t vr_bytes = c->Hkv > 1 ? fa_round64((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float)) : 0;
+    size_t kt_bytes = qkv_round64((size_t)(c->kt_stride * c->B * c->Hkv) * sizeof(float));
+    size_t vr_bytes = c->Hkv > 1 ? qkv_round64((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float)) : 0;
     size_t qr_bytes = c->H > 1 ? (size_t)(c->nq * c->D * c->B * c->H) * sizeof(float) : 0;
     c->kt = fa_alloc(kt_bytes + vr_bytes + qr_bytes);
     if (!c->kt) return QKV_ERR_OUT_OF_MEMORY;

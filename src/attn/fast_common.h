@@ -56,8 +56,6 @@ typedef struct fa_ctx {
 /* 64-byte aligned allocation through qkv_alloc; fa_free(NULL) is a no-op. */
 void *fa_alloc(size_t bytes);
 void fa_free(void *p);
-/* bytes rounded up to a multiple of 64 (for carving one allocation). */
-static inline size_t fa_round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 static inline int64_t fa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 /* Fill the context's fields from a plan (no allocation). */

@@ -40,30 +40,24 @@ typedef struct fwd_ws {
 
 static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
     size_t at = 0;
-#define CARVE(field, type, count)                                   \
-    do {                                                            \
-        if (w) w->field = (type *)(void *)(base + at);              \
-        at += fa_round64((size_t)(count) * sizeof(type));           \
-    } while (0)
-    CARVE(qb, float, FA_BQ * f->c.D);
-    CARVE(s, float, FA_BQ * FA_BK);
-    CARVE(pw, float, FA_BQ * FA_BK);
-    CARVE(o, float, FA_BQ * f->ldob);
-    CARVE(m, float, FA_BQ);
-    CARVE(l, float, FA_BQ);
-    CARVE(alpha, float, FA_BQ);
-    CARVE(cnt, float, FA_BQ);
-    CARVE(lo, int64_t, FA_BQ);
-    CARVE(hi, int64_t, FA_BQ);
-    CARVE(a, int, FA_BQ);
-    CARVE(e, int, FA_BQ);
-    CARVE(holes, int, FA_BQ);
-    CARVE(vis, unsigned char, FA_BQ * FA_BK);
-    CARVE(ga, int, FA_BQ / 8);
-    CARVE(ge, int, FA_BQ / 8);
-    CARVE(gp0, int, FA_BQ / 8);
-    CARVE(gp1, int, FA_BQ / 8);
-#undef CARVE
+    QKV_CARVE(qb, float, FA_BQ * f->c.D);
+    QKV_CARVE(s, float, FA_BQ * FA_BK);
+    QKV_CARVE(pw, float, FA_BQ * FA_BK);
+    QKV_CARVE(o, float, FA_BQ * f->ldob);
+    QKV_CARVE(m, float, FA_BQ);
+    QKV_CARVE(l, float, FA_BQ);
+    QKV_CARVE(alpha, float, FA_BQ);
+    QKV_CARVE(cnt, float, FA_BQ);
+    QKV_CARVE(lo, int64_t, FA_BQ);
+    QKV_CARVE(hi, int64_t, FA_BQ);
+    QKV_CARVE(a, int, FA_BQ);
+    QKV_CARVE(e, int, FA_BQ);
+    QKV_CARVE(holes, int, FA_BQ);
+    QKV_CARVE(vis, unsigned char, FA_BQ * FA_BK);
+    QKV_CARVE(ga, int, FA_BQ / 8);
+    QKV_CARVE(ge, int, FA_BQ / 8);
+    QKV_CARVE(gp0, int, FA_BQ / 8);
+    QKV_CARVE(gp1, int, FA_BQ / 8);
     return at;
 }
 

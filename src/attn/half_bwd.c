@@ -92,23 +92,16 @@ typedef struct hb_ws {
     float *acck, *accv;  /* dK, dV of the key block [HB_BK, ldD / ldDv] */
 } hb_ws;
 
-static size_t r64(size_t x) { return (x + 63) & ~(size_t)63; }
 static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 static size_t ws_layout(const hb_ctx *c, unsigned char *base, hb_ws *w) {
     size_t at = 0;
-#define CARVE(field, type, count)                                   \
-    do {                                                            \
-        if (w) w->field = (type *)(void *)(base + at);              \
-        at += r64((size_t)(count) * sizeof(type));                  \
-    } while (0)
-    CARVE(s, float, HB_BK * HB_BQ);
-    CARVE(dp, float, HB_BK * HB_BQ);
-    CARVE(pp, uint32_t, HB_BK * HB_BQ / 2);
-    CARVE(kd, uint32_t, HB_BK * HB_BQ / 2);
-    CARVE(acck, float, HB_BK * c->ldD);
-    CARVE(accv, float, HB_BK * c->ldDv);
-#undef CARVE
+    QKV_CARVE(s, float, HB_BK * HB_BQ);
+    QKV_CARVE(dp, float, HB_BK * HB_BQ);
+    QKV_CARVE(pp, uint32_t, HB_BK * HB_BQ / 2);
+    QKV_CARVE(kd, uint32_t, HB_BK * HB_BQ / 2);
+    QKV_CARVE(acck, float, HB_BK * c->ldD);
+    QKV_CARVE(accv, float, HB_BK * c->ldDv);
     return at;
 }
 
@@ -316,7 +309,7 @@ static size_t carve_total(const size_t *n, int cnt) {
     size_t t = 0;
     for (int i = 0; i < cnt; i++) {
         if (n[i] > SIZE_MAX / 2 || t > SIZE_MAX / 2) return 0;
-        t += r64(n[i]);
+        t += qkv_round64(n[i]);
     }
     return t;
 }
@@ -395,7 +388,7 @@ qkv_status qkv_half_fast_backward(const qkv_plan *p, const uint16_t *q, const ui
         void *ptr[15];
         for (int i = 0; i < 15; i++) {
             ptr[i] = at;
-            at += r64(sz[i]);
+            at += qkv_round64(sz[i]);
         }
         c.kr = ptr[0]; c.vr = ptr[1]; c.kt = ptr[2];
         c.qpan = ptr[3]; c.dopan = ptr[4]; c.qpair = ptr[5]; c.dopair = ptr[6];

@@ -97,27 +97,20 @@ typedef struct hf_ws {
     int *a, *e;
 } hf_ws;
 
-static size_t round64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 static size_t ws_layout(const hf_ctx *c, unsigned char *base, hf_ws *w) {
     size_t at = 0;
-#define CARVE(field, type, count)                                   \
-    do {                                                            \
-        if (w) w->field = (type *)(void *)(base + at);              \
-        at += round64((size_t)(count) * sizeof(type));              \
-    } while (0)
-    CARVE(qp, uint32_t, HF_BQ * c->dp2);
-    CARVE(pp, uint32_t, HF_BQ * HF_BK / 2);
-    CARVE(s, float, HF_BQ * HF_BK);
-    CARVE(o, float, HF_BQ * c->dvp);
-    CARVE(m, float, HF_BQ);
-    CARVE(l, float, HF_BQ);
-    CARVE(alpha, float, HF_BQ);
-    CARVE(lo, int64_t, HF_BQ);
-    CARVE(hi, int64_t, HF_BQ);
-    CARVE(a, int, HF_BQ);
-    CARVE(e, int, HF_BQ);
-#undef CARVE
+    QKV_CARVE(qp, uint32_t, HF_BQ * c->dp2);
+    QKV_CARVE(pp, uint32_t, HF_BQ * HF_BK / 2);
+    QKV_CARVE(s, float, HF_BQ * HF_BK);
+    QKV_CARVE(o, float, HF_BQ * c->dvp);
+    QKV_CARVE(m, float, HF_BQ);
+    QKV_CARVE(l, float, HF_BQ);
+    QKV_CARVE(alpha, float, HF_BQ);
+    QKV_CARVE(lo, int64_t, HF_BQ);
+    QKV_CARVE(hi, int64_t, HF_BQ);
+    QKV_CARVE(a, int, HF_BQ);
+    QKV_CARVE(e, int, HF_BQ);
     return at;
 }
 
@@ -276,7 +269,7 @@ qkv_status qkv_half_fast_forward(const qkv_plan *p, const uint16_t *q, const uin
     /* sizes: every count is at most a few times an input tensor's, whose
      * byte sizes the plan checked; the products below cannot overflow then */
     size_t kv_units = (size_t)(c.B * c.Hkv);
-    size_t kbytes = round64(kv_units * (size_t)c.kp_stride * 4), vbytes = round64(kv_units * (size_t)c.vp_stride * 4);
+    size_t kbytes = qkv_round64(kv_units * (size_t)c.kp_stride * 4), vbytes = qkv_round64(kv_units * (size_t)c.vp_stride * 4);
     int64_t units = c.B * c.H * c.nqb;
     int threads = qkv_threads_resolve(d->threads);
     if (threads > QKV_MAX_THREADS) threads = QKV_MAX_THREADS;

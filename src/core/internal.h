@@ -35,6 +35,20 @@ static inline int qkv_mul_ok(int64_t a, int64_t b, int64_t *out) {
     return 1;
 }
 
+/* bytes rounded up to a multiple of 64 (cache lines, and AVX-512 loads). */
+static inline size_t qkv_round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+/* One allocation carved into 64-byte aligned pieces. For a layout function
+ * with locals `w` (a struct of pointers, or NULL to only count), `base`
+ * (unsigned char *) and `at` (size_t): points w->field at base + at and
+ * advances at by count elements of type, rounded up to 64 bytes. The
+ * function returns `at`, the size, so the same code sizes and carves. */
+#define QKV_CARVE(field, type, count)                               \
+    do {                                                            \
+        if (w) w->field = (type *)(void *)(base + at);              \
+        at += qkv_round64((size_t)(count) * sizeof(type));          \
+    } while (0)
+
 /* Product of n non-negative factors, with overflow check against both int64
  * and size_t of `elem` bytes each. Returns 0 on overflow. */
 int qkv_count_ok(int64_t *out, size_t elem, int n, const int64_t *factors);
