@@ -126,45 +126,31 @@ void fa_pack_block(float *panels, int64_t pstride, float *rows, const float *src
             }
 }
 
-/* Unit: FA_PACK_ROWS keys of one batch, every kv head (units below
- * B * ceil(n_k / FA_PACK_ROWS)), or as many queries (the rest). */
+/* Unit: FA_PACK_ROWS keys of one batch, every kv head. */
 static void pack_kv_unit(void *ctx, int64_t u, int t) {
     (void)t;
     fa_ctx *c = ctx;
-    const int64_t nkb = (c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS, nqb = (c->nq + FA_PACK_ROWS - 1) / FA_PACK_ROWS;
-    if (u < c->B * nkb) {
-        const int64_t b = u / nkb, r0 = u % nkb * FA_PACK_ROWS;
-        const int64_t r1 = c->nk - r0 < FA_PACK_ROWS ? c->nk : r0 + FA_PACK_ROWS;
-        fa_pack_block(c->kt, c->kt_stride, NULL, c->k, c->ldk, b, c->nk, c->Hkv, c->D, r0, r1, 1.0f);
-        if (c->vr_own) fa_pack_block(NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1, 1.0f);
-    } else {
-        u -= c->B * nkb;
-        const int64_t b = u / nqb, r0 = u % nqb * FA_PACK_ROWS;
-        const int64_t r1 = c->nq - r0 < FA_PACK_ROWS ? c->nq : r0 + FA_PACK_ROWS;
-        fa_pack_block(NULL, 0, c->qr_own, c->q, c->ldq, b, c->nq, c->H, c->D, r0, r1, 1.0f);
-    }
+    const int64_t nkb = (c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS, b = u / nkb, r0 = u % nkb * FA_PACK_ROWS;
+    const int64_t r1 = c->nk - r0 < FA_PACK_ROWS ? c->nk : r0 + FA_PACK_ROWS;
+    fa_pack_block(c->kt, c->kt_stride, NULL, c->k, c->ldk, b, c->nk, c->Hkv, c->D, r0, r1, 1.0f);
+    if (c->vr_own) fa_pack_block(NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1, 1.0f);
 }
 
 qkv_status fa_pack_kv(fa_ctx *c) {
     int64_t np = (c->nk + QKV_PANEL - 1) / QKV_PANEL;
     c->kt_stride = np * QKV_PANEL * c->D;
-    /* One block for all (freed with fa_free(c->kt)): one large block that
+    /* One block for both (freed with fa_free(c->kt)): one large block that
      * comes back at every call lets malloc keep it mapped between calls
      * (glibc raises its mmap and trim thresholds to the largest block
      * freed), where two halves were unmapped and faulted in afresh each
      * time (1000 page faults, ~5% of a forward at n = 1024, 8 heads). */
     size_t kt_bytes = qkv_round64((size_t)(c->kt_stride * c->B * c->Hkv) * sizeof(float));
-    size_t vr_bytes = c->Hkv > 1 ? qkv_round64((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float)) : 0;
-    size_t qr_bytes = c->H > 1 ? (size_t)(c->nq * c->D * c->B * c->H) * sizeof(float) : 0;
-    c->kt = fa_alloc(kt_bytes + vr_bytes + qr_bytes);
+    size_t vr_bytes = c->Hkv > 1 ? (size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float) : 0;
+    c->kt = fa_alloc(kt_bytes + vr_bytes);
     if (!c->kt) return QKV_ERR_OUT_OF_MEMORY;
     if (c->Hkv > 1) c->vr_own = (float *)(void *)((unsigned char *)c->kt + kt_bytes);
-    if (c->H > 1) c->qr_own = (float *)(void *)((unsigned char *)c->kt + kt_bytes + vr_bytes);
     c->vr = c->Hkv > 1 ? c->vr_own : c->v;
-    c->qr = c->H > 1 ? c->qr_own : c->q;
-    int64_t units = c->B * ((c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS) +
-                    (c->qr_own ? c->B * ((c->nq + FA_PACK_ROWS - 1) / FA_PACK_ROWS) : 0);
-    qkv_parallel_for(c->threads, units, pack_kv_unit, c);
+    qkv_parallel_for(c->threads, c->B * ((c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS), pack_kv_unit, c);
     return QKV_OK;
 }
 

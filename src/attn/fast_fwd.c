@@ -4,8 +4,8 @@
  * online-softmax step (running max from -inf, rescale alpha), O = alpha O +
  * P V (kernel). Tiles outside every row's key range are never touched, so a
  * causal mask costs about half and a window of width r costs O(n r D).
- * Memory: K packed once per call, with several heads V and Q copied per
- * head (O(n D) each, fa_pack_kv), per-thread tiles; the attention
+ * Memory: K packed once per call, with several heads V copied per head
+ * (O(n D) each, fa_pack_kv), per-thread tiles; the attention
  * matrix only when the caller passes one, filled block by block from the
  * saved log-sum-exp in a second sweep over the block's tiles. */
 #include <math.h>
@@ -207,13 +207,12 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     int64_t blo, bhi;
     int any = fa_query_ranges(c, b, i0, nr, w.lo, w.hi, &blo, &bhi);
 
-    /* The block's Q rows: in place in the contiguous rows, or (a last block
-     * whose rows do not fill the 8-row groups) copied and zero-padded. */
-    const float *qrows = c->qr + ((b * c->H + h) * c->nq + i0) * D;
-    if (nr < rows) {
-        memcpy(w.qb, qrows, (size_t)nr * D * sizeof(float));
-        memset(w.qb + (size_t)nr * D, 0, (size_t)(rows - nr) * D * sizeof(float));
-        qrows = w.qb;
+    /* The block's Q rows, zero-padded to whole 8-row groups. */
+    const float *qrows = w.qb;
+    for (int r = 0; r < rows; r++) {
+        float *dst = w.qb + (size_t)r * D;
+        if (r < nr) memcpy(dst, c->q + ((b * c->nq + i0 + r) * c->H + h) * D, (size_t)D * sizeof(float));
+        else memset(dst, 0, (size_t)D * sizeof(float));
     }
     for (int r = 0; r < rows; r++) {
         w.m[r] = -INFINITY;
@@ -389,7 +388,7 @@ static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k
     }
     if (st == QKV_OK) qkv_parallel_for(threads, units, fwd_unit, &f);
     fa_free(f.ws);
-    fa_free(f.c.kt); /* and vr_own, qr_own: the same block */
+    fa_free(f.c.kt); /* and vr_own: the same block */
     fa_free(qn);
     fa_free(kn);
     return st;
