@@ -55,12 +55,12 @@ typedef struct bwd_ctx {
 
 #define FA_DQ_CHUNKS 4
 
-/* Keys per block of the backward: 64, half the forward's tile. Its working
- * set per (key block, query block) step is five tiles and four blocks
- * (S, dP, dcap; K, V, dK, dV rows; Q, dO rows): at 128 keys about 200 KB,
- * at 64 half that, and the products run faster from the nearer cache (AVX2,
- * one core, n = 2048, side by side: 7 of 8 rows 1-4% faster; AVX-512 even). */
-#define FA_BKB 64
+/* Keys per block of the backward: the forward's 128. 64 halves the working
+ * set of a step (~200 -> ~100 KB) and was 1-4% faster on AVX2 at n = 2048,
+ * but each block then reuses the streamed Q and dO rows over half as many
+ * keys: at n = 4096 it was 2-9% slower on both ISAs (one core each, side by
+ * side, 4 rounds), at n = 1024 even. */
+#define FA_BKB FA_BK
 
 typedef struct bwd_ws {
     float *xb, *yb;       /* block copies: K and V rows */
