@@ -354,6 +354,12 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The median of x[0..n) (n >= 1), sorting x in place. */
+static double median_sort(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 /* malloc, then touched page by page so the pages count as resident before
  * the baseline is taken. */
 static void *alloc_touched(size_t bytes) {
@@ -683,11 +689,9 @@ static void job_time(const void *arg, job_result *r) {
         c[done] = dc;
         t[done++] = dt;
     }
-    qsort(t, (size_t)done, sizeof *t, cmp_double);
-    qsort(c, (size_t)done, sizeof *c, cmp_double);
-    r->cpu_median_s = done % 2 ? c[done / 2] : 0.5 * (c[done / 2 - 1] + c[done / 2]);
+    r->cpu_median_s = median_sort(c, done);
     free(c);
-    r->median_s = done % 2 ? t[done / 2] : 0.5 * (t[done / 2 - 1] + t[done / 2]);
+    r->median_s = median_sort(t, done);
     r->min_s = t[0];
     r->reps = done;
     r->peak_mib = max_rss_mib();
@@ -732,8 +736,7 @@ static void job_pair(const void *arg, job_result *r) {
         }
         if (round >= 0) ratio[round] = t[1] / t[0]; /* round -1: warm-up */
     }
-    qsort(ratio, (size_t)rounds, sizeof *ratio, cmp_double);
-    r->ratio = rounds % 2 ? ratio[rounds / 2] : 0.5 * (ratio[rounds / 2 - 1] + ratio[rounds / 2]);
+    r->ratio = median_sort(ratio, rounds);
     r->ratio_lo = ratio[rounds / 4];
     r->ratio_hi = ratio[(3 * rounds) / 4];
     r->reps = rounds;
@@ -1043,12 +1046,26 @@ static void run_table(const options *o) {
                 }
 }
 
+/* The impl for --long and --window: the first of the list that is not the
+ * naive version (which materialises the matrix). */
+static int long_impl(const options *o) {
+    for (int i = 0; i < o->impl_count; i++)
+        if (o->impls[i] != IMPL_NAIVE) return o->impls[i];
+    return IMPL_FAST;
+}
+
+/* The thread count closest to 2, for the 2-thread targets. */
+static int target_threads_index(const options *o) {
+    int ti = -1;
+    for (int i = 0; i < o->threads_count; i++)
+        if (ti < 0 || abs(o->threads[i] - 2) < abs(o->threads[ti] - 2)) ti = i;
+    return ti;
+}
+
 /* The paired causal/full ratio (job_pair) for every n whose forward rows,
  * causal and not, were both measured, at the target thread count. */
-static entry g_pair[MAX_LIST];
+static job_result g_pair[MAX_LIST];
 static int g_pair_done[MAX_LIST];
-static int target_threads_index(const options *o);
-static int long_impl(const options *o);
 
 static void run_pairs(const options *o) {
     const int ti = target_threads_index(o), impl = o->impl_count > 0 ? long_impl(o) : IMPL_FAST;
@@ -1062,20 +1079,12 @@ static void run_pairs(const options *o) {
             po.pair_reps = fit < 5 ? 5 : fit;
         }
         job jb = {&po, impl, 0, 1, o->batch, o->heads, o->n[ni], o->dim, o->threads[ti], 0};
-        run_isolated(job_pair, &jb, &g_pair[ni].r);
-        g_pair_done[ni] = g_pair[ni].r.status == JOB_OK;
+        run_isolated(job_pair, &jb, &g_pair[ni]);
+        g_pair_done[ni] = g_pair[ni].status == JOB_OK;
         if (g_pair_done[ni])
             fprintf(stderr, "[bench] paired causal/full n=%lld threads=%d: median ratio %.3f over %d rounds\n",
-                    (long long)o->n[ni], o->threads[ti], g_pair[ni].r.ratio, g_pair[ni].r.reps);
+                    (long long)o->n[ni], o->threads[ti], g_pair[ni].ratio, g_pair[ni].reps);
     }
-}
-
-/* The impl for --long and --window: the first of the list that is not the
- * naive version (which materialises the matrix). */
-static int long_impl(const options *o) {
-    for (int i = 0; i < o->impl_count; i++)
-        if (o->impls[i] != IMPL_NAIVE) return o->impls[i];
-    return IMPL_FAST;
 }
 
 static void run_long(const options *o) {
@@ -1292,14 +1301,6 @@ static void print_window(const options *o) {
     printf("\n");
 }
 
-/* The thread count closest to 2, for the 2-thread targets. */
-static int target_threads_index(const options *o) {
-    int ti = -1;
-    for (int i = 0; i < o->threads_count; i++)
-        if (ti < 0 || abs(o->threads[i] - 2) < abs(o->threads[ti] - 2)) ti = i;
-    return ti;
-}
-
 static const char *verdict(int known, int met) { return !known ? "no data" : met ? "met" : "not met"; }
 
 static void print_targets(const options *o) {
@@ -1336,8 +1337,8 @@ static void print_targets(const options *o) {
         if (g_pair_done[ni]) /* the verdict on the paired ratio (job_pair) */
             printf("| causal forward, n = %lld: within 10%% of half the non-causal time (ratio <= 0.55) | "
                    "paired %.3f (quartiles %.3f-%.3f, %d rounds); rows %.3f (CPU time %.3f) | %s |\n",
-                   (long long)o->n[ni], g_pair[ni].r.ratio, g_pair[ni].r.ratio_lo, g_pair[ni].r.ratio_hi,
-                   g_pair[ni].r.reps, ratio, cpu_ratio, verdict(1, g_pair[ni].r.ratio <= 0.55));
+                   (long long)o->n[ni], g_pair[ni].ratio, g_pair[ni].ratio_lo, g_pair[ni].ratio_hi,
+                   g_pair[ni].reps, ratio, cpu_ratio, verdict(1, g_pair[ni].ratio <= 0.55));
         else
             printf("| causal forward, n = %lld: within 10%% of half the non-causal time (ratio <= 0.55) | rows "
                    "%.3f (CPU time %.3f) | %s |\n",

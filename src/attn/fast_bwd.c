@@ -55,31 +55,25 @@ typedef struct bwd_ctx {
 
 #define FA_DQ_CHUNKS 4
 
-/* Keys per block of the backward: the forward's 128. 64 halves the working
- * set of a step (~200 -> ~100 KB) and was 1-4% faster on AVX2 at n = 2048,
- * but each block then reuses the streamed Q and dO rows over half as many
- * keys: at n = 4096 it was 2-9% slower on both ISAs (one core each, side by
- * side, 4 rounds), at n = 1024 even. */
-#define FA_BKB FA_BK
 
 typedef struct bwd_ws {
     float *xb, *yb;       /* block copies: K and V rows */
-    float *s, *dp, *dcap; /* tiles, key-major [FA_BKB, FA_BQ] */
+    float *s, *dp, *dcap; /* tiles, key-major [FA_BK, FA_BQ] */
     float *acc1, *acc2;   /* dK, dV accumulators of the key block */
     float *dqt;           /* dQ of one query block from one key block [FA_BQ, ldD] */
     int *a, *e;           /* per key: visible queries of the tile */
     int *qa, *qe;         /* per query: visible keys of the tile */
 } bwd_ws;
 
-#define BT (FA_BKB > FA_BQ ? FA_BKB : FA_BQ) /* rows of the biggest block */
+#define BT (FA_BK > FA_BQ ? FA_BK : FA_BQ) /* rows of the biggest block */
 
 static size_t bwd_ws_layout(const bwd_ctx *f, unsigned char *base, bwd_ws *w) {
     size_t at = 0;
     QKV_CARVE(xb, float, BT * f->c.D);
     QKV_CARVE(yb, float, BT * f->c.Dv);
-    QKV_CARVE(s, float, FA_BKB * FA_BQ);
-    QKV_CARVE(dp, float, FA_BKB * FA_BQ);
-    QKV_CARVE(dcap, float, FA_BKB * FA_BQ);
+    QKV_CARVE(s, float, FA_BK * FA_BQ);
+    QKV_CARVE(dp, float, FA_BK * FA_BQ);
+    QKV_CARVE(dcap, float, FA_BK * FA_BQ);
     QKV_CARVE(acc1, float, BT * f->ldD);
     QKV_CARVE(acc2, float, BT * f->ldDv);
     QKV_CARVE(dqt, float, FA_BQ * f->ldD);
@@ -145,11 +139,16 @@ static void store_grad(float *dst, int64_t ldd, const float *acc, int64_t ld, in
 
 /* ---- the key-block pass -------------------------------------------------- */
 
+/* Key blocks of FA_BK (128), as the forward's tiles. 64 halves a step's
+ * working set (~200 -> ~100 KB) and was 1-4% faster on AVX2 at n = 2048, but
+ * reuses the streamed Q and dO rows over half as many keys: 2-9% slower at
+ * n = 4096 on both ISAs (one core each, side by side), even at 1024. */
+
 static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, float *dqp_c) {
     const fa_ctx *c = &f->c;
     const qkv_kernels *K = c->K;
-    const int64_t D = c->D, Dv = c->Dv, j0 = kb * FA_BKB;
-    const int nkr = (int)(c->nk - j0 < FA_BKB ? c->nk - j0 : FA_BKB);
+    const int64_t D = c->D, Dv = c->Dv, j0 = kb * FA_BK;
+    const int nkr = (int)(c->nk - j0 < FA_BK ? c->nk - j0 : FA_BK);
     const int rows = (int)fa_round_up(nkr, 8);
     const int softmax = c->norm == QKV_NORM_SOFTMAX;
     const size_t ldD = (size_t)f->ldD, ldDv = (size_t)f->ldDv;
@@ -292,37 +291,6 @@ static void dq_unit(void *vf, int64_t u, int t) {
 
 /* ---- preparation ------------------------------------------------------- */
 
-static void prepare_row(bwd_ctx *f, int64_t b, int64_t h, int64_t i);
-
-/* Unit: FA_PACK_ROWS query rows of one batch, every head: their per-row
- * tables, Q and dO packed in panels (and copied to contiguous rows). Rows
- * outer, heads inner: O, dO and Q are read in order (see fa_pack_block). */
-static void pack_unit(void *vf, int64_t u, int t) {
-    (void)t;
-    bwd_ctx *f = vf;
-    const fa_ctx *c = &f->c;
-    const int64_t nrb = (c->nq + FA_PACK_ROWS - 1) / FA_PACK_ROWS, b = u / nrb, r0 = u % nrb * FA_PACK_ROWS;
-    const int64_t r1 = c->nq - r0 < FA_PACK_ROWS ? c->nq : r0 + FA_PACK_ROWS;
-    for (int64_t i = r0; i < r1; i++)
-        for (int64_t h = 0; h < c->H; h++) prepare_row(f, b, h, i);
-    fa_pack_block(f->qt, f->qt_stride, f->qr_own, c->q, c->ldq, b, c->nq, c->H, c->D, r0, r1, 1.0f);
-    fa_pack_block(f->dot, f->dot_stride, f->dor_own, f->dout, c->ldo, b, c->nq, c->H, c->Dv, r0, r1, 1.0f);
-}
-
-/* The key range of every query and the union range of every query block
- * (cheap: per batch, not per head). */
-static void prepare_ranges(bwd_ctx *f) {
-    const fa_ctx *c = &f->c;
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t qb = 0; qb < f->nqb; qb++) {
-            int64_t i0 = qb * FA_BQ, blo, bhi;
-            int n = (int)(c->nq - i0 < FA_BQ ? c->nq - i0 : FA_BQ);
-            int any = fa_query_ranges(c, b, i0, n, f->LO + b * c->nq + i0, f->HI + b * c->nq + i0, &blo, &bhi);
-            f->BLO[b * f->nqb + qb] = any ? blo : 0;
-            f->BHI[b * f->nqb + qb] = any ? bhi : 0;
-        }
-}
-
 /* Per-row tables of query row i of (b, h): lse in base 2, D = rowsum(dO * O),
  * visible count (after prepare_ranges). */
 static void prepare_row(bwd_ctx *f, int64_t b, int64_t h, int64_t i) {
@@ -355,6 +323,35 @@ static void prepare_row(bwd_ctx *f, int64_t b, int64_t h, int64_t i) {
     }
 }
 
+/* Unit: FA_PACK_ROWS query rows of one batch, every head: their per-row
+ * tables, Q and dO packed in panels (and copied to contiguous rows). Rows
+ * outer, heads inner: O, dO and Q are read in order (see fa_pack_block). */
+static void pack_unit(void *vf, int64_t u, int t) {
+    (void)t;
+    bwd_ctx *f = vf;
+    const fa_ctx *c = &f->c;
+    const int64_t nrb = (c->nq + FA_PACK_ROWS - 1) / FA_PACK_ROWS, b = u / nrb, r0 = u % nrb * FA_PACK_ROWS;
+    const int64_t r1 = c->nq - r0 < FA_PACK_ROWS ? c->nq : r0 + FA_PACK_ROWS;
+    for (int64_t i = r0; i < r1; i++)
+        for (int64_t h = 0; h < c->H; h++) prepare_row(f, b, h, i);
+    fa_pack_block(f->qt, f->qt_stride, f->qr_own, c->q, c->ldq, b, c->nq, c->H, c->D, r0, r1);
+    fa_pack_block(f->dot, f->dot_stride, f->dor_own, f->dout, c->ldo, b, c->nq, c->H, c->Dv, r0, r1);
+}
+
+/* The key range of every query and the union range of every query block
+ * (cheap: per batch, not per head). */
+static void prepare_ranges(bwd_ctx *f) {
+    const fa_ctx *c = &f->c;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t qb = 0; qb < f->nqb; qb++) {
+            int64_t i0 = qb * FA_BQ, blo, bhi;
+            int n = (int)(c->nq - i0 < FA_BQ ? c->nq - i0 : FA_BQ);
+            int any = fa_query_ranges(c, b, i0, n, f->LO + b * c->nq + i0, f->HI + b * c->nq + i0, &blo, &bhi);
+            f->BLO[b * f->nqb + qb] = any ? blo : 0;
+            f->BHI[b * f->nqb + qb] = any ? bhi : 0;
+        }
+}
+
 /* Whether a caller's log-sum-exp pins the weights down to float accuracy:
  * P = 2^(sc s - L2) with L2 = lse log2(e) rounded to float, whose rounding
  * (half an ulp: at most 2^-18 for |L2| < 128) is, times ln 2, the relative
@@ -384,7 +381,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
     f.dv = g->dv;
     f.dbias = p->d.bias_kind != QKV_BIAS_NONE ? g->dbias : NULL;
     f.nqb = (c->nq + FA_BQ - 1) / FA_BQ;
-    f.nkb = (c->nk + FA_BKB - 1) / FA_BKB;
+    f.nkb = (c->nk + FA_BK - 1) / FA_BK;
     f.ldD = fa_round_up(c->D, 16);
     f.ldDv = fa_round_up(c->Dv, 16);
     const int softmax = c->norm == QKV_NORM_SOFTMAX;
@@ -408,7 +405,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
         if (!out) out = o_tmp;
         if (!lse) lse = lse_tmp;
         if (st == QKV_OK && lse_precise(lse, rows_q)) {
-            fa_free(f.M2); /* L2 is refilled from lse (prepare_rows) */
+            fa_free(f.M2); /* L2 is refilled from lse (prepare_row) */
             f.M2 = NULL;
         }
     }

@@ -87,43 +87,19 @@ qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn) {
     return QKV_OK;
 }
 
-void fa_pack_panels(float *dst, const float *src, int64_t n, int64_t ld, int64_t D, float mul) {
-    int64_t np = (n + QKV_PANEL - 1) / QKV_PANEL;
-    for (int64_t p = 0; p < np; p++) {
-        float *panel = dst + p * D * QKV_PANEL;
-        for (int c = 0; c < QKV_PANEL; c++) {
-            int64_t r = p * QKV_PANEL + c;
-            if (r < n) {
-                const float *row = src + r * ld;
-                for (int64_t d = 0; d < D; d++) panel[d * QKV_PANEL + c] = row[d] * mul;
-            } else {
-                for (int64_t d = 0; d < D; d++) panel[d * QKV_PANEL + c] = 0.0f;
-            }
-        }
-    }
-}
-
-void fa_copy_rows(float *dst, const float *src, int64_t n, int64_t ld, int64_t D) {
-    for (int64_t r = 0; r < n; r++) memcpy(dst + r * D, src + r * ld, (size_t)D * sizeof(float));
-}
-
 void fa_pack_block(float *panels, int64_t pstride, float *rows, const float *src, int64_t ld, int64_t b,
-                   int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1, float mul) {
-    for (int64_t r = r0; r < r1; r++)
+                   int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1) {
+    /* the block that ends the rows also zeroes its last panel's padding rows */
+    const int64_t r_end = panels && r1 == n ? fa_round_up(n, QKV_PANEL) : r1;
+    for (int64_t r = r0; r < r_end; r++)
         for (int64_t hh = 0; hh < nh; hh++) {
-            const float *row = src + (b * n + r) * ld + hh * D;
+            const float *row = r < n ? src + (b * n + r) * ld + hh * D : NULL;
             if (panels) {
                 float *col = panels + (b * nh + hh) * pstride + (r / QKV_PANEL) * D * QKV_PANEL + r % QKV_PANEL;
-                for (int64_t d = 0; d < D; d++) col[d * QKV_PANEL] = row[d] * mul;
+                for (int64_t d = 0; d < D; d++) col[d * QKV_PANEL] = row ? row[d] : 0.0f;
             }
-            if (rows) memcpy(rows + ((b * nh + hh) * n + r) * D, row, (size_t)D * sizeof(float));
+            if (rows && row) memcpy(rows + ((b * nh + hh) * n + r) * D, row, (size_t)D * sizeof(float));
         }
-    if (panels && r1 == n)
-        for (int64_t hh = 0; hh < nh; hh++)
-            for (int64_t r = n; r % QKV_PANEL; r++) {
-                float *col = panels + (b * nh + hh) * pstride + (r / QKV_PANEL) * D * QKV_PANEL + r % QKV_PANEL;
-                for (int64_t d = 0; d < D; d++) col[d * QKV_PANEL] = 0.0f;
-            }
 }
 
 /* Unit: FA_PACK_ROWS keys of one batch, every kv head. */
@@ -132,8 +108,8 @@ static void pack_kv_unit(void *ctx, int64_t u, int t) {
     fa_ctx *c = ctx;
     const int64_t nkb = (c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS, b = u / nkb, r0 = u % nkb * FA_PACK_ROWS;
     const int64_t r1 = c->nk - r0 < FA_PACK_ROWS ? c->nk : r0 + FA_PACK_ROWS;
-    fa_pack_block(c->kt, c->kt_stride, NULL, c->k, c->ldk, b, c->nk, c->Hkv, c->D, r0, r1, 1.0f);
-    if (c->vr_own) fa_pack_block(NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1, 1.0f);
+    fa_pack_block(c->kt, c->kt_stride, NULL, c->k, c->ldk, b, c->nk, c->Hkv, c->D, r0, r1);
+    if (c->vr_own) fa_pack_block(NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1);
 }
 
 qkv_status fa_pack_kv(fa_ctx *c) {

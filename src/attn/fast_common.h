@@ -62,10 +62,6 @@ void fa_ctx_init(fa_ctx *c, const qkv_plan *p, const float *q, const float *k, c
  * (norms in double). Returns QKV_ERR_OUT_OF_MEMORY or QKV_OK; sets c->q, c->k. */
 qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
 
-/* Pack rows [0, n) of a row-major matrix (stride ld) into panels of 32 rows:
- * dst[(p*D + d)*32 + r%32] = mul * src[(32p + r%32)*ld + d], 0 past row n. */
-void fa_pack_panels(float *dst, const float *src, int64_t n, int64_t ld, int64_t D, float mul);
-
 /* Pack K of every (b, kv head) into c->kt and copy its V rows contiguous into
  * c->vr (one block allocated here; free with fa_free(c->kt)), in parallel by
  * row blocks of every head (fa_pack_block). The copy of V matters: in the
@@ -76,9 +72,9 @@ void fa_pack_panels(float *dst, const float *src, int64_t n, int64_t ld, int64_t
 qkv_status fa_pack_kv(fa_ctx *c);
 
 /* Rows [r0, r1) of batch b of every head hh < nh of a [B, n, nh, D] array
- * (row stride ld): into 32-row panels (as fa_pack_panels, times mul) at
- * panels + (b nh + hh) pstride, and/or plain copies at rows + (b nh + hh) n D
- * (either may be NULL). r0 must start a panel; with r1 = n the last panel's
+ * (row stride ld): into panels of 32 rows at panels + (b nh + hh) pstride,
+ * panel[(p D + d) 32 + r % 32] = row r's element d with p = r / 32, and/or
+ * plain copies at rows + (b nh + hh) n D (either may be NULL). r0 must start a panel; with r1 = n the last panel's
  * padding rows are zeroed. Rows outer, heads inner: the source is read in
  * order. Head by head, its rows lie ld floats apart (2 KB for 8 heads of
  * 64), two per 4 KB page, which the hardware prefetchers do not follow:
@@ -86,10 +82,8 @@ qkv_status fa_pack_kv(fa_ctx *c);
  * 150-350 us where the copy itself takes 30). */
 #define FA_PACK_ROWS 64
 void fa_pack_block(float *panels, int64_t pstride, float *rows, const float *src, int64_t ld, int64_t b,
-                   int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1, float mul);
+                   int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1);
 
-/* Copy rows [0, n) (stride ld) into a dense [n, D] block. */
-void fa_copy_rows(float *dst, const float *src, int64_t n, int64_t ld, int64_t D);
 
 /* The visible range [lo, hi) of the queries i0 .. i0+n-1 of batch b;
  * returns 1 if any is non-empty and sets *blo, *bhi to the union's bounds. */

@@ -207,14 +207,10 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     int64_t blo, bhi;
     int any = fa_query_ranges(c, b, i0, nr, w.lo, w.hi, &blo, &bhi);
 
-    /* The block's Q rows, zero-padded to whole 8-row groups. */
-    const float *qrows = w.qb;
     for (int r = 0; r < rows; r++) {
         float *dst = w.qb + (size_t)r * D;
         if (r < nr) memcpy(dst, c->q + ((b * c->nq + i0 + r) * c->H + h) * D, (size_t)D * sizeof(float));
         else memset(dst, 0, (size_t)D * sizeof(float));
-    }
-    for (int r = 0; r < rows; r++) {
         w.m[r] = -INFINITY;
         w.l[r] = 0.0f;
         w.cnt[r] = 0.0f;
@@ -238,13 +234,13 @@ static void fwd_unit(void *vf, int64_t u, int t) {
              * their last visible column. */
             int partial = tile_groups(&w, nr, rows, kt, ncols, (int)np);
             if (!partial) {
-                K->qk(qrows, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
+                K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
                       np, w.s, FA_BK);
             } else {
                 for (int g = 0; g < rows; g += 8) {
                     int p0 = w.gp0[g / 8], p1 = w.gp1[g / 8];
                     if (p1 > p0)
-                        K->qk(qrows + (size_t)g * D, (size_t)D, ktb + (kt / QKV_PANEL + p0) * D * QKV_PANEL,
+                        K->qk(w.qb + (size_t)g * D, (size_t)D, ktb + (kt / QKV_PANEL + p0) * D * QKV_PANEL,
                               (size_t)D, 8, (size_t)(p1 - p0), w.s + (size_t)g * FA_BK + p0 * QKV_PANEL, FA_BK);
                 }
             }
@@ -337,7 +333,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     for (int64_t kt = kstart; kt < bhi; kt += FA_BK) {
         int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
         size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
-        K->qk(qrows, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows, np,
+        K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows, np,
               w.s, FA_BK);
         fa_scores_rows(c, w.s, FA_BK, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
         for (int r = 0; r < nr; r++) {

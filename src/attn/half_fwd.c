@@ -97,7 +97,6 @@ typedef struct hf_ws {
     int *a, *e;
 } hf_ws;
 
-
 static size_t ws_layout(const hf_ctx *c, unsigned char *base, hf_ws *w) {
     size_t at = 0;
     QKV_CARVE(qp, uint32_t, HF_BQ * c->dp2);
