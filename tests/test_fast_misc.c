@@ -3,7 +3,8 @@
  * (QKV_ERR_UNSUPPORTED with QKV_IMPL_FAST, the reference with AUTO), windows
  * that equal causal / full attention bitwise, the online softmax on rows of
  * steadily increasing logits (a rescale at every tile), logits of 1e30 and
- * rows all near -1e5, a whole key tile masked by the bias. */
+ * rows all near -1e5, a whole key tile masked by the bias; each ISA's panel
+ * packing against its definition. */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include <pthread.h>
 #include <stdio.h>
@@ -253,11 +254,50 @@ static void test_numerics(void) {
     }
 }
 
+/* ---- the packing kernel ------------------------------------------------- */
+
+/* K->pack_panel against its definition, exactly (it only moves floats): row
+ * counts 1..32 and awkward widths, a source sized to the last element read
+ * (ASan sees any read beyond it) and guards around the panel. */
+static void test_pack_panel(void) {
+    const qkv_kernels *K = qkv_kernels_active();
+    static const size_t dims[] = {1, 3, 8, 15, 16, 17, 31, 64, 80, 128, 256};
+    static const size_t counts[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 32};
+    tu_rng rng;
+    tu_rng_seed(&rng, 4242);
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+            size_t D = dims[di], nr = counts[ci], ld = D + 5 * (ci % 2); /* rows packed or apart */
+            size_t nsrc = (nr - 1) * ld + D, guard = 16;
+            float *src = malloc(nsrc * sizeof(float)), *buf = malloc((D * QKV_PANEL + 2 * guard) * sizeof(float));
+            if (!src || !buf) {
+                CHECK(0, "out of memory");
+                free(src);
+                free(buf);
+                return;
+            }
+            tu_fill_normal_f32(&rng, src, nsrc, 1.0);
+            for (size_t x = 0; x < D * QKV_PANEL + 2 * guard; x++) buf[x] = 7.0f;
+            K->pack_panel(buf + guard, src, ld, nr, D);
+            int bad = 0;
+            for (size_t x = 0; x < guard; x++) bad |= buf[x] != 7.0f || buf[guard + D * QKV_PANEL + x] != 7.0f;
+            for (size_t d = 0; d < D; d++)
+                for (size_t r = 0; r < QKV_PANEL; r++) {
+                    float want = r < nr ? src[r * ld + d] : 0.0f;
+                    bad |= memcmp(&buf[guard + d * QKV_PANEL + r], &want, sizeof want) != 0;
+                }
+            CHECK(!bad, "pack_panel [%s] D = %zu, rows = %zu, ld = %zu", K->name, D, nr, ld);
+            free(src);
+            free(buf);
+        }
+}
+
 int main(void) {
     test_alloc_failures();
     test_dispatch();
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
         if (!qkv_cpu_force_arch(arch)) continue;
+        test_pack_panel();
         test_windows_equal();
         test_concurrent_callers();
         test_numerics();

@@ -87,19 +87,17 @@ qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn) {
     return QKV_OK;
 }
 
-void fa_pack_block(float *panels, int64_t pstride, float *rows, const float *src, int64_t ld, int64_t b,
-                   int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1) {
-    /* the block that ends the rows also zeroes its last panel's padding rows */
-    const int64_t r_end = panels && r1 == n ? fa_round_up(n, QKV_PANEL) : r1;
-    for (int64_t r = r0; r < r_end; r++)
-        for (int64_t hh = 0; hh < nh; hh++) {
-            const float *row = r < n ? src + (b * n + r) * ld + hh * D : NULL;
-            if (panels) {
-                float *col = panels + (b * nh + hh) * pstride + (r / QKV_PANEL) * D * QKV_PANEL + r % QKV_PANEL;
-                for (int64_t d = 0; d < D; d++) col[d * QKV_PANEL] = row ? row[d] : 0.0f;
-            }
-            if (rows && row) memcpy(rows + ((b * nh + hh) * n + r) * D, row, (size_t)D * sizeof(float));
-        }
+void fa_pack_block(const qkv_kernels *K, float *panels, int64_t pstride, float *rows, const float *src,
+                   int64_t ld, int64_t b, int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1) {
+    /* Panels outer, heads inner: a panel's 32 rows of every head are 64 KB
+     * of the source for 8 heads of 64, read whole before the next. */
+    for (int64_t p0 = r0; panels && p0 < r1; p0 += QKV_PANEL)
+        for (int64_t hh = 0; hh < nh; hh++)
+            K->pack_panel(panels + (b * nh + hh) * pstride + p0 * D, src + (b * n + p0) * ld + hh * D,
+                          (size_t)ld, (size_t)(n - p0 < QKV_PANEL ? n - p0 : QKV_PANEL), (size_t)D);
+    for (int64_t r = r0; rows && r < r1; r++)
+        for (int64_t hh = 0; hh < nh; hh++)
+            memcpy(rows + ((b * nh + hh) * n + r) * D, src + (b * n + r) * ld + hh * D, (size_t)D * sizeof(float));
 }
 
 /* Unit: FA_PACK_ROWS keys of one batch, every kv head. */
@@ -108,8 +106,8 @@ static void pack_kv_unit(void *ctx, int64_t u, int t) {
     fa_ctx *c = ctx;
     const int64_t nkb = (c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS, b = u / nkb, r0 = u % nkb * FA_PACK_ROWS;
     const int64_t r1 = c->nk - r0 < FA_PACK_ROWS ? c->nk : r0 + FA_PACK_ROWS;
-    fa_pack_block(c->kt, c->kt_stride, NULL, c->k, c->ldk, b, c->nk, c->Hkv, c->D, r0, r1);
-    if (c->vr_own) fa_pack_block(NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1);
+    fa_pack_block(c->K, c->kt, c->kt_stride, NULL, c->k, c->ldk, b, c->nk, c->Hkv, c->D, r0, r1);
+    if (c->vr_own) fa_pack_block(c->K, NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1);
 }
 
 qkv_status fa_pack_kv(fa_ctx *c) {

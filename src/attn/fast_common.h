@@ -73,16 +73,17 @@ qkv_status fa_pack_kv(fa_ctx *c);
 
 /* Rows [r0, r1) of batch b of every head hh < nh of a [B, n, nh, D] array
  * (row stride ld): into panels of 32 rows at panels + (b nh + hh) pstride,
- * panel[(p D + d) 32 + r % 32] = row r's element d with p = r / 32, and/or
- * plain copies at rows + (b nh + hh) n D (either may be NULL). r0 must start a panel; with r1 = n the last panel's
- * padding rows are zeroed. Rows outer, heads inner: the source is read in
- * order. Head by head, its rows lie ld floats apart (2 KB for 8 heads of
- * 64), two per 4 KB page, which the hardware prefetchers do not follow:
- * from memory every row was a full miss in turn (one head's K and V took
- * 150-350 us where the copy itself takes 30). */
+ * panel[(p D + d) 32 + r % 32] = row r's element d with p = r / 32
+ * (K->pack_panel), and/or plain copies at rows + (b nh + hh) n D (either may
+ * be NULL). r0 must start a panel; with r1 = n the last panel's padding rows
+ * are zeroed. Blocks of rows in memory order, heads inside a block: head by
+ * head, its rows lie ld floats apart (2 KB for 8 heads of 64), two per 4 KB
+ * page, which the hardware prefetchers do not follow: from memory every row
+ * was a full miss in turn (one head's K and V took 150-350 us where the copy
+ * itself takes 30). */
 #define FA_PACK_ROWS 64
-void fa_pack_block(float *panels, int64_t pstride, float *rows, const float *src, int64_t ld, int64_t b,
-                   int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1);
+void fa_pack_block(const qkv_kernels *K, float *panels, int64_t pstride, float *rows, const float *src,
+                   int64_t ld, int64_t b, int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1);
 
 
 /* The visible range [lo, hi) of the queries i0 .. i0+n-1 of batch b;

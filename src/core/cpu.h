@@ -70,6 +70,13 @@ typedef struct qkv_kernels {
     /* x[i] = 2^x[i] in place: exactly 0 for x < -126 (no subnormals), +inf on
      * overflow, NaN stays NaN. */
     void (*exp2)(float *x, size_t n);
+    /* One packed panel from rows r < nrows (nrows <= 32) of a row-major
+     * block, row stride ld: panel[d*32 + r] = src[r*ld + d] for d < D, and 0
+     * for the rows nrows..31. Reads exactly src[r*ld + d], r < nrows, d < D;
+     * writes exactly the panel's D*32 floats. (A transposition: by vector
+     * blocks in registers, every store a whole 64-byte line; element by
+     * element, each of 64 consecutive stores went to another line.) */
+    void (*pack_panel)(float *panel, const float *src, size_t ld, size_t nrows, size_t D);
 } qkv_kernels;
 
 extern const qkv_kernels qkv_kernels_generic;

@@ -311,6 +311,42 @@ static void bwd_softmax_avx2(float *s, float *dp, size_t ld, size_t rows, size_t
     }
 }
 
+/* In place: x[c] <- column c of the 8 x 8 block whose row r is x[r]. */
+static inline void transpose8(__m256 x[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(x[i], x[i + 1]); /* per lane: a0 b0 a1 b1 */
+        t[i + 1] = _mm256_unpackhi_ps(x[i], x[i + 1]); /* a2 b2 a3 b3 */
+    }
+    for (int g = 0; g < 8; g += 4) { /* rows g..g+3, per lane L: columns 4L + k in u[g + k] */
+        u[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+        u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
+        u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+        u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; k++) {
+        x[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+        x[k + 4] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+    }
+}
+
+/* 8 x 8 blocks transposed in registers: each store is 8 rows of one
+ * dimension, contiguous in the panel. */
+static void pack_panel_avx2(float *panel, const float *src, size_t ld, size_t nrows, size_t D) {
+    for (size_t r0 = 0; r0 < QKV_PANEL; r0 += 8) {
+        size_t nr = nrows > r0 ? (nrows - r0 < 8 ? nrows - r0 : 8) : 0;
+        for (size_t d0 = 0; d0 < D; d0 += 8) {
+            size_t nd = D - d0 < 8 ? D - d0 : 8;
+            __m256i m = tail_mask(nd);
+            __m256 x[8];
+            for (size_t r = 0; r < 8; r++)
+                x[r] = r < nr ? _mm256_maskload_ps(src + (r0 + r) * ld + d0, m) : _mm256_setzero_ps();
+            transpose8(x);
+            for (size_t c = 0; c < nd; c++) _mm256_storeu_ps(panel + (d0 + c) * QKV_PANEL + r0, x[c]);
+        }
+    }
+}
+
 const qkv_kernels qkv_kernels_avx2 = {
-    "avx2", qk_avx2, pv_avx2, softmax_avx2, bwd_softmax_avx2, exp2_avx2,
+    "avx2", qk_avx2, pv_avx2, softmax_avx2, bwd_softmax_avx2, exp2_avx2, pack_panel_avx2,
 };

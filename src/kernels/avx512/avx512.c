@@ -216,6 +216,47 @@ static void bwd_softmax_avx512(float *s, float *dp, size_t ld, size_t rows, size
     }
 }
 
+/* In place: x[c] <- column c of the 16 x 16 block whose row r is x[r]. */
+static inline void transpose16(__m512 x[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(x[i], x[i + 1]); /* per lane: a0 b0 a1 b1 */
+        t[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]); /* a2 b2 a3 b3 */
+    }
+    for (int g = 0; g < 16; g += 4) { /* rows g..g+3, per lane L: column 4L + k in u[g + k] */
+        u[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[g]), _mm512_castps_pd(t[g + 2])));
+        u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[g]), _mm512_castps_pd(t[g + 2])));
+        u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[g + 1]), _mm512_castps_pd(t[g + 3])));
+        u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[g + 1]), _mm512_castps_pd(t[g + 3])));
+    }
+    for (int k = 0; k < 4; k++) { /* column k + 4L: lane L of u[k], u[4+k], u[8+k], u[12+k] */
+        __m512 lo0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44), hi0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+        __m512 lo1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44), hi1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+        x[k] = _mm512_shuffle_f32x4(lo0, lo1, 0x88);
+        x[k + 4] = _mm512_shuffle_f32x4(lo0, lo1, 0xDD);
+        x[k + 8] = _mm512_shuffle_f32x4(hi0, hi1, 0x88);
+        x[k + 12] = _mm512_shuffle_f32x4(hi0, hi1, 0xDD);
+    }
+}
+
+/* 16 x 16 blocks transposed in registers: each store is 16 rows of one
+ * dimension, a whole 64-byte line of the panel. */
+static void pack_panel_avx512(float *panel, const float *src, size_t ld, size_t nrows, size_t D) {
+    for (size_t r0 = 0; r0 < QKV_PANEL; r0 += 16) {
+        size_t nr = nrows > r0 ? (nrows - r0 < 16 ? nrows - r0 : 16) : 0;
+        for (size_t d0 = 0; d0 < D; d0 += 16) {
+            size_t nd = D - d0 < 16 ? D - d0 : 16;
+            __mmask16 m = tail_mask(nd);
+            __m512 x[16];
+            for (size_t r = 0; r < 16; r++)
+                x[r] = r < nr ? _mm512_maskz_loadu_ps(m, src + (r0 + r) * ld + d0) : _mm512_setzero_ps();
+            transpose16(x);
+            for (size_t c = 0; c < nd; c++) _mm512_storeu_ps(panel + (d0 + c) * QKV_PANEL + r0, x[c]);
+        }
+    }
+}
+
 const qkv_kernels qkv_kernels_avx512 = {
     "avx512", qk_avx512, pv_avx512, softmax_avx512, bwd_softmax_avx512, exp2_avx512,
+    pack_panel_avx512,
 };

@@ -92,6 +92,17 @@ static void bwd_softmax_generic(float *s, float *dp, size_t ld, size_t rows, siz
     }
 }
 
+/* By blocks of 8 dimensions, so that the 32 rows' stores stay within 8 lines
+ * of the panel (1 KB) while the rows are read. */
+static void pack_panel_generic(float *panel, const float *src, size_t ld, size_t nrows, size_t D) {
+    for (size_t d0 = 0; d0 < D; d0 += 8) {
+        size_t d1 = D - d0 < 8 ? D : d0 + 8;
+        for (size_t r = 0; r < QKV_PANEL; r++)
+            for (size_t d = d0; d < d1; d++) panel[d * QKV_PANEL + r] = r < nrows ? src[r * ld + d] : 0.0f;
+    }
+}
+
 const qkv_kernels qkv_kernels_generic = {
     "generic", qk_generic, pv_generic, softmax_generic, bwd_softmax_generic, exp2_generic,
+    pack_panel_generic,
 };
