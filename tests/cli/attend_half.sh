@@ -13,23 +13,9 @@
 # nothing written.
 # Usage: attend_half.sh QKV_BINARY REPO_ROOT   (needs bash, coreutils, awk)
 set -u
-QKV=${1:?usage: attend_half.sh QKV_BINARY REPO_ROOT}
-ROOT=${2:?usage: attend_half.sh QKV_BINARY REPO_ROOT}
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init attend_half "$@"
 FX=$ROOT/tests/data/cli/half
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_attend_half.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-    if [ -s "$TMP/stderr" ]; then sed 's/^/    stderr: /' "$TMP/stderr" >&2; fi
-}
-run() {
-    "$QKV" "$@" >"$TMP/stdout" 2>"$TMP/stderr"
-    rc=$?
-}
 ok() {
     local name=$1
     shift
@@ -51,14 +37,6 @@ bad() {
     else
         pass
     fi
-}
-npy() { # FILE DESCR SHAPE
-    local header
-    header=$(head -c 256 "$1" 2>/dev/null | LC_ALL=C tr -d ' \000')
-    case $header in
-    *"'descr':'$2'"*"'shape':$3"*) pass ;;
-    *) fail "$1: header $header, want descr $2 shape $3" ;;
-    esac
 }
 # values FILE TYPE COUNT: the last COUNT elements of FILE (od type f4, f8, u2, u4), one a line
 values() {
@@ -144,5 +122,4 @@ bad 2 "--out-float32: applies only with --dtype bf16 or fp16" attend "${IN[@]}" 
 bad 1 "--key-lengths $FX/k_u2.npy: dtype uint16" attend "${IN[@]}" --dtype bf16 --key-lengths "$FX/k_u2.npy" \
     -o "$TMP/out/o.npy"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish

@@ -5,28 +5,10 @@
 # headers and known answers checked through --print.
 # Usage: attend_ok.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: attend_ok.sh QKV_BINARY REPO_ROOT}
-ROOT=${2:?usage: attend_ok.sh QKV_BINARY REPO_ROOT}
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init attend_ok "$@"
 EX=$ROOT/examples/data
 FX=$ROOT/tests/data/cli
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_attend_ok.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
-
-pass() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-    if [ -s "$TMP/stderr" ]; then sed 's/^/    stderr: /' "$TMP/stderr" >&2; fi
-}
-
-# run ARGS...: run qkv; stdout, stderr and the exit status land in
-# $TMP/stdout, $TMP/stderr and $rc.
-run() {
-    "$QKV" "$@" >"$TMP/stdout" 2>"$TMP/stderr"
-    rc=$?
-}
 
 # ok NAME ARGS...: the run succeeds (exit 0, nothing on stderr).
 ok() {
@@ -42,21 +24,6 @@ ok() {
     fi
 }
 
-# npy FILE DESCR SHAPE: FILE exists and its header says this dtype and shape,
-# e.g. npy out.npy '<f4' '(4,4)' (spaces in the header are ignored).
-npy() {
-    local file=$1 descr=$2 shape=$3 header
-    if [ ! -f "$file" ]; then
-        fail "$file: not written"
-        return
-    fi
-    header=$(head -c 256 "$file" | LC_ALL=C tr -d ' \000')
-    case $header in
-    *"'descr':'$descr'"*"'shape':$shape"*) pass ;;
-    *) fail "$file: header $header, want descr $descr shape $shape" ;;
-    esac
-}
-
 # has NAME PATTERN: stdout has a line matching the extended regex PATTERN.
 has() {
     if grep -qE -- "$2" "$TMP/stdout"; then
@@ -65,10 +32,6 @@ has() {
         fail "$1: stdout has no line matching '$2'"
         sed 's/^/    stdout: /' "$TMP/stdout" >&2
     fi
-}
-
-same() {
-    if cmp -s "$2" "$3"; then pass; else fail "$1: $2 and $3 differ"; fi
 }
 
 HQ=(--q "$EX/hello_q.npy" --k "$EX/hello_k.npy" --v "$EX/hello_v.npy")
@@ -220,5 +183,4 @@ npy "$O/dq4.npy" '<f8' '(2,3,2,4)'
 npy "$O/dk4.npy" '<f8' '(2,3,1,4)'
 npy "$O/dv4.npy" '<f8' '(2,3,1,4)'
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish

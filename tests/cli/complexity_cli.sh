@@ -6,13 +6,8 @@
 # unwritable PNG exits 1 and leaves nothing behind.
 # Usage: complexity_cli.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: complexity_cli.sh QKV_BINARY REPO_ROOT}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_complexity_cli.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
-fail() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-pass() { passed=$((passed + 1)); }
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init complexity_cli "$@"
 
 "$QKV" complexity --quick --png "$TMP/plot.png" >"$TMP/out" 2>"$TMP/err"
 rc=$?
@@ -50,5 +45,4 @@ mkdir -p "$TMP/ro"
 expect 1 "--png $TMP/no/dir/p.png" --quick --png "$TMP/no/dir/p.png"
 [ -z "$(ls -A "$TMP/ro")" ] && pass || fail "left files"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish

@@ -5,17 +5,8 @@
 # errors (usage: exit 2; an unusable --out: exit 1 and no picture left).
 # Usage: demo_cli.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: demo_cli.sh QKV_BINARY REPO_ROOT}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_demo.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-}
-is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init demo_cli "$@"
 
 # A full run into a new folder.
 "$QKV" demo --out "$TMP/out" --color never >"$TMP/stdout" 2>"$TMP/stderr"
@@ -80,5 +71,4 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 "$QKV" demo --help | grep -q "^Usage: qkv demo" && pass || fail "--help"
 
-echo "demo_cli: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish demo_cli

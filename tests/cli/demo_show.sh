@@ -4,17 +4,8 @@
 # 2 (usage) or 1 (bad checkpoint or input, failed write; no picture left).
 # Usage: demo_show.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: demo_show.sh QKV_BINARY REPO_ROOT}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_show.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-}
-is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init demo_show "$@"
 
 # Two small checkpoints (a few steps: only the format matters here).
 "$QKV" train --task copy --seq 4 --layers 2 --dim 16 --heads 2 --steps 5 --threads 1 --quiet \
@@ -70,5 +61,4 @@ expect_fail 1 --ckpt "$TMP/copy" --text "3 1 4 1" --out "$TMP/blk"
 [ "$(ls -A "$TMP/blk")" = "show_l1_h0.png" ] && pass || fail "left behind: $(ls -A "$TMP/blk" | tr '\n' ' ')"
 "$QKV" show --help | grep -q "^Usage: qkv show" && pass || fail "--help"
 
-echo "demo_show: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish demo_show

@@ -4,17 +4,8 @@
 # The full-size runs and their numbers are in docs/EXPERIMENTS.md.
 # Usage: experiment_cli.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: experiment_cli.sh QKV_BINARY REPO_ROOT}
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_experiment.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-}
-is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init experiment_cli "$@"
 
 check() { # NAME PICTURE... : run it, expect a table header and its pictures
     local name=$1
@@ -68,5 +59,4 @@ expect 1 scale --quick --threads 1 --out "$TMP/blk"
 [ "$(ls -A "$TMP/blk")" = "experiment_scale_grad.png" ] && pass || fail "left behind: $(ls -A "$TMP/blk" | tr '\n' ' ')"
 "$QKV" experiment --help | grep -q "^Usage: qkv experiment" && pass || fail "--help"
 
-echo "experiment_cli: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish experiment_cli

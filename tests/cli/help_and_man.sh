@@ -4,12 +4,9 @@
 # `qkv --version` prints the version.
 # Usage: help_and_man.sh QKV_BINARY REPO_ROOT   (needs only bash, grep, sed)
 set -u
-QKV=${1:?usage: help_and_man.sh QKV_BINARY REPO_ROOT}
-ROOT=${2:?usage: help_and_man.sh QKV_BINARY REPO_ROOT}
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init help_and_man "$@"
 MAN=$ROOT/docs/qkv.1
-failed=0
-passed=0
-fail() { echo "FAIL: $*" >&2; failed=$((failed + 1)); }
 
 cmds=$("$QKV" --help | sed -n '/^Commands:/,/^$/p' | sed -n 's/^  \([a-z][a-z0-9-]*\).*/\1/p')
 [ -n "$cmds" ] || fail "qkv --help lists no commands"
@@ -35,5 +32,4 @@ if grep -Eq '^qkv [0-9]+\.[0-9]+\.[0-9]+$' <<<"$v" && grep -q "\"qkv ${v#qkv }\"
 else
   fail "qkv --version printed '$v' (the man page's header must carry the same version)"
 fi
-echo "$passed passed, $failed failed"
-[ $failed -eq 0 ]
+cli_finish

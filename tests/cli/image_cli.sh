@@ -4,15 +4,10 @@
 # option or file; nothing on stdout; no output or temporary file left).
 # Usage: image_cli.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: image_cli.sh QKV_BINARY REPO_ROOT}
-ROOT=${2:?usage: image_cli.sh QKV_BINARY REPO_ROOT}
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init image_cli "$@"
 IMG=$ROOT/tests/data/image
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_image_cli.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
 n=0
-fail() { failed=$((failed + 1)); echo "FAIL: $*" >&2; sed 's/^/    stderr: /' "$TMP/stderr" >&2 2>/dev/null; }
 
 # ok NEEDLE ARGS...: exit 0, stdout contains NEEDLE, the PNG exists and is a PNG.
 ok() {
@@ -82,5 +77,4 @@ expect 1 "$ROOT/README.md" "$ROOT/README.md" --query 1,1 -o @O@/map.png
 # A failing PNG write removes the .npy already written.
 expect 1 "$TMP/no/such/dir/map.png" "$S" --query 1,1 --attn @O@/row.npy -o "$TMP/no/such/dir/map.png"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish

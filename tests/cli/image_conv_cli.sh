@@ -5,16 +5,10 @@
 # stdout; no output file left behind).
 # Usage: image_conv_cli.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: image_conv_cli.sh QKV_BINARY REPO_ROOT}
-ROOT=${2:?usage: image_conv_cli.sh QKV_BINARY REPO_ROOT}
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init image_conv_cli "$@"
 D=$ROOT/tests/data/image/conv
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_conv_cli.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
 n=0
-fail() { failed=$((failed + 1)); echo "FAIL: $*" >&2; sed 's/^/    stderr: /' "$TMP/stderr" >&2 2>/dev/null; }
-pass() { passed=$((passed + 1)); }
 
 run() { "$QKV" conv-as-attention "$@" >"$TMP/stdout" 2>"$TMP/stderr"; }
 
@@ -63,5 +57,4 @@ expect 1 "--image $TMP/trunc.npy" --kernel "$D/w3.npy" --image "$TMP/trunc.npy"
 run --kernel "$D/w3.npy" --image "$D/x3.npy" -o "$TMP/no/dir/y.npy"
 if [ $? -eq 1 ] && grep -qF -- "-o $TMP/no/dir/y.npy" "$TMP/stderr"; then pass; else fail "unwritable -o"; fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish

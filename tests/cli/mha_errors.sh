@@ -5,20 +5,10 @@
 # file or temporary file left in the output folder.
 # Usage: mha_errors.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: mha_errors.sh QKV_BINARY REPO_ROOT}
-ROOT=${2:?usage: mha_errors.sh QKV_BINARY REPO_ROOT}
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init mha_errors "$@"
 FX=$ROOT/tests/data/cli/mha
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_mha_errors.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
 n=0
-
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-    if [ -s "$TMP/stderr" ]; then sed 's/^/    stderr: /' "$TMP/stderr" >&2; fi
-}
 
 # expect WANT_RC NEEDLE ARGS...: run qkv ARGS with @O@ (in ARGS and NEEDLE)
 # replaced by a fresh, empty output folder; the exit status must be WANT_RC,
@@ -323,5 +313,4 @@ else
     fail "case $n: a failed run changed an existing output file"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish

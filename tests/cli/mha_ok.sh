@@ -5,25 +5,9 @@
 # tests/test_cli_mha.c.
 # Usage: mha_ok.sh QKV_BINARY REPO_ROOT   (needs only bash and coreutils)
 set -u
-QKV=${1:?usage: mha_ok.sh QKV_BINARY REPO_ROOT}
-ROOT=${2:?usage: mha_ok.sh QKV_BINARY REPO_ROOT}
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init mha_ok "$@"
 FX=$ROOT/tests/data/cli/mha
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_mha_ok.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-passed=0
-failed=0
-
-pass() { passed=$((passed + 1)); }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL: $*" >&2
-    if [ -s "$TMP/stderr" ]; then sed 's/^/    stderr: /' "$TMP/stderr" >&2; fi
-}
-
-run() {
-    "$QKV" "$@" >"$TMP/stdout" 2>"$TMP/stderr"
-    rc=$?
-}
 
 # ok NAME ARGS...: the run succeeds (exit 0, nothing on stdout or stderr).
 ok() {
@@ -37,28 +21,6 @@ ok() {
     else
         pass
     fi
-}
-
-# npy FILE DESCR SHAPE: FILE exists and its header says this dtype and shape.
-npy() {
-    local file=$1 descr=$2 shape=$3 header
-    if [ ! -f "$file" ]; then
-        fail "$file: not written"
-        return
-    fi
-    header=$(head -c 256 "$file" | LC_ALL=C tr -d ' \000')
-    case $header in
-    *"'descr':'$descr'"*"'shape':$shape"*) pass ;;
-    *) fail "$file: header $header, want descr $descr shape $shape" ;;
-    esac
-}
-
-same() {
-    if cmp -s "$2" "$3"; then pass; else fail "$1: $2 and $3 differ"; fi
-}
-
-differ() {
-    if cmp -s "$2" "$3"; then fail "$1: $2 and $3 are the same"; else pass; fi
 }
 
 O=$TMP
@@ -188,5 +150,4 @@ same "--heads-kv 2 is what the weights say" "$O/yg.npy" "$O/yg2.npy"
 ok "grouped-query --pos rope (Dh = 2)" mha --weights "$FX/gqa.safetensors" --heads 4 \
     --x "$FX/x.npy" -o "$O/ygr.npy" --pos rope --causal
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cli_finish

@@ -4,23 +4,21 @@
 # and resumed gives the loss curve of an uninterrupted run; the checkpoint
 # records the curriculum's state; eval measures the full number of pairs.
 set -u
-QKV=$1
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { if [ "$1" = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $2" >&2; fi; }
+. "${BASH_SOURCE%/*}/lib.bash"
+cli_init train_recall_resume "$@"
+T=$TMP
 args=(--task recall --seq 6 --symbols 8 --dim 16 --layers 1 --heads 2 --batch 8 --steps 600 --ckpt-every 5 --seed 5 --quiet)
 
 "$QKV" train "${args[@]}" --out "$T/full" > "$T/full.out" 2>&1
-ok $? "uninterrupted run"
+check $? "uninterrupted run"
 cut -d, -f1-4 "$T/full/loss.csv" > "$T/full.curve"
 grep -aq '"run.cur_length":"4"' "$T/full/model.safetensors"
-ok $? "the checkpoint records the curriculum (4 pairs: this tiny run does not get past them)"
+check $? "the checkpoint records the curriculum (4 pairs: this tiny run does not get past them)"
 grep -q "^recall: .* on 512 fresh examples" "$T/full.out"
-ok $? "the run reports its accuracy"
+check $? "the run reports its accuracy"
 "$QKV" eval --ckpt "$T/full" --examples 64 > "$T/eval.out" 2>&1
 grep -q "^recall (seq 6): " "$T/eval.out"
-ok $? "eval measures the task's 6 pairs: $(cat "$T/eval.out")"
+check $? "eval measures the task's 6 pairs: $(cat "$T/eval.out")"
 
 killed=0
 for trial in 1 2; do
@@ -32,13 +30,12 @@ for trial in 1 2; do
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null
   "$QKV" train --resume "$d" --quiet > /dev/null 2>&1
-  ok $? "trial $trial: resume"
+  check $? "trial $trial: resume"
   cut -d, -f1-4 "$d/loss.csv" > "$d.curve"
   cmp -s "$T/full.curve" "$d.curve"
-  ok $? "trial $trial: resumed loss curve equals the uninterrupted one"
+  check $? "trial $trial: resumed loss curve equals the uninterrupted one"
 done
 [ "$killed" -ge 1 ]
-ok $? "at least one run was killed mid-way ($killed of 2)"
+check $? "at least one run was killed mid-way ($killed of 2)"
 
-echo "train_recall_resume: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+cli_finish train_recall_resume

@@ -1,0 +1,64 @@
+# Helpers shared by the CLI test scripts (sourced, never run): the scripts'
+# arguments, a scratch folder removed on exit, the pass/fail counters and the
+# checks more than one script makes. What only one script checks stays in it.
+# Needs bash and coreutils.
+
+# cli_init NAME QKV_BINARY [REPO_ROOT]: sets QKV, ROOT ("" when not given)
+# and TMP (a new folder, removed when the script exits); zeroes the counters.
+cli_init() {
+    local name=$1
+    shift
+    QKV=${1:?usage: $name.sh QKV_BINARY REPO_ROOT}
+    ROOT=${2:-}
+    TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_$name.XXXXXX") || exit 1
+    trap 'rm -rf "$TMP"' EXIT
+    passed=0
+    failed=0
+}
+
+pass() { passed=$((passed + 1)); }
+
+# fail MESSAGE: counted and printed, with the last run's stderr when it has any.
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $*" >&2
+    if [ -s "$TMP/stderr" ]; then sed 's/^/    stderr: /' "$TMP/stderr" >&2; fi
+}
+
+# check STATUS MESSAGE: passes when STATUS (usually $?) is 0, else fails with MESSAGE.
+check() { if [ "$1" = 0 ]; then pass; else fail "$2"; fi; }
+
+# run ARGS...: qkv ARGS; stdout, stderr and the exit status land in
+# $TMP/stdout, $TMP/stderr and $rc.
+run() {
+    "$QKV" "$@" >"$TMP/stdout" 2>"$TMP/stderr"
+    rc=$?
+}
+
+# npy FILE DESCR SHAPE: FILE exists and its header says this dtype and shape,
+# e.g. npy out.npy '<f4' '(4,4)' (spaces in the header are ignored).
+npy() {
+    local file=$1 descr=$2 shape=$3 header
+    if [ ! -f "$file" ]; then
+        fail "$file: not written"
+        return
+    fi
+    header=$(head -c 256 "$file" | LC_ALL=C tr -d ' \000')
+    case $header in
+    *"'descr':'$descr'"*"'shape':$shape"*) pass ;;
+    *) fail "$file: header $header, want descr $descr shape $shape" ;;
+    esac
+}
+
+# same NAME A B / differ NAME A B: the two files are (are not) byte-identical.
+same() { if cmp -s "$2" "$3"; then pass; else fail "$1: $2 and $3 differ"; fi; }
+differ() { if cmp -s "$2" "$3"; then fail "$1: $2 and $3 are the same"; else pass; fi; }
+
+# is_png FILE: FILE starts with the PNG signature.
+is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
+
+# cli_finish [LABEL]: prints the counts; the script's exit status is the verdict.
+cli_finish() {
+    echo "${1:+$1: }$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
