@@ -1,6 +1,11 @@
-/* Threads for the fast paths (internal): per-call worker threads with
- * dynamic scheduling of work units. Which thread runs a unit never changes what the
- * unit computes, so results are bitwise identical for any thread count. */
+/* Threads for the fast paths (internal): a pool of worker threads, started
+ * on demand and kept between calls, with dynamic scheduling of work units.
+ * Which thread runs a unit never changes what the unit computes, so results
+ * are bitwise identical for any thread count. Idle workers poll for ~20-50
+ * us after a job, then sleep on a condition variable; they end and are
+ * joined at exit (atexit). A program must not unload the shared library
+ * (dlclose) while they exist, as with OpenMP runtimes. A forked child
+ * starts with an empty pool. */
 #ifndef QKV_CORE_THREADS_H
 #define QKV_CORE_THREADS_H
 
@@ -16,14 +21,16 @@
 int qkv_threads_resolve(int requested);
 
 /* Calls fn(ctx, unit, t) once for every unit in [0, units) on T threads
- * (T = nthreads, clamped to [1, min(units, QKV_MAX_THREADS)]); the calling
- * thread is t = 0. Units are started in increasing order, each by whichever
- * thread is free first (dynamic: balanced for units of unequal cost and for
- * threads slowed by other processes), so which t runs a unit is not fixed:
- * fn must use t only to pick per-thread scratch, never to decide what the
- * unit computes; then results are bitwise identical for any thread count.
- * If a worker cannot be started, the others (at least the caller) run all
- * units. Returns when all units are done. */
+ * (T = nthreads, clamped to [1, min(units, QKV_MAX_THREADS)]): the calling
+ * thread (t = 0) and T - 1 idle pool workers (t = 1 .. T - 1). Units are
+ * started in increasing order, each by whichever thread is free first
+ * (dynamic: balanced for units of unequal cost and for threads slowed by
+ * other processes), so which t runs a unit is not fixed: fn must use t only
+ * to pick per-thread scratch, never to decide what the unit computes; then
+ * results are bitwise identical for any thread count. If no worker is idle
+ * and none can be started, fewer threads (at least the caller) run all
+ * units. fn may itself call qkv_parallel_for. Returns when all units are
+ * done and no worker touches the call's data any more. Thread-safe. */
 typedef void (*qkv_unit_fn)(void *ctx, int64_t unit, int thread);
 void qkv_parallel_for(int nthreads, int64_t units, qkv_unit_fn fn, void *ctx);
 
