@@ -41,8 +41,13 @@
  *     threads = 0 a call takes only the cores the others leave (at least
  *     one). Results never depend on the thread count, so this changes speed
  *     only.
- * Each call that uses several threads (threads != 1) starts and joins its own
- * workers; no thread pool or scratch buffer outlives a call.
+ *   - a pool of worker threads, started on first need and kept between
+ *     calls: a call with threads = T runs on its own thread plus T - 1 idle
+ *     workers (the pool grows when calls run at once, so no call waits for
+ *     another's work). Idle workers poll for some tens of microseconds, then
+ *     sleep; they end at exit. A forked child starts with no workers. Do not
+ *     unload the shared library (dlclose) while the process still calls
+ *     qkv. No scratch buffer outlives a call.
  */
 #ifndef QKV_H
 #define QKV_H
