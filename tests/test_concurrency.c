@@ -5,8 +5,9 @@
  * layer (forward and backward). Every result must be bitwise identical to
  * the same work done first on one thread, in every round: no shared scratch
  * memory, no races in the lazily filled CPU-detection table, no dependence
- * on what the other threads do. Each call also runs its own worker threads
- * (threads = 2), so the library's internal threading nests inside ours. */
+ * on what the other threads do. Each call also uses a worker of the pool
+ * (threads = 2), so the library's internal threading nests inside ours and
+ * concurrent calls take workers from one pool. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
