@@ -1,13 +1,13 @@
 /* Fast forward (FlashAttention-2, Dao 2023, on CPU). Work unit: one block of
- * FA_BQ query rows of one (b, h). For each tile of FA_BK keys that some row
- * of the block can see: S = Q K^T (kernel), soft-cap / bias / mask, one
- * online-softmax step (running max from -inf, rescale alpha), O = alpha O +
- * P V (kernel). Tiles outside every row's key range are never touched, so a
- * causal mask costs about half and a window of width r costs O(n r D).
- * Memory: K packed once per call, with several heads V copied per head
- * (O(n D) each, fa_pack_kv), per-thread tiles; the attention
- * matrix only when the caller passes one, filled block by block from the
- * saved log-sum-exp in a second sweep over the block's tiles. */
+ * FA_BQ query rows of one (b, h). For each tile of FA_BK keys (the last up to
+ * FA_BK + FA_BQ) that some row of the block can see: S = Q K^T (kernel),
+ * soft-cap / bias / mask, one online-softmax step (running max from -inf,
+ * rescale alpha), O = alpha O + P V (kernel). Tiles outside every row's key
+ * range are never touched, so a causal mask costs about half and a window of
+ * width r costs O(n r D). Memory: K packed once per call, with several heads
+ * V copied per head (O(n D) each, fa_pack_kv), per-thread tiles; the
+ * attention matrix only when the caller passes one, filled block by block
+ * from the saved log-sum-exp in a second sweep over the block's tiles. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -15,6 +15,14 @@
 #include "attn/fast.h"
 #include "attn/fast_common.h"
 #include "core/threads.h"
+
+/* Row stride of the score tiles: the last tile of a block may take up to
+ * FA_BQ keys beyond FA_BK, so that a causal block's 64-key diagonal joins the
+ * tile before it instead of being a tile of its own (each tile costs the
+ * softmax's per-row work and the rescale of O whatever its width): paired
+ * causal/full at n = 1024 0.544-0.554 against 0.554-0.557, 4 alternating
+ * rounds, lower in each. */
+#define FWD_LDS (FA_BK + FA_BQ)
 
 int qkv_fast_supported(const qkv_plan *p) {
     return p->d.dtype == QKV_F32 && p->d.score != QKV_SCORE_ADDITIVE;
@@ -41,8 +49,8 @@ typedef struct fwd_ws {
 static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
     size_t at = 0;
     QKV_CARVE(qb, float, FA_BQ * f->c.D);
-    QKV_CARVE(s, float, FA_BQ * FA_BK);
-    QKV_CARVE(pw, float, FA_BQ * FA_BK);
+    QKV_CARVE(s, float, FA_BQ * FWD_LDS);
+    QKV_CARVE(pw, float, FA_BQ * FWD_LDS);
     QKV_CARVE(o, float, FA_BQ * f->ldob);
     QKV_CARVE(m, float, FA_BQ);
     QKV_CARVE(l, float, FA_BQ);
@@ -53,7 +61,7 @@ static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
     QKV_CARVE(a, int, FA_BQ);
     QKV_CARVE(e, int, FA_BQ);
     QKV_CARVE(holes, int, FA_BQ);
-    QKV_CARVE(vis, unsigned char, FA_BQ * FA_BK);
+    QKV_CARVE(vis, unsigned char, FA_BQ * FWD_LDS);
     QKV_CARVE(ga, int, FA_BQ / 8);
     QKV_CARVE(ge, int, FA_BQ / 8);
     QKV_CARVE(gp0, int, FA_BQ / 8);
@@ -83,8 +91,8 @@ static int find_holes(const float *s, int nr, const int *a, const int *e, unsign
                       int *holes) {
     int any = 0;
     for (int r = 0; r < nr; r++) {
-        const float *sr = s + (size_t)r * FA_BK;
-        unsigned char *vr = vis + (size_t)r * FA_BK;
+        const float *sr = s + (size_t)r * FWD_LDS;
+        unsigned char *vr = vis + (size_t)r * FWD_LDS;
         int h = 0;
         for (int j = a[r]; j < e[r]; j++) {
             vr[j] = sr[j] != -INFINITY;
@@ -101,9 +109,9 @@ static void pv_holes(const fa_ctx *c, float *o, size_t ldo, const float *alpha, 
                      const float *v, size_t ldv, size_t dv, const int *a, const int *e,
                      const unsigned char *vis, int nvalid) {
     const qkv_kernels *K = c->K;
-    if (alpha) K->pv(o, ldo, alpha, p, FA_BK, 1, v, ldv, 0, dv, 8);
+    if (alpha) K->pv(o, ldo, alpha, p, FWD_LDS, 1, v, ldv, 0, dv, 8);
     for (int r = 0; r < nvalid; r++) {
-        const unsigned char *vr = vis + (size_t)r * FA_BK;
+        const unsigned char *vr = vis + (size_t)r * FWD_LDS;
         for (int j = a[r]; j < e[r];) {
             if (!vr[j]) {
                 j++;
@@ -111,7 +119,7 @@ static void pv_holes(const fa_ctx *c, float *o, size_t ldo, const float *alpha, 
             }
             int j1 = j;
             while (j1 < e[r] && vr[j1]) j1++;
-            K->pv(o + r * ldo, ldo, NULL, p + (size_t)r * FA_BK + j, FA_BK, 1, v + (size_t)j * ldv, ldv,
+            K->pv(o + r * ldo, ldo, NULL, p + (size_t)r * FWD_LDS + j, FWD_LDS, 1, v + (size_t)j * ldv, ldv,
                   (size_t)(j1 - j), dv, 1);
             j = j1;
         }
@@ -181,10 +189,10 @@ static void pv_softmax(const fa_ctx *c, float *o, size_t ldo, const float *alpha
         (c0 < c1 ? rows_finite(v, dv, dv, lo, c0) && rows_finite(v, dv, dv, c1, hi)
                  : rows_finite(v, dv, dv, lo, hi))) {
         if (hi == 0) lo = 0;
-        c->K->pv(o, ldo, alpha, p + lo, FA_BK, 1, v + (size_t)lo * dv, dv, (size_t)(hi - lo), dv, 8);
+        c->K->pv(o, ldo, alpha, p + lo, FWD_LDS, 1, v + (size_t)lo * dv, dv, (size_t)(hi - lo), dv, 8);
         return;
     }
-    fa_pv_ranges(c, o, ldo, alpha, p, FA_BK, 1, v, dv, dv, a, e, nvalid);
+    fa_pv_ranges(c, o, ldo, alpha, p, FWD_LDS, 1, v, dv, dv, a, e, nvalid);
 }
 
 static void fwd_unit(void *vf, int64_t u, int t) {
@@ -225,8 +233,10 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     const float *vb = c->vr + (b * c->Hkv + kv) * c->nk * Dv; /* rows of Dv floats */
     const int64_t kstart = blo / QKV_PANEL * QKV_PANEL;
     if (any) {
-        for (int64_t kt = kstart; kt < bhi; kt += FA_BK) {
-            int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
+        for (int64_t kt = kstart, ncols_prev = 0; kt < bhi; kt += ncols_prev) {
+            int64_t rest = bhi - kt;
+            int ncols = (int)(rest <= FWD_LDS ? rest : FA_BK);
+            ncols_prev = ncols;
             size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
             /* A tile on a mask's edge (the causal diagonal, a window's ends):
              * per group of 8 rows only the 32-key panels that some row of
@@ -235,42 +245,42 @@ static void fwd_unit(void *vf, int64_t u, int t) {
             int partial = tile_groups(&w, nr, rows, kt, ncols, (int)np);
             if (!partial) {
                 K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
-                      np, w.s, FA_BK);
+                      np, w.s, FWD_LDS);
             } else {
                 for (int g = 0; g < rows; g += 8) {
                     int p0 = w.gp0[g / 8], p1 = w.gp1[g / 8];
                     if (p1 > p0)
                         K->qk(w.qb + (size_t)g * D, (size_t)D, ktb + (kt / QKV_PANEL + p0) * D * QKV_PANEL,
-                              (size_t)D, 8, (size_t)(p1 - p0), w.s + (size_t)g * FA_BK + p0 * QKV_PANEL, FA_BK);
+                              (size_t)D, 8, (size_t)(p1 - p0), w.s + (size_t)g * FWD_LDS + p0 * QKV_PANEL, FWD_LDS);
                 }
             }
-            fa_scores_rows(c, w.s, FA_BK, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
+            fa_scores_rows(c, w.s, FWD_LDS, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
             if (partial) /* padding rows: not computed, never visible */
                 for (int r = nr; r < rows; r++)
-                    for (int j = 0; j < ncols; j++) w.s[(size_t)r * FA_BK + j] = -INFINITY;
+                    for (int j = 0; j < ncols; j++) w.s[(size_t)r * FWD_LDS + j] = -INFINITY;
             int holes = c->bias && find_holes(w.s, nr, w.a, w.e, w.vis, w.holes);
             const float *pw = w.s;
             if (!softmax) {
                 for (int r = 0; r < rows; r++) {
-                    float *wr = w.pw + (size_t)r * FA_BK;
+                    float *wr = w.pw + (size_t)r * FWD_LDS;
                     if (r >= nr) {
-                        memset(wr, 0, FA_BK * sizeof(float));
+                        memset(wr, 0, FWD_LDS * sizeof(float));
                         continue;
                     }
-                    const float *sr = w.s + (size_t)r * FA_BK;
+                    const float *sr = w.s + (size_t)r * FWD_LDS;
                     elementwise_weights(c, sr, wr, w.a[r], w.e[r]);
                     for (int j = w.a[r]; j < w.e[r]; j++) w.cnt[r] += sr[j] != -INFINITY;
                 }
                 pw = w.pw;
             }
             if (stats && !partial)
-                K->softmax(w.s, FA_BK, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
+                K->softmax(w.s, FWD_LDS, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
             else if (stats)
                 for (int r0 = 0; r0 < rows; r0 += 16) {
                     int nb = rows - r0 < 16 ? rows - r0 : 16, cols = 0;
                     for (int g = r0; g < r0 + nb; g += 8)
                         if (w.ge[g / 8] > cols) cols = w.ge[g / 8];
-                    K->softmax(w.s + (size_t)r0 * FA_BK, FA_BK, (size_t)nb, (size_t)cols, c->sc, w.m + r0,
+                    K->softmax(w.s + (size_t)r0 * FWD_LDS, FWD_LDS, (size_t)nb, (size_t)cols, c->sc, w.m + r0,
                                w.l + r0, w.alpha + r0);
                 }
             /* Every row sees the whole tile (the common case away from a
@@ -280,7 +290,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
             int whole = want_o && softmax && !holes;
             for (int r = 0; whole && r < nr; r++) whole = w.a[r] == 0 && w.e[r] == ncols;
             if (whole) {
-                K->pv(w.o, ldob, w.alpha, w.s, FA_BK, 1, vb + kt * Dv, (size_t)Dv, (size_t)ncols, (size_t)Dv,
+                K->pv(w.o, ldob, w.alpha, w.s, FWD_LDS, 1, vb + kt * Dv, (size_t)Dv, (size_t)ncols, (size_t)Dv,
                       (size_t)rows);
                 continue;
             }
@@ -288,15 +298,15 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                 int nv = nr - g < 8 ? nr - g : 8, gh = 0;
                 for (int r = 0; holes && r < nv; r++) gh |= w.holes[g + r];
                 if (softmax && !gh)
-                    pv_softmax(c, w.o + (size_t)g * ldob, ldob, w.alpha + g, w.s + (size_t)g * FA_BK,
+                    pv_softmax(c, w.o + (size_t)g * ldob, ldob, w.alpha + g, w.s + (size_t)g * FWD_LDS,
                                vb + kt * Dv, (size_t)Dv, w.a + g, w.e + g, nv);
                 else if (gh)
                     pv_holes(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
-                             pw + (size_t)g * FA_BK, vb + kt * Dv, (size_t)Dv, (size_t)Dv,
-                             w.a + g, w.e + g, w.vis + (size_t)g * FA_BK, nv);
+                             pw + (size_t)g * FWD_LDS, vb + kt * Dv, (size_t)Dv, (size_t)Dv,
+                             w.a + g, w.e + g, w.vis + (size_t)g * FWD_LDS, nv);
                 else
                     fa_pv_ranges(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
-                                 pw + (size_t)g * FA_BK, FA_BK, 1, vb + kt * Dv, (size_t)Dv,
+                                 pw + (size_t)g * FWD_LDS, FWD_LDS, 1, vb + kt * Dv, (size_t)Dv,
                                  (size_t)Dv, w.a + g, w.e + g, nv);
             }
         }
@@ -334,12 +344,12 @@ static void fwd_unit(void *vf, int64_t u, int t) {
         int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
         size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
         K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows, np,
-              w.s, FA_BK);
-        fa_scores_rows(c, w.s, FA_BK, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
+              w.s, FWD_LDS);
+        fa_scores_rows(c, w.s, FWD_LDS, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
         for (int r = 0; r < nr; r++) {
             int a = w.a[r], e = w.e[r];
             if (e <= a) continue;
-            float *sr = w.s + (size_t)r * FA_BK;
+            float *sr = w.s + (size_t)r * FWD_LDS;
             float *dst = f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk + kt;
             if (softmax) {
                 if (w.l[r] == 0.0f) continue;
