@@ -55,7 +55,6 @@ typedef struct bwd_ctx {
 
 #define FA_DQ_CHUNKS 4
 
-
 typedef struct bwd_ws {
     float *xb, *yb;       /* block copies: K and V rows */
     float *s, *dp, *dcap; /* tiles, key-major [FA_BK, FA_BQ] */

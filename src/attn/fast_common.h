@@ -85,7 +85,6 @@ qkv_status fa_pack_kv(fa_ctx *c);
 void fa_pack_block(const qkv_kernels *K, float *panels, int64_t pstride, float *rows, const float *src,
                    int64_t ld, int64_t b, int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1);
 
-
 /* The visible range [lo, hi) of the queries i0 .. i0+n-1 of batch b;
  * returns 1 if any is non-empty and sets *blo, *bhi to the union's bounds. */
 int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, int64_t *hi,

@@ -24,6 +24,13 @@
  * rounds, lower in each. */
 #define FWD_LDS (FA_BK + FA_BQ)
 
+/* Keys in the tile at kt of a block that sees keys below bhi: FA_BK, or all
+ * the rest when it fits in FWD_LDS. */
+static int tile_cols(int64_t kt, int64_t bhi) {
+    int64_t rest = bhi - kt;
+    return (int)(rest <= FWD_LDS ? rest : FA_BK);
+}
+
 int qkv_fast_supported(const qkv_plan *p) {
     return p->d.dtype == QKV_F32 && p->d.score != QKV_SCORE_ADDITIVE;
 }
@@ -233,10 +240,9 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     const float *vb = c->vr + (b * c->Hkv + kv) * c->nk * Dv; /* rows of Dv floats */
     const int64_t kstart = blo / QKV_PANEL * QKV_PANEL;
     if (any) {
-        for (int64_t kt = kstart, ncols_prev = 0; kt < bhi; kt += ncols_prev) {
-            int64_t rest = bhi - kt;
-            int ncols = (int)(rest <= FWD_LDS ? rest : FA_BK);
-            ncols_prev = ncols;
+        int ncols = 0;
+        for (int64_t kt = kstart; kt < bhi; kt += ncols) {
+            ncols = tile_cols(kt, bhi);
             size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
             /* A tile on a mask's edge (the causal diagonal, a window's ends):
              * per group of 8 rows only the 32-key panels that some row of
@@ -340,8 +346,9 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     for (int r = 0; r < nr; r++)
         memset(f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk, 0, (size_t)c->nk * sizeof(float));
     if (!any) return;
-    for (int64_t kt = kstart; kt < bhi; kt += FA_BK) {
-        int ncols = (int)(bhi - kt < FA_BK ? bhi - kt : FA_BK);
+    int ncols = 0;
+    for (int64_t kt = kstart; kt < bhi; kt += ncols) {
+        ncols = tile_cols(kt, bhi);
         size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
         K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows, np,
               w.s, FWD_LDS);
