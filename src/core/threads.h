@@ -1,7 +1,7 @@
 /* Threads for the fast paths (internal): a pool of worker threads, started
  * on demand and kept between calls, with dynamic scheduling of work units.
  * Which thread runs a unit never changes what the unit computes, so results
- * are bitwise identical for any thread count. Idle workers poll for ~20-50
+ * are bitwise identical for any thread count. Idle workers poll for ~100
  * us after a job, then sleep on a condition variable; they end and are
  * joined at exit (atexit). A program must not unload the shared library
  * (dlclose) while they exist, as with OpenMP runtimes. A forked child
