@@ -4,7 +4,8 @@
  * that equal causal / full attention bitwise, the online softmax on rows of
  * steadily increasing logits (a rescale at every tile), logits of 1e30 and
  * rows all near -1e5, a whole key tile masked by the bias; each ISA's panel
- * packing against its definition. */
+ * packing against its definition and its qk product against dot products
+ * in double, column for column. */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 #include <pthread.h>
 #include <stdio.h>
@@ -292,12 +293,71 @@ static void test_pack_panel(void) {
         }
 }
 
+/* K->qk against dot products in double on panels packed by K->pack_panel:
+ * every row count the fast paths pass (multiples of 8), awkward D, column
+ * counts on both sides of 16 and 32, row strides apart; the columns up to
+ * QKV_QK_COLS(ncols) and nothing beyond (guards in every row). Tolerance:
+ * a float sum of D products in any order is within gamma_D * sum |q_d k_d|
+ * of the exact value (gamma_D = D u / (1 - D u), u = 2^-24); checked with
+ * (D + 2) u to allow the fused multiply-adds' single roundings. */
+static void test_qk_columns(void) {
+    const qkv_kernels *K = qkv_kernels_active();
+    static const size_t dims[] = {1, 3, 16, 31, 64, 80};
+    static const size_t cols[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 49, 64, 65, 100, 128};
+    static const size_t rowcounts[] = {8, 16, 64};
+    tu_rng rng;
+    tu_rng_seed(&rng, 777);
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++)
+            for (size_t ri = 0; ri < sizeof rowcounts / sizeof rowcounts[0]; ri++) {
+                const size_t D = dims[di], nc = cols[ci], rows = rowcounts[ri], ldq = D + 3 * (ri % 2);
+                const size_t np = (nc + QKV_PANEL - 1) / QKV_PANEL, lds = np * QKV_PANEL + 16;
+                float *q = malloc(rows * ldq * sizeof(float)), *k = malloc(np * QKV_PANEL * D * sizeof(float));
+                float *kp = malloc(np * QKV_PANEL * D * sizeof(float)), *s = malloc(rows * lds * sizeof(float));
+                if (!q || !k || !kp || !s) {
+                    CHECK(0, "out of memory");
+                    free(q); free(k); free(kp); free(s);
+                    return;
+                }
+                tu_fill_normal_f32(&rng, q, rows * ldq, 1.0);
+                tu_fill_normal_f32(&rng, k, nc * D, 1.0);
+                for (size_t p = 0; p < np; p++)
+                    K->pack_panel(kp + p * D * QKV_PANEL, k + p * QKV_PANEL * D, D,
+                                  nc - p * QKV_PANEL < QKV_PANEL ? nc - p * QKV_PANEL : QKV_PANEL, D);
+                for (size_t x = 0; x < rows * lds; x++) s[x] = 7.0f;
+                K->qk(q, ldq, kp, D, rows, nc, s, lds);
+                const size_t written = QKV_QK_COLS(nc);
+                int bad = 0;
+                for (size_t r = 0; r < rows && !bad; r++)
+                    for (size_t c = 0; c < lds; c++) {
+                        float got = s[r * lds + c];
+                        if (c >= written) {
+                            bad |= got != 7.0f;
+                            continue;
+                        }
+                        double exact = 0.0, mag = 0.0;
+                        for (size_t d = 0; d < D; d++) {
+                            double t = c < nc ? (double)q[r * ldq + d] * k[c * D + d] : 0.0;
+                            exact += t;
+                            mag += fabs(t);
+                        }
+                        bad |= !(fabs(got - exact) <= (double)(D + 2) * 0x1p-24 * mag);
+                    }
+                CHECK(!bad, "qk [%s] D = %zu, rows = %zu, ncols = %zu", K->name, D, rows, nc);
+                free(q);
+                free(k);
+                free(kp);
+                free(s);
+            }
+}
+
 int main(void) {
     test_alloc_failures();
     test_dispatch();
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
         if (!qkv_cpu_force_arch(arch)) continue;
         test_pack_panel();
+        test_qk_columns();
         test_windows_equal();
         test_concurrent_callers();
         test_numerics();

@@ -168,11 +168,10 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
             const int64_t *lo = f->LO + b * c->nq + i0, *hi = f->HI + b * c->nq + i0;
             int interior = 1;
             for (int i = 0; i < nqc && interior; i++) interior = lo[i] <= j0 && hi[i] >= j0 + nkr;
-            size_t np = (size_t)(nqc + QKV_PANEL - 1) / QKV_PANEL;
             K->qk(w->xb, (size_t)D, f->qt + bh * f->qt_stride + (i0 / QKV_PANEL) * D * QKV_PANEL,
-                  (size_t)D, (size_t)rows, np, w->s, FA_BQ);
+                  (size_t)D, (size_t)rows, (size_t)nqc, w->s, FA_BQ);
             K->qk(w->yb, (size_t)Dv, f->dot + bh * f->dot_stride + (i0 / QKV_PANEL) * Dv * QKV_PANEL,
-                  (size_t)Dv, (size_t)rows, np, w->dp, FA_BQ);
+                  (size_t)Dv, (size_t)rows, (size_t)nqc, w->dp, FA_BQ);
             fa_scores_cols(c, w->s, FA_BQ, h, i0, nqc, j0, nkr, lo, hi, interior, w->a, w->e, w->dcap,
                            FA_BQ);
             const int64_t at = bh * c->nq + i0;

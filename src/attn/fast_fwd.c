@@ -251,13 +251,14 @@ static void fwd_unit(void *vf, int64_t u, int t) {
             int partial = tile_groups(&w, nr, rows, kt, ncols, (int)np);
             if (!partial) {
                 K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
-                      np, w.s, FWD_LDS);
+                      (size_t)ncols, w.s, FWD_LDS);
             } else {
                 for (int g = 0; g < rows; g += 8) {
-                    int p0 = w.gp0[g / 8], p1 = w.gp1[g / 8];
-                    if (p1 > p0)
+                    int p0 = w.gp0[g / 8], ge = w.ge[g / 8];
+                    if (ge > w.ga[g / 8])
                         K->qk(w.qb + (size_t)g * D, (size_t)D, ktb + (kt / QKV_PANEL + p0) * D * QKV_PANEL,
-                              (size_t)D, 8, (size_t)(p1 - p0), w.s + (size_t)g * FWD_LDS + p0 * QKV_PANEL, FWD_LDS);
+                              (size_t)D, 8, (size_t)(ge - p0 * QKV_PANEL), w.s + (size_t)g * FWD_LDS + p0 * QKV_PANEL,
+                              FWD_LDS);
                 }
             }
             fa_scores_rows(c, w.s, FWD_LDS, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
@@ -349,9 +350,8 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     int ncols = 0;
     for (int64_t kt = kstart; kt < bhi; kt += ncols) {
         ncols = tile_cols(kt, bhi);
-        size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
-        K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows, np,
-              w.s, FWD_LDS);
+        K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
+              (size_t)ncols, w.s, FWD_LDS);
         fa_scores_rows(c, w.s, FWD_LDS, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
         for (int r = 0; r < nr; r++) {
             int a = w.a[r], e = w.e[r];

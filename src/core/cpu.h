@@ -21,9 +21,18 @@ typedef enum qkv_arch {
  * and dimension d, the 32 keys' values contiguous:
  *     kp[(p * D + d) * QKV_PANEL + c] = K[32p + c][d]   (0 past the last key). */
 #define QKV_PANEL 32
+/* The columns a qk call writes for ncols asked: ncols rounded up to 16. */
+#define QKV_QK_COLS(ncols) (((ncols) + 15) / 16 * 16)
 
 /* Upper bound of the backward's weight exponent (see bwd_softmax). */
 #define QKV_BWD_EXP_MAX 0.015625f
+
+/* For a kernel's register-tile helpers, compiled once per constant argument. */
+#if defined(__GNUC__)
+#define QKV_INLINE static inline __attribute__((always_inline))
+#else
+#define QKV_INLINE static inline
+#endif
 
 /* The micro-kernel contract. All pointers are float; "ld" are row strides in
  * elements. Kernels never allocate and never read outside the ranges given
@@ -31,9 +40,13 @@ typedef enum qkv_arch {
 typedef struct qkv_kernels {
     const char *name;
     /* s[r*lds + c] = sum_{d<D} q[r*ldq + d] * kp[(p*D + d)*32 + c%32], p = c/32,
-     * for r < rows (a multiple of 8) and c < 32*npanels. */
+     * for r < rows (a multiple of 8) and c < QKV_QK_COLS(ncols); writes no
+     * other element of s. Reads the panels' columns up to that bound only.
+     * (Columns in steps of 16, not whole panels: a causal diagonal's groups
+     * of 8 rows need keys up to a multiple of 8, and a whole last panel
+     * computed on average 8 more columns per row than steps of 16.) */
     void (*qk)(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
-               size_t npanels, float *s, size_t lds);
+               size_t ncols, float *s, size_t lds);
     /* o[r*ldo + c] = a_r * o[r*ldo + c] + sum_{j<nk} p[r*ldp + j*pcs] * v[j*ldv + c]
      * for r < rows (any count: the fast paths pass 1..8, or a whole tile of
      * rows when every row sees the same keys), c < dv; a_r = alpha[r], or 1

@@ -49,11 +49,6 @@ static inline __m256i tail_mask(size_t rem) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-#if defined(__GNUC__)
-#define QKV_INLINE static inline __attribute__((always_inline))
-#else
-#define QKV_INLINE static inline
-#endif
 
 /* R rows (R <= 6) x 16 columns: 12 accumulators, enough independent FMA
  * chains to hide the FMA latency on two pipes, and 15 of the 16 registers. */
@@ -80,9 +75,10 @@ QKV_INLINE void qk_tile(const int R, const float *q0, size_t ldq, const float *p
 }
 
 static void qk_avx2(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
-                    size_t npanels, float *s, size_t lds) {
-    for (size_t p = 0; p < npanels; p++) {
-        for (size_t h = 0; h < QKV_PANEL; h += 16) {
+                    size_t ncols, float *s, size_t lds) {
+    const size_t nc = QKV_QK_COLS(ncols);
+    for (size_t p = 0; p * QKV_PANEL < nc; p++) {
+        for (size_t h = 0; h < QKV_PANEL && p * QKV_PANEL + h < nc; h += 16) {
             const float *panel = kp + p * D * QKV_PANEL + h;
             float *sp = s + p * QKV_PANEL + h;
             size_t r0 = 0;

@@ -51,32 +51,39 @@ static inline __mmask16 tail_mask(size_t rem) {
     return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
 }
 
-static void qk_avx512(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
-                      size_t npanels, float *s, size_t lds) {
-    for (size_t p = 0; p < npanels; p++) {
-        const float *panel = kp + p * D * QKV_PANEL;
-        for (size_t r0 = 0; r0 < rows; r0 += 8) {
-            const float *q0 = q + r0 * ldq;
-            __m512 a0[8], a1[8];
+/* 8 rows x 32 columns (one panel) of s, or its first 16 columns (half). */
+QKV_INLINE void qk_8x32(const int half, const float *q0, size_t ldq, const float *panel, size_t D,
+                        float *s0, size_t lds) {
+    __m512 a0[8], a1[8];
 #define ZERO(r) a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps();
-            REP8(ZERO)
+    REP8(ZERO)
 #undef ZERO
-            for (size_t d = 0; d < D; d++) {
-                __m512 k0 = _mm512_loadu_ps(panel + d * QKV_PANEL);
-                __m512 k1 = _mm512_loadu_ps(panel + d * QKV_PANEL + 16);
+    for (size_t d = 0; d < D; d++) {
+        __m512 k0 = _mm512_loadu_ps(panel + d * QKV_PANEL);
+        __m512 k1 = half ? k0 : _mm512_loadu_ps(panel + d * QKV_PANEL + 16);
 #define FMA(r)                                                \
     {                                                         \
         __m512 x = _mm512_set1_ps(q0[(r) * ldq + d]);         \
         a0[r] = _mm512_fmadd_ps(x, k0, a0[r]);                \
-        a1[r] = _mm512_fmadd_ps(x, k1, a1[r]);                \
+        if (!half) a1[r] = _mm512_fmadd_ps(x, k1, a1[r]);     \
     }
-                REP8(FMA)
+        REP8(FMA)
 #undef FMA
-            }
-            float *s0 = s + r0 * lds + p * QKV_PANEL;
-#define STORE(r) _mm512_storeu_ps(s0 + (r) * lds, a0[r]); _mm512_storeu_ps(s0 + (r) * lds + 16, a1[r]);
-            REP8(STORE)
+    }
+#define STORE(r) _mm512_storeu_ps(s0 + (r) * lds, a0[r]); if (!half) _mm512_storeu_ps(s0 + (r) * lds + 16, a1[r]);
+    REP8(STORE)
 #undef STORE
+}
+
+static void qk_avx512(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
+                      size_t ncols, float *s, size_t lds) {
+    const size_t nc = QKV_QK_COLS(ncols);
+    for (size_t p = 0; p * QKV_PANEL < nc; p++) {
+        const float *panel = kp + p * D * QKV_PANEL;
+        const int half = nc - p * QKV_PANEL <= 16;
+        for (size_t r0 = 0; r0 < rows; r0 += 8) {
+            if (half) qk_8x32(1, q + r0 * ldq, ldq, panel, D, s + r0 * lds + p * QKV_PANEL, lds);
+            else qk_8x32(0, q + r0 * ldq, ldq, panel, D, s + r0 * lds + p * QKV_PANEL, lds);
         }
     }
 }

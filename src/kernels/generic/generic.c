@@ -6,20 +6,22 @@
 #include "core/cpu.h"
 
 static void qk_generic(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
-                       size_t npanels, float *s, size_t lds) {
-    for (size_t p = 0; p < npanels; p++) {
+                       size_t ncols, float *s, size_t lds) {
+    const size_t nc = QKV_QK_COLS(ncols);
+    for (size_t p = 0; p * QKV_PANEL < nc; p++) {
         const float *panel = kp + p * D * QKV_PANEL;
+        const size_t w = nc - p * QKV_PANEL < QKV_PANEL ? nc - p * QKV_PANEL : QKV_PANEL;
         for (size_t r = 0; r < rows; r++) {
             float acc[QKV_PANEL];
-            for (int c = 0; c < QKV_PANEL; c++) acc[c] = 0.0f;
+            for (size_t c = 0; c < w; c++) acc[c] = 0.0f;
             const float *qr = q + r * ldq;
             for (size_t d = 0; d < D; d++) {
                 float x = qr[d];
                 const float *kd = panel + d * QKV_PANEL;
-                for (int c = 0; c < QKV_PANEL; c++) acc[c] += x * kd[c];
+                for (size_t c = 0; c < w; c++) acc[c] += x * kd[c];
             }
             float *sr = s + r * lds + p * QKV_PANEL;
-            for (int c = 0; c < QKV_PANEL; c++) sr[c] = acc[c];
+            for (size_t c = 0; c < w; c++) sr[c] = acc[c];
         }
     }
 }
