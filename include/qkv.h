@@ -44,7 +44,7 @@
  *   - a pool of worker threads, started on first need and kept between
  *     calls: a call with threads = T runs on its own thread plus T - 1 idle
  *     workers (the pool grows when calls run at once, so no call waits for
- *     another's work). Idle workers poll for some tens of microseconds, then
+ *     another's work). Idle workers poll for about 100 microseconds, then
  *     sleep; they end at exit. A forked child starts with no workers. Do not
  *     unload the shared library (dlclose) while the process still calls
  *     qkv. No scratch buffer outlives a call.
