@@ -706,11 +706,6 @@ static void job_time(const void *arg, job_result *r) {
     free(t);
 }
 
-/* The paired job: causal and full forward calls alternate on the same
- * inputs (order swapped every round), and the ratio causal / full is taken
- * per round. Both calls of a round see the same state of a shared machine
- * (other tenants come and go over seconds), where two rows measured a
- * minute apart do not: this is the causal-cost target's measurement. */
 /* Reads q, k, v (a float per 64-byte line; the prefetchers bring the rest)
  * and writes out, so that a call finds them in cache, as it would right
  * after the projections that produce them. */
@@ -724,6 +719,11 @@ static void warm_io(const job_io *io) {
     g_warm_sink = acc;
 }
 
+/* The paired job: causal and full forward calls alternate on the same
+ * inputs (order swapped every round), and the ratio causal / full is taken
+ * per round. Both calls of a round see the same state of a shared machine
+ * (other tenants come and go over seconds), where two rows measured a
+ * minute apart do not: this is the causal-cost target's measurement. */
 static void job_pair(const void *arg, job_result *r) {
     const job *j = arg;
     const options *o = j->o;

@@ -50,7 +50,7 @@ typedef struct fwd_ws {
     int64_t *lo, *hi;
     int *a, *e, *holes;
     unsigned char *vis;
-    int *ga, *ge, *gp0, *gp1; /* per group of 8 rows (tile_groups) */
+    int *ga, *ge; /* per group of 8 rows (tile_groups) */
 } fwd_ws;
 
 static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
@@ -71,8 +71,6 @@ static size_t fwd_ws_layout(const fwd_ctx *f, unsigned char *base, fwd_ws *w) {
     QKV_CARVE(vis, unsigned char, FA_BQ * FWD_LDS);
     QKV_CARVE(ga, int, FA_BQ / 8);
     QKV_CARVE(ge, int, FA_BQ / 8);
-    QKV_CARVE(gp0, int, FA_BQ / 8);
-    QKV_CARVE(gp1, int, FA_BQ / 8);
     return at;
 }
 
@@ -134,9 +132,9 @@ static void pv_holes(const fa_ctx *c, float *o, size_t ldo, const float *alpha, 
 }
 
 /* Per group of 8 rows g: the union [ga, ge) of its valid rows' visible
- * columns of the tile (from lo, hi; ga = ge = 0 if none) and the panels
- * [gp0, gp1) that cover it. Returns whether any group needs fewer than all
- * np panels (then the tile is computed group by group). */
+ * columns of the tile (from lo, hi; ga = ge = 0 if none). Returns whether
+ * any group needs fewer than all np panels (then the tile is computed group
+ * by group). */
 static int tile_groups(fwd_ws *w, int nr, int rows, int64_t kt, int ncols, int np) {
     int partial = 0;
     for (int g = 0; g < rows; g += 8) {
@@ -152,9 +150,7 @@ static int tile_groups(fwd_ws *w, int nr, int rows, int64_t kt, int ncols, int n
         if (ge == 0) ga = 0;
         w->ga[g / 8] = ga;
         w->ge[g / 8] = ge;
-        w->gp0[g / 8] = ga / QKV_PANEL;
-        w->gp1[g / 8] = (ge + QKV_PANEL - 1) / QKV_PANEL;
-        partial |= w->gp0[g / 8] > 0 || w->gp1[g / 8] < np;
+        partial |= ga >= QKV_PANEL || (ge + QKV_PANEL - 1) / QKV_PANEL < np;
     }
     return partial;
 }
@@ -254,7 +250,7 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                       (size_t)ncols, w.s, FWD_LDS);
             } else {
                 for (int g = 0; g < rows; g += 8) {
-                    int p0 = w.gp0[g / 8], ge = w.ge[g / 8];
+                    int p0 = w.ga[g / 8] / QKV_PANEL, ge = w.ge[g / 8];
                     if (ge > w.ga[g / 8])
                         K->qk(w.qb + (size_t)g * D, (size_t)D, ktb + (kt / QKV_PANEL + p0) * D * QKV_PANEL,
                               (size_t)D, 8, (size_t)(ge - p0 * QKV_PANEL), w.s + (size_t)g * FWD_LDS + p0 * QKV_PANEL,
