@@ -362,6 +362,56 @@ static void test_nan_bias_and_visible(void) {
     }
 }
 
+/* 8. An output of 256 KB or more whose rows start on 64-byte lines is
+ * stored with streaming stores (fast_fwd.c, FWD_STREAM_MIN_BYTES); one that
+ * does not keeps ordinary stores. Both must give the same bits, write
+ * nothing outside the output (64 bytes of canary either side of the aligned
+ * one), and agree with the reference (check_problem, through the ordinary
+ * path). Dv = 48 (rows 192 bytes: never aligned as a whole) stays ordinary
+ * and is compared the same way. */
+static void test_streamed_output(void) {
+    static const int64_t dvs[] = {64, 48};
+    for (int di = 0; di < 2; di++)
+        for (int mask = 0; mask <= 1; mask++) {
+            fprob p;
+            memset(&p, 0, sizeof p);
+            base_desc(&p.d, 1, 300, 300, 4, 2, 64, dvs[di]);
+            set_mask(&p.d, mask, 0, 0);
+            if (!fp_make(&p, 9100 + (uint64_t)(2 * di + mask), 1.0)) {
+                CHECK(0, "bad test descriptor");
+                return;
+            }
+            char what[400];
+            describe(&p, what, sizeof what);
+            const size_t bytes = (size_t)p.no_el * sizeof(float);
+            unsigned char *raw = aligned_alloc(64, bytes + 128);
+            if (!raw) {
+                CHECK(0, "out of memory");
+                fp_free(&p);
+                return;
+            }
+            memset(raw, 0xA5, bytes + 128);
+            float *aligned = (float *)(void *)(raw + 64);
+            for (int threads = 1; threads <= 3; threads += 2) {
+                qkv_attn_desc d = p.d;
+                d.impl = QKV_IMPL_FAST;
+                d.threads = threads;
+                fwd_out plain = run_fast(&p, threads, 0); /* guarded: not 64-byte aligned */
+                qkv_status st = qkv_attention_forward(&d, p.q, p.k, p.v, aligned, NULL, NULL);
+                CHECK(st == QKV_OK && plain.st == QKV_OK, "fast failed %s", what);
+                CHECK(memcmp(aligned, plain.o, bytes) == 0, "streamed output differs from stored (threads %d) %s",
+                      threads, what);
+                int guard = 1;
+                for (size_t x = 0; x < 64; x++) guard &= raw[x] == 0xA5 && raw[64 + bytes + x] == 0xA5;
+                CHECK(guard, "streamed output wrote outside its buffer %s", what);
+                free_out(&plain);
+            }
+            free(raw);
+            check_problem(&p, 0, 0);
+            fp_free(&p);
+        }
+}
+
 int main(void) {
     int ran = 0;
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
@@ -383,6 +433,7 @@ int main(void) {
         test_nan_masked();
         test_nan_bias_and_visible();
         test_threads();
+        test_streamed_output();
         printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");
         ran++;
     }

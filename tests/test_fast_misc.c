@@ -351,6 +351,41 @@ static void test_qk_columns(void) {
             }
 }
 
+/* K->scale_stream: o = x * mul for every start offset within a line and
+ * lengths around whole lines, exactly (one rounding, as the plain product),
+ * nothing written before or after (canaries), after stream_fence. */
+static void test_scale_stream(void) {
+    const qkv_kernels *K = qkv_kernels_active();
+    static const size_t lens[] = {0, 1, 2, 7, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 129};
+    float *x = aligned_alloc(64, 256 * sizeof(float)), *buf = aligned_alloc(64, 256 * sizeof(float));
+    if (!x || !buf) {
+        CHECK(0, "out of memory");
+        free(x);
+        free(buf);
+        return;
+    }
+    tu_rng rng;
+    tu_rng_seed(&rng, 4242);
+    tu_fill_normal_f32(&rng, x, 256, 1.0);
+    const float mul = 0.7310585786f;
+    for (size_t off = 0; off < 16; off++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const size_t n = lens[li];
+            for (size_t i = 0; i < 256; i++) buf[i] = -3.0f;
+            K->scale_stream(buf + 16 + off, x, mul, n);
+            K->stream_fence();
+            int bad = 0;
+            for (size_t i = 0; i < 256; i++) {
+                size_t j = i - 16 - off;
+                float want = i >= 16 + off && j < n ? x[j] * mul : -3.0f;
+                bad |= buf[i] != want;
+            }
+            CHECK(!bad, "scale_stream [%s] offset %zu floats, n = %zu", K->name, off, n);
+        }
+    free(x);
+    free(buf);
+}
+
 int main(void) {
     test_alloc_failures();
     test_dispatch();
@@ -358,6 +393,7 @@ int main(void) {
         if (!qkv_cpu_force_arch(arch)) continue;
         test_pack_panel();
         test_qk_columns();
+        test_scale_stream();
         test_windows_equal();
         test_concurrent_callers();
         test_numerics();

@@ -90,6 +90,16 @@ typedef struct qkv_kernels {
      * blocks in registers, every store a whole 64-byte line; element by
      * element, each of 64 consecutive stores went to another line.) */
     void (*pack_panel)(float *panel, const float *src, size_t ld, size_t nrows, size_t D);
+    /* o[i] = x[i] * mul for i < n: the whole 64-byte lines of o with
+     * streaming (non-temporal) stores, the partial lines at either end with
+     * ordinary ones (a neighbouring row may share them). A streaming store
+     * does not read the line first; for an output that is not in cache
+     * (the forward's O, rows of one head H*Dv floats apart) that read was
+     * most of the store's cost. Call stream_fence() before another thread
+     * may read o. Generic: ordinary stores. */
+    void (*scale_stream)(float *o, const float *x, float mul, size_t n);
+    /* Orders this thread's streaming stores before its later stores. */
+    void (*stream_fence)(void);
 } qkv_kernels;
 
 extern const qkv_kernels qkv_kernels_generic;

@@ -343,6 +343,24 @@ static void pack_panel_avx2(float *panel, const float *src, size_t ld, size_t nr
     }
 }
 
+/* Ordinary stores up to o's first 64-byte boundary and after its last;
+ * between them two 32-byte streaming stores per line, so that every line
+ * is written whole. */
+static void scale_stream_avx2(float *o, const float *x, float mul, size_t n) {
+    size_t head = (size_t)(-(uintptr_t)o & 63) / sizeof(float), i = 0;
+    if (head > n) head = n;
+    for (; i < head; i++) o[i] = x[i] * mul;
+    __m256 m = _mm256_set1_ps(mul);
+    for (; i + 16 <= n; i += 16) {
+        _mm256_stream_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), m));
+        _mm256_stream_ps(o + i + 8, _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), m));
+    }
+    for (; i < n; i++) o[i] = x[i] * mul;
+}
+
+static void stream_fence_avx2(void) { _mm_sfence(); }
+
 const qkv_kernels qkv_kernels_avx2 = {
     "avx2", qk_avx2, pv_avx2, softmax_avx2, bwd_softmax_avx2, exp2_avx2, pack_panel_avx2,
+    scale_stream_avx2, stream_fence_avx2,
 };

@@ -4,6 +4,7 @@
  * ranges is read or written. */
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "core/cpu.h"
 
@@ -263,7 +264,27 @@ static void pack_panel_avx512(float *panel, const float *src, size_t ld, size_t 
     }
 }
 
+/* A masked ordinary store up to o's first 64-byte boundary, whole lines
+ * streamed, a masked ordinary store for the rest. */
+static void scale_stream_avx512(float *o, const float *x, float mul, size_t n) {
+    size_t head = (size_t)(-(uintptr_t)o & 63) / sizeof(float), i = 0;
+    if (head > n) head = n;
+    __m512 m = _mm512_set1_ps(mul);
+    if (head) {
+        __mmask16 k = tail_mask(head);
+        _mm512_mask_storeu_ps(o, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x), m));
+        i = head;
+    }
+    for (; i + 16 <= n; i += 16) _mm512_stream_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), m));
+    if (i < n) {
+        __mmask16 k = tail_mask(n - i);
+        _mm512_mask_storeu_ps(o + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+    }
+}
+
+static void stream_fence_avx512(void) { _mm_sfence(); }
+
 const qkv_kernels qkv_kernels_avx512 = {
     "avx512", qk_avx512, pv_avx512, softmax_avx512, bwd_softmax_avx512, exp2_avx512,
-    pack_panel_avx512,
+    pack_panel_avx512, scale_stream_avx512, stream_fence_avx512,
 };

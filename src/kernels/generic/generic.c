@@ -104,7 +104,14 @@ static void pack_panel_generic(float *panel, const float *src, size_t ld, size_t
     }
 }
 
+/* Portable C has no streaming store: ordinary ones, nothing to fence. */
+static void scale_stream_generic(float *o, const float *x, float mul, size_t n) {
+    for (size_t i = 0; i < n; i++) o[i] = x[i] * mul;
+}
+
+static void stream_fence_generic(void) {}
+
 const qkv_kernels qkv_kernels_generic = {
     "generic", qk_generic, pv_generic, softmax_generic, bwd_softmax_generic, exp2_generic,
-    pack_panel_generic,
+    pack_panel_generic, scale_stream_generic, stream_fence_generic,
 };
