@@ -362,20 +362,22 @@ static void test_nan_bias_and_visible(void) {
     }
 }
 
-/* 8. An output of 256 KB or more whose rows start on 64-byte lines is
- * stored with streaming stores (fast_fwd.c, FWD_STREAM_MIN_BYTES); one that
- * does not keeps ordinary stores. Both must give the same bits, write
+/* 8. Streaming stores. An output of 256 KB or more whose rows start on
+ * 64-byte lines is stored with them (fast_fwd.c, FWD_STREAM_MIN_BYTES); one
+ * that does not keeps ordinary stores. Both must give the same bits, write
  * nothing outside the output (64 bytes of canary either side of the aligned
  * one), and agree with the reference (check_problem, through the ordinary
- * path). Dv = 48 (rows 192 bytes: never aligned as a whole) stays ordinary
- * and is compared the same way. */
+ * path). Here K and V packed take over 1 MiB, so the packing streams too
+ * (fa_pack_kv, FA_PACK_STREAM_MIN_BYTES): panels always, V rows for
+ * Dv = 64; Dv = 72 (rows of 288 bytes share lines) keeps ordinary stores
+ * for V rows and O. */
 static void test_streamed_output(void) {
-    static const int64_t dvs[] = {64, 48};
+    static const int64_t dvs[] = {64, 72};
     for (int di = 0; di < 2; di++)
         for (int mask = 0; mask <= 1; mask++) {
             fprob p;
             memset(&p, 0, sizeof p);
-            base_desc(&p.d, 1, 300, 300, 4, 2, 64, dvs[di]);
+            base_desc(&p.d, 1, 520, 520, 4, 4, 64, dvs[di]);
             set_mask(&p.d, mask, 0, 0);
             if (!fp_make(&p, 9100 + (uint64_t)(2 * di + mask), 1.0)) {
                 CHECK(0, "bad test descriptor");

@@ -259,38 +259,43 @@ static void test_numerics(void) {
 
 /* K->pack_panel against its definition, exactly (it only moves floats): row
  * counts 1..32 and awkward widths, a source sized to the last element read
- * (ASan sees any read beyond it) and guards around the panel. */
+ * (ASan sees any read beyond it) and guards around the panel; with ordinary
+ * and with streaming stores (the panel 64-byte aligned, then the fence). */
 static void test_pack_panel(void) {
-    const qkv_kernels *K = qkv_kernels_active();
-    static const size_t dims[] = {1, 3, 8, 15, 16, 17, 31, 64, 80, 128, 256};
-    static const size_t counts[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 32};
-    tu_rng rng;
-    tu_rng_seed(&rng, 4242);
-    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
-        for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
-            size_t D = dims[di], nr = counts[ci], ld = D + 5 * (ci % 2); /* rows packed or apart */
-            size_t nsrc = (nr - 1) * ld + D, guard = 16;
-            float *src = malloc(nsrc * sizeof(float)), *buf = malloc((D * QKV_PANEL + 2 * guard) * sizeof(float));
-            if (!src || !buf) {
-                CHECK(0, "out of memory");
+    for (int stream = 0; stream <= 1; stream++) {
+        const qkv_kernels *K = qkv_kernels_active();
+        static const size_t dims[] = {1, 3, 8, 15, 16, 17, 31, 64, 80, 128, 256};
+        static const size_t counts[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 32};
+        tu_rng rng;
+        tu_rng_seed(&rng, 4242);
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                size_t D = dims[di], nr = counts[ci], ld = D + 5 * (ci % 2); /* rows packed or apart */
+                size_t nsrc = (nr - 1) * ld + D, guard = 16;
+                size_t nbuf = (D * QKV_PANEL + 2 * guard + 15) / 16 * 16; /* guard = 16 floats: the panel stays aligned */
+                float *src = malloc(nsrc * sizeof(float)), *buf = aligned_alloc(64, nbuf * sizeof(float));
+                if (!src || !buf) {
+                    CHECK(0, "out of memory");
+                    free(src);
+                    free(buf);
+                    return;
+                }
+                tu_fill_normal_f32(&rng, src, nsrc, 1.0);
+                for (size_t x = 0; x < D * QKV_PANEL + 2 * guard; x++) buf[x] = 7.0f;
+                K->pack_panel(buf + guard, src, ld, nr, D, stream);
+                K->stream_fence();
+                int bad = 0;
+                for (size_t x = 0; x < guard; x++) bad |= buf[x] != 7.0f || buf[guard + D * QKV_PANEL + x] != 7.0f;
+                for (size_t d = 0; d < D; d++)
+                    for (size_t r = 0; r < QKV_PANEL; r++) {
+                        float want = r < nr ? src[r * ld + d] : 0.0f;
+                        bad |= memcmp(&buf[guard + d * QKV_PANEL + r], &want, sizeof want) != 0;
+                    }
+                CHECK(!bad, "pack_panel [%s] D = %zu, rows = %zu, ld = %zu, stream %d", K->name, D, nr, ld, stream);
                 free(src);
                 free(buf);
-                return;
             }
-            tu_fill_normal_f32(&rng, src, nsrc, 1.0);
-            for (size_t x = 0; x < D * QKV_PANEL + 2 * guard; x++) buf[x] = 7.0f;
-            K->pack_panel(buf + guard, src, ld, nr, D);
-            int bad = 0;
-            for (size_t x = 0; x < guard; x++) bad |= buf[x] != 7.0f || buf[guard + D * QKV_PANEL + x] != 7.0f;
-            for (size_t d = 0; d < D; d++)
-                for (size_t r = 0; r < QKV_PANEL; r++) {
-                    float want = r < nr ? src[r * ld + d] : 0.0f;
-                    bad |= memcmp(&buf[guard + d * QKV_PANEL + r], &want, sizeof want) != 0;
-                }
-            CHECK(!bad, "pack_panel [%s] D = %zu, rows = %zu, ld = %zu", K->name, D, nr, ld);
-            free(src);
-            free(buf);
-        }
+    }
 }
 
 /* K->qk against dot products in double on panels packed by K->pack_panel:
@@ -323,7 +328,7 @@ static void test_qk_columns(void) {
                 tu_fill_normal_f32(&rng, k, nc * D, 1.0);
                 for (size_t p = 0; p < np; p++)
                     K->pack_panel(kp + p * D * QKV_PANEL, k + p * QKV_PANEL * D, D,
-                                  nc - p * QKV_PANEL < QKV_PANEL ? nc - p * QKV_PANEL : QKV_PANEL, D);
+                                  nc - p * QKV_PANEL < QKV_PANEL ? nc - p * QKV_PANEL : QKV_PANEL, D, 0);
                 for (size_t x = 0; x < rows * lds; x++) s[x] = 7.0f;
                 K->qk(q, ldq, kp, D, rows, nc, s, lds);
                 const size_t written = QKV_QK_COLS(nc);

@@ -332,8 +332,8 @@ static void pack_unit(void *vf, int64_t u, int t) {
     const int64_t r1 = c->nq - r0 < FA_PACK_ROWS ? c->nq : r0 + FA_PACK_ROWS;
     for (int64_t i = r0; i < r1; i++)
         for (int64_t h = 0; h < c->H; h++) prepare_row(f, b, h, i);
-    fa_pack_block(c->K, f->qt, f->qt_stride, f->qr_own, c->q, c->ldq, b, c->nq, c->H, c->D, r0, r1);
-    fa_pack_block(c->K, f->dot, f->dot_stride, f->dor_own, f->dout, c->ldo, b, c->nq, c->H, c->Dv, r0, r1);
+    fa_pack_block(c->K, f->qt, f->qt_stride, f->qr_own, c->q, c->ldq, b, c->nq, c->H, c->D, r0, r1, 0);
+    fa_pack_block(c->K, f->dot, f->dot_stride, f->dor_own, f->dout, c->ldo, b, c->nq, c->H, c->Dv, r0, r1, 0);
 }
 
 /* The key range of every query and the union range of every query block

@@ -88,16 +88,24 @@ qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn) {
 }
 
 void fa_pack_block(const qkv_kernels *K, float *panels, int64_t pstride, float *rows, const float *src,
-                   int64_t ld, int64_t b, int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1) {
+                   int64_t ld, int64_t b, int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1, int stream) {
     /* Panels outer, heads inner: a panel's 32 rows of every head are 64 KB
      * of the source for 8 heads of 64, read whole before the next. */
     for (int64_t p0 = r0; panels && p0 < r1; p0 += QKV_PANEL)
         for (int64_t hh = 0; hh < nh; hh++)
             K->pack_panel(panels + (b * nh + hh) * pstride + p0 * D, src + (b * n + p0) * ld + hh * D,
-                          (size_t)ld, (size_t)(n - p0 < QKV_PANEL ? n - p0 : QKV_PANEL), (size_t)D);
+                          (size_t)ld, (size_t)(n - p0 < QKV_PANEL ? n - p0 : QKV_PANEL), (size_t)D, stream);
+    /* Rows of whole lines streamed (x * 1 is x); other widths would share
+     * a line between rows, which stays with ordinary stores. */
+    const int stream_rows = stream && D % 16 == 0;
     for (int64_t r = r0; rows && r < r1; r++)
-        for (int64_t hh = 0; hh < nh; hh++)
-            memcpy(rows + ((b * nh + hh) * n + r) * D, src + (b * n + r) * ld + hh * D, (size_t)D * sizeof(float));
+        for (int64_t hh = 0; hh < nh; hh++) {
+            float *dst = rows + ((b * nh + hh) * n + r) * D;
+            const float *from = src + (b * n + r) * ld + hh * D;
+            if (stream_rows) K->scale_stream(dst, from, 1.0f, (size_t)D);
+            else memcpy(dst, from, (size_t)D * sizeof(float));
+        }
+    if (stream) K->stream_fence();
 }
 
 /* Unit: FA_PACK_ROWS keys of one batch, every kv head. */
@@ -106,8 +114,9 @@ static void pack_kv_unit(void *ctx, int64_t u, int t) {
     fa_ctx *c = ctx;
     const int64_t nkb = (c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS, b = u / nkb, r0 = u % nkb * FA_PACK_ROWS;
     const int64_t r1 = c->nk - r0 < FA_PACK_ROWS ? c->nk : r0 + FA_PACK_ROWS;
-    fa_pack_block(c->K, c->kt, c->kt_stride, NULL, c->k, c->ldk, b, c->nk, c->Hkv, c->D, r0, r1);
-    if (c->vr_own) fa_pack_block(c->K, NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1);
+    fa_pack_block(c->K, c->kt, c->kt_stride, NULL, c->k, c->ldk, b, c->nk, c->Hkv, c->D, r0, r1, c->stream_pack);
+    if (c->vr_own)
+        fa_pack_block(c->K, NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1, c->stream_pack);
 }
 
 qkv_status fa_pack_kv(fa_ctx *c) {
@@ -122,6 +131,7 @@ qkv_status fa_pack_kv(fa_ctx *c) {
     size_t vr_bytes = c->Hkv > 1 ? (size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float) : 0;
     c->kt = fa_alloc(kt_bytes + vr_bytes);
     if (!c->kt) return QKV_ERR_OUT_OF_MEMORY;
+    c->stream_pack = kt_bytes + vr_bytes >= FA_PACK_STREAM_MIN_BYTES;
     if (c->Hkv > 1) c->vr_own = (float *)(void *)((unsigned char *)c->kt + kt_bytes);
     c->vr = c->Hkv > 1 ? c->vr_own : c->v;
     qkv_parallel_for(c->threads, c->B * ((c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS), pack_kv_unit, c);

@@ -48,6 +48,7 @@ typedef struct fa_ctx {
     const float *vr;       /* V rows of every (b, kv head) contiguous ([n_k, Dv]): a copy
                               (vr_own) when H_kv > 1, else v itself */
     float *vr_own;         /* inside kt's block: never freed on its own */
+    int stream_pack;       /* kt and vr_own written with streaming stores (fa_pack_kv) */
 } fa_ctx;
 
 /* 64-byte aligned allocation through qkv_alloc; fa_free(NULL) is a no-op. */
@@ -68,7 +69,18 @@ qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
  * [B, n, H, D] layout consecutive keys of one head are H*D floats apart, a
  * power-of-two stride that folds a tile of V onto a few L1 cache sets. (A
  * copy of Q likewise was measured slower than each unit copying its 64 rows:
- * paired causal/full 0.556-0.581 without it against 0.574-0.585 with.) */
+ * paired causal/full 0.556-0.581 without it against 0.574-0.585 with.)
+ * From FA_PACK_STREAM_MIN_BYTES of packed K and V on, the copies are
+ * written with streaming stores: the block comes back at every call, but
+ * the lines of the last call's copy have left the cache by then, and
+ * ordinary stores read each line from memory before writing it. The
+ * units then read the copies from memory in long sequential runs (a head's
+ * panels, a head's rows), which the hardware prefetchers follow. Against
+ * ordinary stores, alternating in one process, 2 threads, 8 heads of 64
+ * (docs/BENCHMARKS.md): causal -13% / full -8% at n = 512, -6% / -4% at
+ * 1024, n = 256 faster too, n = 2048 even; below 1 MiB (n = 128) full
+ * was slower. */
+#define FA_PACK_STREAM_MIN_BYTES ((size_t)1 << 20)
 qkv_status fa_pack_kv(fa_ctx *c);
 
 /* Rows [r0, r1) of batch b of every head hh < nh of a [B, n, nh, D] array
@@ -80,10 +92,11 @@ qkv_status fa_pack_kv(fa_ctx *c);
  * head, its rows lie ld floats apart (2 KB for 8 heads of 64), two per 4 KB
  * page, which the hardware prefetchers do not follow: from memory every row
  * was a full miss in turn (one head's K and V took 150-350 us where the copy
- * itself takes 30). */
+ * itself takes 30). stream != 0: streaming stores (panels and rows 64-byte
+ * aligned), fenced before returning. */
 #define FA_PACK_ROWS 64
 void fa_pack_block(const qkv_kernels *K, float *panels, int64_t pstride, float *rows, const float *src,
-                   int64_t ld, int64_t b, int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1);
+                   int64_t ld, int64_t b, int64_t n, int64_t nh, int64_t D, int64_t r0, int64_t r1, int stream);
 
 /* The visible range [lo, hi) of the queries i0 .. i0+n-1 of batch b;
  * returns 1 if any is non-empty and sets *blo, *bhi to the union's bounds. */

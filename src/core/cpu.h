@@ -88,8 +88,10 @@ typedef struct qkv_kernels {
      * for the rows nrows..31. Reads exactly src[r*ld + d], r < nrows, d < D;
      * writes exactly the panel's D*32 floats. (A transposition: by vector
      * blocks in registers, every store a whole 64-byte line; element by
-     * element, each of 64 consecutive stores went to another line.) */
-    void (*pack_panel)(float *panel, const float *src, size_t ld, size_t nrows, size_t D);
+     * element, each of 64 consecutive stores went to another line.) With
+     * stream != 0 and panel 64-byte aligned, streaming stores (then
+     * stream_fence before another thread reads the panel; generic: ignored). */
+    void (*pack_panel)(float *panel, const float *src, size_t ld, size_t nrows, size_t D, int stream);
     /* o[i] = x[i] * mul for i < n: the whole 64-byte lines of o with
      * streaming (non-temporal) stores, the partial lines at either end with
      * ordinary ones (a neighbouring row may share them). A streaming store

@@ -326,21 +326,33 @@ static inline void transpose8(__m256 x[8]) {
     }
 }
 
-/* 8 x 8 blocks transposed in registers: each store is 8 rows of one
- * dimension, contiguous in the panel. */
-static void pack_panel_avx2(float *panel, const float *src, size_t ld, size_t nrows, size_t D) {
-    for (size_t r0 = 0; r0 < QKV_PANEL; r0 += 8) {
-        size_t nr = nrows > r0 ? (nrows - r0 < 8 ? nrows - r0 : 8) : 0;
+/* 8 x 8 blocks transposed in registers, two at a time (rows r0..r0+15):
+ * each dimension's 16 rows are one whole 64-byte line of the panel, stored
+ * as two adjacent halves (a streaming store then fills its line at once). */
+static void pack_panel_avx2(float *panel, const float *src, size_t ld, size_t nrows, size_t D, int stream) {
+    for (size_t r0 = 0; r0 < QKV_PANEL; r0 += 16)
         for (size_t d0 = 0; d0 < D; d0 += 8) {
             size_t nd = D - d0 < 8 ? D - d0 : 8;
             __m256i m = tail_mask(nd);
-            __m256 x[8];
-            for (size_t r = 0; r < 8; r++)
-                x[r] = r < nr ? _mm256_maskload_ps(src + (r0 + r) * ld + d0, m) : _mm256_setzero_ps();
-            transpose8(x);
-            for (size_t c = 0; c < nd; c++) _mm256_storeu_ps(panel + (d0 + c) * QKV_PANEL + r0, x[c]);
+            __m256 x[2][8];
+            for (size_t h = 0; h < 2; h++) {
+                size_t rb = r0 + 8 * h, nr = nrows > rb ? (nrows - rb < 8 ? nrows - rb : 8) : 0;
+                for (size_t r = 0; r < 8; r++)
+                    x[h][r] = r < nr ? _mm256_maskload_ps(src + (rb + r) * ld + d0, m) : _mm256_setzero_ps();
+                transpose8(x[h]);
+            }
+            float *dst = panel + d0 * QKV_PANEL + r0;
+            if (stream) /* dst + c * 32: 64-byte aligned */
+                for (size_t c = 0; c < nd; c++) {
+                    _mm256_stream_ps(dst + c * QKV_PANEL, x[0][c]);
+                    _mm256_stream_ps(dst + c * QKV_PANEL + 8, x[1][c]);
+                }
+            else
+                for (size_t c = 0; c < nd; c++) {
+                    _mm256_storeu_ps(dst + c * QKV_PANEL, x[0][c]);
+                    _mm256_storeu_ps(dst + c * QKV_PANEL + 8, x[1][c]);
+                }
         }
-    }
 }
 
 /* Ordinary stores up to o's first 64-byte boundary and after its last;

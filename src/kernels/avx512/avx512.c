@@ -249,7 +249,7 @@ static inline void transpose16(__m512 x[16]) {
 
 /* 16 x 16 blocks transposed in registers: each store is 16 rows of one
  * dimension, a whole 64-byte line of the panel. */
-static void pack_panel_avx512(float *panel, const float *src, size_t ld, size_t nrows, size_t D) {
+static void pack_panel_avx512(float *panel, const float *src, size_t ld, size_t nrows, size_t D, int stream) {
     for (size_t r0 = 0; r0 < QKV_PANEL; r0 += 16) {
         size_t nr = nrows > r0 ? (nrows - r0 < 16 ? nrows - r0 : 16) : 0;
         for (size_t d0 = 0; d0 < D; d0 += 16) {
@@ -259,7 +259,10 @@ static void pack_panel_avx512(float *panel, const float *src, size_t ld, size_t 
             for (size_t r = 0; r < 16; r++)
                 x[r] = r < nr ? _mm512_maskz_loadu_ps(m, src + (r0 + r) * ld + d0) : _mm512_setzero_ps();
             transpose16(x);
-            for (size_t c = 0; c < nd; c++) _mm512_storeu_ps(panel + (d0 + c) * QKV_PANEL + r0, x[c]);
+            if (stream) /* panel + (d0 + c) * 32 + r0: a whole aligned line */
+                for (size_t c = 0; c < nd; c++) _mm512_stream_ps(panel + (d0 + c) * QKV_PANEL + r0, x[c]);
+            else
+                for (size_t c = 0; c < nd; c++) _mm512_storeu_ps(panel + (d0 + c) * QKV_PANEL + r0, x[c]);
         }
     }
 }

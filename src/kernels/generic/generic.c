@@ -96,7 +96,8 @@ static void bwd_softmax_generic(float *s, float *dp, size_t ld, size_t rows, siz
 
 /* By blocks of 8 dimensions, so that the 32 rows' stores stay within 8 lines
  * of the panel (1 KB) while the rows are read. */
-static void pack_panel_generic(float *panel, const float *src, size_t ld, size_t nrows, size_t D) {
+static void pack_panel_generic(float *panel, const float *src, size_t ld, size_t nrows, size_t D, int stream) {
+    (void)stream; /* no streaming store in portable C */
     for (size_t d0 = 0; d0 < D; d0 += 8) {
         size_t d1 = D - d0 < 8 ? D : d0 + 8;
         for (size_t r = 0; r < QKV_PANEL; r++)
