@@ -119,18 +119,22 @@ static void pack_kv_unit(void *ctx, int64_t u, int t) {
         fa_pack_block(c->K, NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1, c->stream_pack);
 }
 
-qkv_status fa_pack_kv(fa_ctx *c) {
+qkv_status fa_pack_kv(fa_ctx *c, size_t extra_bytes, void **extra) {
     int64_t np = (c->nk + QKV_PANEL - 1) / QKV_PANEL;
     c->kt_stride = np * QKV_PANEL * c->D;
-    /* One block for both (freed with fa_free(c->kt)): one large block that
-     * comes back at every call lets malloc keep it mapped between calls
-     * (glibc raises its mmap and trim thresholds to the largest block
-     * freed), where two halves were unmapped and faulted in afresh each
-     * time (1000 page faults, ~5% of a forward at n = 1024, 8 heads). */
+    /* One block for both and the caller's extra (freed with fa_free(c->kt)):
+     * one large block that comes back at every call lets malloc keep it
+     * mapped between calls (glibc raises its mmap and trim thresholds to the
+     * largest block freed), where two blocks were unmapped or trimmed off the
+     * heap and faulted in afresh each time (1000 page faults, ~5% of a
+     * forward at n = 1024, 8 heads; with the per-thread tiles apart, 5-78
+     * faults per call below ~1 MB, e.g. 8 heads at n = 64). */
     size_t kt_bytes = qkv_round64((size_t)(c->kt_stride * c->B * c->Hkv) * sizeof(float));
-    size_t vr_bytes = c->Hkv > 1 ? (size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float) : 0;
-    c->kt = fa_alloc(kt_bytes + vr_bytes);
+    size_t vr_bytes = c->Hkv > 1 ? qkv_round64((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float)) : 0;
+    if (extra_bytes > SIZE_MAX - kt_bytes - vr_bytes) return QKV_ERR_OUT_OF_MEMORY;
+    c->kt = fa_alloc(kt_bytes + vr_bytes + extra_bytes);
     if (!c->kt) return QKV_ERR_OUT_OF_MEMORY;
+    *extra = (unsigned char *)c->kt + kt_bytes + vr_bytes;
     c->stream_pack = kt_bytes + vr_bytes >= FA_PACK_STREAM_MIN_BYTES;
     if (c->Hkv > 1) c->vr_own = (float *)(void *)((unsigned char *)c->kt + kt_bytes);
     c->vr = c->Hkv > 1 ? c->vr_own : c->v;

@@ -64,7 +64,9 @@ void fa_ctx_init(fa_ctx *c, const qkv_plan *p, const float *q, const float *k, c
 qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
 
 /* Pack K of every (b, kv head) into c->kt and copy its V rows contiguous into
- * c->vr (one block allocated here; free with fa_free(c->kt)), in parallel by
+ * c->vr (one block allocated here, with extra_bytes more at *extra, 64-byte
+ * aligned, for the caller's per-thread tiles; free all with fa_free(c->kt)),
+ * in parallel by
  * row blocks of every head (fa_pack_block). The copy of V matters: in the
  * [B, n, H, D] layout consecutive keys of one head are H*D floats apart, a
  * power-of-two stride that folds a tile of V onto a few L1 cache sets. (A
@@ -81,7 +83,7 @@ qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
  * 1024, n = 256 faster too, n = 2048 even; below 1 MiB (n = 128) full
  * was slower. */
 #define FA_PACK_STREAM_MIN_BYTES ((size_t)1 << 20)
-qkv_status fa_pack_kv(fa_ctx *c);
+qkv_status fa_pack_kv(fa_ctx *c, size_t extra_bytes, void **extra);
 
 /* Rows [r0, r1) of batch b of every head hh < nh of a [B, n, nh, D] array
  * (row stride ld): into panels of 32 rows at panels + (b nh + hh) pstride,

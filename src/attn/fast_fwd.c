@@ -406,17 +406,14 @@ static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k
     float *qn = NULL, *kn = NULL;
     qkv_status st = QKV_OK;
     if (p->d.score == QKV_SCORE_COSINE) st = fa_normalise_inputs(&f.c, &qn, &kn);
-    if (st == QKV_OK) st = fa_pack_kv(&f.c);
     int64_t units = f.c.B * f.c.H * f.nqb;
     int threads = f.c.threads < units ? f.c.threads : (int)units;
-    if (st == QKV_OK) {
-        f.ws_stride = fwd_ws_layout(&f, NULL, NULL);
-        f.ws = fa_alloc(f.ws_stride * (size_t)threads);
-        if (!f.ws) st = QKV_ERR_OUT_OF_MEMORY;
-    }
+    f.ws_stride = fwd_ws_layout(&f, NULL, NULL);
+    void *ws = NULL;
+    if (st == QKV_OK) st = fa_pack_kv(&f.c, f.ws_stride * (size_t)threads, &ws);
+    f.ws = ws;
     if (st == QKV_OK) qkv_parallel_for(threads, units, fwd_unit, &f);
-    fa_free(f.ws);
-    fa_free(f.c.kt); /* and vr_own: the same block */
+    fa_free(f.c.kt); /* and vr_own and ws: the same block */
     fa_free(qn);
     fa_free(kn);
     return st;
