@@ -1001,7 +1001,7 @@ static void measure(const options *o, const job *jb, entry *e, double *prev) {
     e->local_peak = next > *prev ? next : *prev;
     *prev = next;
     if (e->r.status == JOB_OK)
-        fprintf(stderr, "[bench] %s %s %s n=%lld threads=%d: median %.2f ms, %.1f GFLOP/s (local peak %.1f)\n",
+        fprintf(stderr, "[bench] %s %s %s n=%lld threads=%d: median %.3f ms, %.1f GFLOP/s (local peak %.1f)\n",
                 impl_names[e->impl], e->backward ? "bwd" : "fwd",
                 e->window ? "window" : e->causal ? "causal" : "none", (long long)e->n, o->threads[e->ti],
                 e->r.median_s * 1e3, entry_gflops(e), e->local_peak);
@@ -1249,7 +1249,7 @@ static void print_peaks(const options *o) {
 
 static void print_row_tail(const entry *e, const entry *naive) {
     double gf = entry_gflops(e);
-    printf("%d | %.2f | %.2f | %.1f | %.1f%% | %.1f%% | %.1f%% | ", e->r.reps, e->r.median_s * 1e3,
+    printf("%d | %.3f | %.3f | %.1f | %.1f%% | %.1f%% | %.1f%% | ", e->r.reps, e->r.median_s * 1e3,
            e->r.min_s * 1e3, gf, 100.0 * frac_of(gf, g_best[e->ti]), 100.0 * frac_of(gf, e->local_peak),
            100.0 * cpu_frac(e->flops, e->r.cpu_median_s));
     if (naive) printf("%.2f | ", naive->r.median_s / e->r.median_s);
