@@ -385,7 +385,8 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
     const int softmax = c->norm == QKV_NORM_SOFTMAX;
     const int64_t rows_q = c->B * c->H * c->nq;
 
-    float *qn = NULL, *kn = NULL, *o_tmp = NULL, *lse_tmp = NULL;
+    float *o_tmp = NULL, *lse_tmp = NULL;
+    void *normed = NULL;
     qkv_status st = QKV_OK;
     if (softmax && (!out || !lse || !lse_precise(lse, rows_q))) {
         /* Run the forward (without out: O, for D; without lse: the lse) and
@@ -407,7 +408,7 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
             f.M2 = NULL;
         }
     }
-    if (st == QKV_OK && p->d.score == QKV_SCORE_COSINE) st = fa_normalise_inputs(c, &qn, &kn);
+    if (st == QKV_OK && p->d.score == QKV_SCORE_COSINE) st = fa_normalise_inputs(c, &normed);
 
     const int64_t npq = (c->nq + QKV_PANEL - 1) / QKV_PANEL;
     f.qt_stride = npq * QKV_PANEL * c->D;
@@ -465,6 +466,6 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
     fa_free(f.LO); fa_free(f.HI); fa_free(f.BLO); fa_free(f.BHI);
     fa_free(f.L2); fa_free(f.M2); fa_free(f.Dd); fa_free(f.cnt);
     fa_free(f.qt); /* and dot, dqp, qr_own, dor_own, ws: one block */
-    fa_free(qn); fa_free(kn); fa_free(o_tmp); fa_free(lse_tmp);
+    fa_free(normed); fa_free(o_tmp); fa_free(lse_tmp);
     return st;
 }

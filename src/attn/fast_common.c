@@ -70,20 +70,24 @@ static void normalise_rows(float *dst, const float *src, int64_t rows, int64_t D
     }
 }
 
-qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn) {
+size_t fa_normalised_bytes(const fa_ctx *c) {
+    return qkv_round64((size_t)(c->B * c->nq * c->H * c->D) * sizeof(float)) +
+           qkv_round64((size_t)(c->B * c->nk * c->Hkv * c->D) * sizeof(float));
+}
+
+void fa_normalise_into(fa_ctx *c, void *mem) {
     int64_t nqr = c->B * c->nq * c->H, nkr = c->B * c->nk * c->Hkv;
-    *qn = fa_alloc((size_t)(nqr * c->D) * sizeof(float));
-    *kn = fa_alloc((size_t)(nkr * c->D) * sizeof(float));
-    if (!*qn || !*kn) {
-        fa_free(*qn);
-        fa_free(*kn);
-        *qn = *kn = NULL;
-        return QKV_ERR_OUT_OF_MEMORY;
-    }
-    normalise_rows(*qn, c->q_in, nqr, c->D);
-    normalise_rows(*kn, c->k_in, nkr, c->D);
-    c->q = *qn;
-    c->k = *kn;
+    float *qn = mem, *kn = (float *)(void *)((unsigned char *)mem + qkv_round64((size_t)(nqr * c->D) * sizeof(float)));
+    normalise_rows(qn, c->q_in, nqr, c->D);
+    normalise_rows(kn, c->k_in, nkr, c->D);
+    c->q = qn;
+    c->k = kn;
+}
+
+qkv_status fa_normalise_inputs(fa_ctx *c, void **mem) {
+    *mem = fa_alloc(fa_normalised_bytes(c));
+    if (!*mem) return QKV_ERR_OUT_OF_MEMORY;
+    fa_normalise_into(c, *mem);
     return QKV_OK;
 }
 
@@ -119,7 +123,7 @@ static void pack_kv_unit(void *ctx, int64_t u, int t) {
         fa_pack_block(c->K, NULL, 0, c->vr_own, c->v, c->ldv, b, c->nk, c->Hkv, c->Dv, r0, r1, c->stream_pack);
 }
 
-qkv_status fa_pack_kv(fa_ctx *c, size_t extra_bytes, void **extra) {
+qkv_status fa_kv_alloc(fa_ctx *c, size_t extra_bytes, void **extra) {
     int64_t np = (c->nk + QKV_PANEL - 1) / QKV_PANEL;
     c->kt_stride = np * QKV_PANEL * c->D;
     /* One block for both and the caller's extra (freed with fa_free(c->kt)):
@@ -138,8 +142,11 @@ qkv_status fa_pack_kv(fa_ctx *c, size_t extra_bytes, void **extra) {
     c->stream_pack = kt_bytes + vr_bytes >= FA_PACK_STREAM_MIN_BYTES;
     if (c->Hkv > 1) c->vr_own = (float *)(void *)((unsigned char *)c->kt + kt_bytes);
     c->vr = c->Hkv > 1 ? c->vr_own : c->v;
-    qkv_parallel_for(c->threads, c->B * ((c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS), pack_kv_unit, c);
     return QKV_OK;
+}
+
+void fa_pack_kv(fa_ctx *c) {
+    qkv_parallel_for(c->threads, c->B * ((c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS), pack_kv_unit, c);
 }
 
 int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, int64_t *hi,

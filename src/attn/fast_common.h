@@ -59,14 +59,19 @@ static inline int64_t fa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m
 /* Fill the context's fields from a plan (no allocation). */
 void fa_ctx_init(fa_ctx *c, const qkv_plan *p, const float *q, const float *k, const float *v);
 
-/* COSINE: *qn, *kn = copies of q, k with every row divided by max(|row|, eps)
- * (norms in double). Returns QKV_ERR_OUT_OF_MEMORY or QKV_OK; sets c->q, c->k. */
-qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
+/* COSINE: copies of q and k with every row divided by max(|row|, eps) (norms
+ * in double); c->q, c->k then point to them. fa_normalise_into writes them
+ * into mem (fa_normalised_bytes, 64-byte aligned); fa_normalise_inputs
+ * allocates that (free *mem with fa_free) or returns QKV_ERR_OUT_OF_MEMORY. */
+size_t fa_normalised_bytes(const fa_ctx *c);
+void fa_normalise_into(fa_ctx *c, void *mem);
+qkv_status fa_normalise_inputs(fa_ctx *c, void **mem);
 
-/* Pack K of every (b, kv head) into c->kt and copy its V rows contiguous into
- * c->vr (one block allocated here, with extra_bytes more at *extra, 64-byte
- * aligned, for the caller's per-thread tiles; free all with fa_free(c->kt)),
- * in parallel by
+/* fa_kv_alloc: the block for K packed per (b, kv head) (c->kt) and V rows
+ * copied contiguous (c->vr), with extra_bytes more at *extra, 64-byte
+ * aligned, for the caller's own buffers (per-thread tiles, cosine copies):
+ * one allocation per call; free all with fa_free(c->kt). fa_pack_kv: fill
+ * it, in parallel by
  * row blocks of every head (fa_pack_block). The copy of V matters: in the
  * [B, n, H, D] layout consecutive keys of one head are H*D floats apart, a
  * power-of-two stride that folds a tile of V onto a few L1 cache sets. (A
@@ -83,7 +88,8 @@ qkv_status fa_normalise_inputs(fa_ctx *c, float **qn, float **kn);
  * 1024, n = 256 faster too, n = 2048 even; below 1 MiB (n = 128) full
  * was slower. */
 #define FA_PACK_STREAM_MIN_BYTES ((size_t)1 << 20)
-qkv_status fa_pack_kv(fa_ctx *c, size_t extra_bytes, void **extra);
+qkv_status fa_kv_alloc(fa_ctx *c, size_t extra_bytes, void **extra);
+void fa_pack_kv(fa_ctx *c);
 
 /* Rows [r0, r1) of batch b of every head hh < nh of a [B, n, nh, D] array
  * (row stride ld): into panels of 32 rows at panels + (b nh + hh) pstride,

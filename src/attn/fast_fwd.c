@@ -403,19 +403,23 @@ static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k
     f.ldob = fa_round_up(f.c.Dv, 16);
     f.stream = out && (uintptr_t)out % 64 == 0 && f.c.Dv % 16 == 0 &&
                (double)f.c.B * (double)f.c.nq * (double)f.c.H * (double)f.c.Dv * sizeof(float) >= FWD_STREAM_MIN_BYTES;
-    float *qn = NULL, *kn = NULL;
-    qkv_status st = QKV_OK;
-    if (p->d.score == QKV_SCORE_COSINE) st = fa_normalise_inputs(&f.c, &qn, &kn);
     int64_t units = f.c.B * f.c.H * f.nqb;
     int threads = f.c.threads < units ? f.c.threads : (int)units;
     f.ws_stride = fwd_ws_layout(&f, NULL, NULL);
-    void *ws = NULL;
-    if (st == QKV_OK) st = fa_pack_kv(&f.c, f.ws_stride * (size_t)threads, &ws);
-    f.ws = ws;
-    if (st == QKV_OK) qkv_parallel_for(threads, units, fwd_unit, &f);
-    fa_free(f.c.kt); /* and vr_own and ws: the same block */
-    fa_free(qn);
-    fa_free(kn);
+    /* One block per call (fa_kv_alloc): packed K and V, the tiles, and for
+     * cosine the normalised q and k. */
+    const int cosine = p->d.score == QKV_SCORE_COSINE;
+    size_t ws_bytes = f.ws_stride * (size_t)threads, norm_bytes = cosine ? fa_normalised_bytes(&f.c) : 0;
+    void *extra = NULL;
+    qkv_status st = norm_bytes > SIZE_MAX - ws_bytes ? QKV_ERR_OUT_OF_MEMORY
+                                                     : fa_kv_alloc(&f.c, ws_bytes + norm_bytes, &extra);
+    if (st == QKV_OK) {
+        f.ws = extra;
+        if (cosine) fa_normalise_into(&f.c, f.ws + ws_bytes);
+        fa_pack_kv(&f.c);
+        qkv_parallel_for(threads, units, fwd_unit, &f);
+    }
+    fa_free(f.c.kt); /* and vr_own, the tiles, the cosine copies: one block */
     return st;
 }
 
