@@ -366,12 +366,11 @@ static double median_sort(double *x, int n) {
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-/* malloc, then touched page by page so the pages count as resident before
- * the baseline is taken. */
-/* 64-byte aligned, as a framework's tensors are (PyTorch's CPU allocator
- * aligns to 64): a line-aligned output takes the forward's streaming stores
- * (src/attn/fast_fwd.c, FWD_STREAM_MIN_BYTES); plain malloc's 16 bytes past
- * a line would not. */
+/* Allocated 64-byte aligned, as a framework's tensors are (PyTorch's CPU
+ * allocator aligns to 64): a line-aligned output takes the forward's
+ * streaming stores (src/attn/fast_fwd.c, FWD_STREAM_MIN_BYTES); plain
+ * malloc's 16 bytes past a line would not. Then touched page by page so
+ * the pages count as resident before the baseline is taken. */
 static void *alloc_touched(size_t bytes) {
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + (bytes ? 0 : 64));
     if (p) memset(p, 0, bytes);
