@@ -7,6 +7,8 @@
  * packing against its definition and its qk product against dot products
  * in double, column for column. */
 #define _POSIX_C_SOURCE 200112L /* setenv */
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 
@@ -426,6 +428,33 @@ static void test_scale_stream(void) {
     free(buf);
 }
 
+/* K->all_finite: 1 for finite values of every kind (zeros, subnormals, the
+ * largest floats), 0 when any one element is +-inf or NaN, at every position
+ * of lengths around whole vectors; NaN just before and after the n elements
+ * (guards) must not be seen. */
+static void test_all_finite(void) {
+    const qkv_kernels *K = qkv_kernels_active();
+    static const size_t lens[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 129};
+    static const float finite[] = {0.0f, -0.0f, 1.0f, -2.5f, 1e-45f, -1e-40f, FLT_MAX, -FLT_MAX, FLT_MIN};
+    const float bad[] = {INFINITY, -INFINITY, NAN, -NAN};
+    float buf[16 + 129 + 16];
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const size_t n = lens[li];
+        float *x = buf + 16;
+        for (size_t i = 0; i < sizeof buf / sizeof buf[0]; i++) buf[i] = NAN;
+        for (size_t i = 0; i < n; i++) x[i] = finite[i % (sizeof finite / sizeof finite[0])];
+        CHECK(K->all_finite(x, n) == 1, "all_finite [%s] n = %zu: finite values (or a guard) seen as not", K->name, n);
+        for (size_t i = 0; i < n; i++)
+            for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+                float keep = x[i];
+                x[i] = bad[b];
+                CHECK(K->all_finite(x, n) == 0, "all_finite [%s] n = %zu: %g at %zu missed", K->name, n,
+                      (double)bad[b], i);
+                x[i] = keep;
+            }
+    }
+}
+
 int main(void) {
     test_alloc_failures();
     test_one_block();
@@ -435,6 +464,7 @@ int main(void) {
         test_pack_panel();
         test_qk_columns();
         test_scale_stream();
+        test_all_finite();
         test_windows_equal();
         test_concurrent_callers();
         test_numerics();

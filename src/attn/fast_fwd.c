@@ -170,29 +170,36 @@ static int tile_groups(fwd_ws *w, int nr, int rows, int64_t kt, int ncols, int n
     return partial;
 }
 
-/* Whether rows [j0, j1) of v (Dv floats each) are all finite: no exponent
- * field all ones (inf, NaN). Integer tests, so the compiler vectorises them
- * (a float sum of v * 0 was one serial add per element: 2.6% of a causal
- * forward at n = 1024, on the diagonal tiles). */
-static int rows_finite(const float *v, size_t ldv, size_t dv, int j0, int j1) {
-    uint32_t bad = 0;
-    for (int j = j0; j < j1; j++) {
-        const float *row = v + (size_t)j * ldv;
-        for (size_t d = 0; d < dv; d++) {
-            uint32_t u;
-            memcpy(&u, row + d, sizeof u);
-            bad |= (u & 0x7f800000u) == 0x7f800000u;
-        }
+/* A tile on a mask's edge in raw mode (nothing to transform per element):
+ * each row's visible columns [a, e), and -inf only where the kernels will
+ * read a column the row cannot see: from 0 (the softmax starts there) up to
+ * the last column the softmax takes for the row's block of 16 (ge of its
+ * two groups); the rest of the tile is never read. (fa_scores_rows filled
+ * every row to the tile's end: on the causal diagonal that was most of its
+ * time, and 1.4% of a causal forward at n = 512.) */
+static void edge_rows(fwd_ws *w, float *s, int nr, int rows, int64_t kt, int ncols) {
+    for (int r = 0; r < nr; r++) {
+        int64_t x = w->lo[r] - kt, y = w->hi[r] - kt;
+        if (x < 0) x = 0;
+        if (y > ncols) y = ncols;
+        if (y < x) y = x = 0;
+        w->a[r] = (int)x;
+        w->e[r] = (int)y;
+        int g = r / 16 * 2, to = w->ge[g];
+        if (g + 1 < rows / 8 && w->ge[g + 1] > to) to = w->ge[g + 1];
+        float *row = s + (size_t)r * FWD_LDS;
+        for (int64_t j = 0; j < x; j++) row[j] = -INFINITY;
+        for (int64_t j = y; j < to; j++) row[j] = -INFINITY;
     }
-    return !bad;
 }
 
 /* Softmax weights (exactly 0 outside each row's range [a, e): 2^-inf):
  * o (8 rows) = alpha o + p v. When the rows' ranges differ (a mask's edge),
  * the value rows some but not all of them see are multiplied by those
  * exact zeros in one 8-row product, but only if they are finite (0 * v = 0
- * changes nothing then); otherwise row by row (fa_pv_ranges), so that a
- * masked NaN or inf never reaches a row. */
+ * changes nothing then: K->all_finite on those rows, contiguous in the
+ * packed V); otherwise row by row (fa_pv_ranges), so that a masked NaN or
+ * inf never reaches a row. */
 static void pv_softmax(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
                        const float *v, size_t dv, const int *a, const int *e, int nvalid) {
     int lo = INT32_MAX, hi = 0, c0 = 0, c1 = INT32_MAX;
@@ -203,11 +210,13 @@ static void pv_softmax(const fa_ctx *c, float *o, size_t ldo, const float *alpha
         if (a[r] < lo) lo = a[r];
         if (e[r] > hi) hi = e[r];
     }
+    const qkv_kernels *K = c->K;
     if (hi == 0 || (c0 == lo && c1 == hi) ||
-        (c0 < c1 ? rows_finite(v, dv, dv, lo, c0) && rows_finite(v, dv, dv, c1, hi)
-                 : rows_finite(v, dv, dv, lo, hi))) {
+        (c0 < c1 ? K->all_finite(v + (size_t)lo * dv, (size_t)(c0 - lo) * dv) &&
+                       K->all_finite(v + (size_t)c1 * dv, (size_t)(hi - c1) * dv)
+                 : K->all_finite(v + (size_t)lo * dv, (size_t)(hi - lo) * dv))) {
         if (hi == 0) lo = 0;
-        c->K->pv(o, ldo, alpha, p + lo, FWD_LDS, 1, v + (size_t)lo * dv, dv, (size_t)(hi - lo), dv, 8);
+        K->pv(o, ldo, alpha, p + lo, FWD_LDS, 1, v + (size_t)lo * dv, dv, (size_t)(hi - lo), dv, 8);
         return;
     }
     fa_pv_ranges(c, o, ldo, alpha, p, FWD_LDS, 1, v, dv, dv, a, e, nvalid);
@@ -232,6 +241,14 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     const size_t ldob = (size_t)f->ldob;
     int64_t blo, bhi;
     int any = fa_query_ranges(c, b, i0, nr, w.lo, w.hi, &blo, &bhi);
+    /* Keys every row of the block sees: [clo, chi). A tile inside it, in raw
+     * mode with softmax, needs no per-row work at all (below). */
+    int64_t clo = 0, chi = INT64_MAX;
+    for (int r = 0; r < nr; r++) {
+        if (w.lo[r] > clo) clo = w.lo[r];
+        if (w.hi[r] < chi) chi = w.hi[r];
+    }
+    const int raw_softmax = softmax && !c->natural;
 
     for (int r = 0; r < rows; r++) {
         float *dst = w.qb + (size_t)r * D;
@@ -255,6 +272,15 @@ static void fwd_unit(void *vf, int64_t u, int t) {
         for (int64_t kt = kstart; kt < bhi; kt += ncols) {
             ncols = tile_cols(kt, bhi);
             size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
+            if (raw_softmax && clo <= kt && kt + ncols <= chi) { /* every tile of a full mask */
+                K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
+                      (size_t)ncols, w.s, FWD_LDS);
+                K->softmax(w.s, FWD_LDS, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
+                if (want_o)
+                    K->pv(w.o, ldob, w.alpha, w.s, FWD_LDS, 1, vb + kt * Dv, (size_t)Dv, (size_t)ncols,
+                          (size_t)Dv, (size_t)rows);
+                continue;
+            }
             /* A tile on a mask's edge (the causal diagonal, a window's ends):
              * per group of 8 rows only the 32-key panels that some row of
              * the group can see, and the softmax of 16 rows only up to
@@ -272,7 +298,8 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                               FWD_LDS);
                 }
             }
-            fa_scores_rows(c, w.s, FWD_LDS, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
+            if (partial && !c->natural) edge_rows(&w, w.s, nr, rows, kt, ncols);
+            else fa_scores_rows(c, w.s, FWD_LDS, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
             if (partial) /* padding rows: not computed, never visible */
                 for (int r = nr; r < rows; r++)
                     for (int j = 0; j < ncols; j++) w.s[(size_t)r * FWD_LDS + j] = -INFINITY;

@@ -372,7 +372,22 @@ static void scale_stream_avx2(float *o, const float *x, float mul, size_t n) {
 
 static void stream_fence_avx2(void) { _mm_sfence(); }
 
+static int all_finite_avx2(const float *x, size_t n) {
+    const __m256i e = _mm256_set1_epi32(0x7f800000);
+    __m256i bad = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + i)), e);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(u, e));
+    }
+    if (i < n) {
+        __m256i u = _mm256_and_si256(_mm256_castps_si256(_mm256_maskload_ps(x + i, tail_mask(n - i))), e);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(u, e));
+    }
+    return _mm256_testz_si256(bad, bad);
+}
+
 const qkv_kernels qkv_kernels_avx2 = {
     "avx2", qk_avx2, pv_avx2, softmax_avx2, bwd_softmax_avx2, exp2_avx2, pack_panel_avx2,
-    scale_stream_avx2, stream_fence_avx2,
+    scale_stream_avx2, stream_fence_avx2, all_finite_avx2,
 };

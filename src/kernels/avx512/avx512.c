@@ -287,7 +287,17 @@ static void scale_stream_avx512(float *o, const float *x, float mul, size_t n) {
 
 static void stream_fence_avx512(void) { _mm_sfence(); }
 
+static int all_finite_avx512(const float *x, size_t n) {
+    const __m512i e = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+    for (size_t i = 0; i < n; i += 16) {
+        __m512i u = _mm512_and_si512(_mm512_maskz_loadu_epi32(tail_mask(n - i), x + i), e);
+        bad |= _mm512_cmpeq_epi32_mask(u, e);
+    }
+    return bad == 0;
+}
+
 const qkv_kernels qkv_kernels_avx512 = {
     "avx512", qk_avx512, pv_avx512, softmax_avx512, bwd_softmax_avx512, exp2_avx512,
-    pack_panel_avx512, scale_stream_avx512, stream_fence_avx512,
+    pack_panel_avx512, scale_stream_avx512, stream_fence_avx512, all_finite_avx512,
 };

@@ -2,6 +2,8 @@
  * written so that a compiler can vectorise them with the baseline ISA. Also
  * the fallback on non-x86 machines. */
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "core/cpu.h"
 
@@ -112,7 +114,17 @@ static void scale_stream_generic(float *o, const float *x, float mul, size_t n) 
 
 static void stream_fence_generic(void) {}
 
+static int all_finite_generic(const float *x, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
 const qkv_kernels qkv_kernels_generic = {
     "generic", qk_generic, pv_generic, softmax_generic, bwd_softmax_generic, exp2_generic,
-    pack_panel_generic, scale_stream_generic, stream_fence_generic,
+    pack_panel_generic, scale_stream_generic, stream_fence_generic, all_finite_generic,
 };
