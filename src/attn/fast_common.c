@@ -204,14 +204,28 @@ void fa_scores_cols(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
                     int64_t j0, int nkr, const int64_t *lo, const int64_t *hi, int interior,
                     int *a, int *e, float *dcap, size_t ldd) {
     const float ninf = -INFINITY;
+    /* With lo and hi nondecreasing over the tile's queries (every mask but
+     * packed sequences' empty rows), key j's queries are [s, p): s the first
+     * with hi > j, p the first with lo > j; both only grow with j, so two
+     * pointers find them in O(nkr + nqc) instead of a scan per key. */
+    int mono = !interior;
+    for (int i = 1; mono && i < nqc; i++) mono = lo[i - 1] <= lo[i] && hi[i - 1] <= hi[i];
+    int sp = 0, pp = 0;
     for (int r = 0; r < nkr; r++) {
         float *row = s + (size_t)r * lds;
         int64_t j = j0 + r;
         int x = 0, y = nqc;
-        if (!interior) {
+        if (mono) {
+            while (sp < nqc && hi[sp] <= j) sp++;
+            while (pp < nqc && lo[pp] <= j) pp++;
+            x = sp < pp ? sp : nqc;
+            y = sp < pp ? pp : nqc;
+        } else if (!interior) {
             while (x < nqc && !(lo[x] <= j && j < hi[x])) x++;
             y = x;
             while (y < nqc && lo[y] <= j && j < hi[y]) y++;
+        }
+        if (!interior) {
             for (int i = 0; i < x; i++) row[i] = ninf;
             for (int i = y; i < nqc; i++) row[i] = ninf;
         }
