@@ -346,6 +346,74 @@ static void test_extreme_logits(void) {
         }
 }
 
+/* NaN planted in one query's q and dO rows, then in one key's k and v rows:
+ * every gradient that cannot see it stays finite and unchanged. On a mask's
+ * edge the backward multiplies the rows that some but not all keys (or
+ * queries) of a group of 8 see by exact zeros in one product, but only when
+ * those rows are finite (fa_pv_zeros); with a NaN among them the group goes
+ * row by row instead, which sums in another order (and the forward's O,
+ * hence D = rowsum(dO O), moves by rounding the same way): equal within
+ * 2e-5 of the row's largest entry (sums of up to 200 terms, ~200 float
+ * roundings at worst), not bitwise. Query and key 100 sit inside such
+ * a group on the causal diagonal and on a window's edges. */
+static int sees(const fprob *p, int64_t i, int64_t j) {
+    int64_t lo, hi;
+    qkv_plan_key_range(&p->plan, 0, i, &lo, &hi);
+    return lo <= j && j < hi;
+}
+
+static int rows_equal(const float *a, const float *b, int64_t n) {
+    double scale = 1e-6;
+    for (int64_t t = 0; t < n; t++) scale = fmax(scale, fabs((double)a[t]));
+    int ok = 1;
+    for (int64_t t = 0; t < n; t++) ok &= isfinite(b[t]) && fabs((double)a[t] - b[t]) <= 2e-5 * scale;
+    return ok;
+}
+
+static void test_nan_masked(void) {
+    for (int v = 0; v < 3; v++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        base_desc(&p.d, 1, 200, 200, 1, 1, 16, 16);
+        if (v == 1) set_mask(&p.d, QKV_MASK_WINDOW, 30, 20);
+        else p.d.mask = QKV_MASK_CAUSAL;
+        if (v == 2) p.d.norm = QKV_NORM_RELU;
+        if (!fp_make(&p, 17000 + (uint64_t)v, 1.0)) continue;
+        const int64_t x = 100, n = 200, D = 16;
+        bwd_out clean = run_fast(&p, 1, 1);
+        for (int which = 0; which < 2; which++) {
+            float *a = which == 0 ? p.q : p.k, *b = which == 0 ? p.dout : p.v, sa[16], sb[16];
+            memcpy(sa, a + x * D, sizeof sa);
+            memcpy(sb, b + x * D, sizeof sb);
+            for (int64_t t = 0; t < D; t++) a[x * D + t] = b[x * D + t] = NAN;
+            bwd_out dirty = run_fast(&p, 1, 1);
+            int same = dirty.st == QKV_OK, checked = 0;
+            if (which == 0) /* query x: every other query's dQ, the dK, dV of keys x cannot see */
+                for (int64_t j = 0; j < n; j++) {
+                    if (j != x) same &= rows_equal(clean.dq + j * D, dirty.dq + j * D, D);
+                    if (!sees(&p, x, j)) {
+                        same &= rows_equal(clean.dk + j * D, dirty.dk + j * D, D) &&
+                                rows_equal(clean.dv + j * D, dirty.dv + j * D, D);
+                        checked++;
+                    }
+                }
+            else /* key x: the dQ of queries that cannot see it */
+                for (int64_t i = 0; i < n; i++)
+                    if (!sees(&p, i, x)) {
+                        same &= rows_equal(clean.dq + i * D, dirty.dq + i * D, D);
+                        checked++;
+                    }
+            CHECK(same && checked > 50, "[%s] NaN in %s %lld changed gradients that cannot see it (v=%d, %d checked)",
+                  qkv_arch_name(g_arch), which == 0 ? "query" : "key", (long long)x, v, checked);
+            free_out(&dirty);
+            memcpy(a + x * D, sa, sizeof sa);
+            memcpy(b + x * D, sb, sizeof sb);
+        }
+        free_out(&clean);
+        fp_free(&p);
+    }
+}
+
 int main(void) {
     int ran = 0;
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
@@ -362,6 +430,7 @@ int main(void) {
         test_negative_scale();
         test_packed();
         test_fully_masked();
+        test_nan_masked();
         test_threads();
         test_extreme_logits();
         printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");

@@ -206,9 +206,9 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
             } else {
                 for (int r0 = 0; r0 < rows; r0 += 8) {
                     int nv = nkr - r0 < 8 ? nkr - r0 : 8;
-                    fa_pv_ranges(c, w->acc2 + r0 * ldDv, ldDv, NULL, w->s + r0 * FA_BQ, FA_BQ, 1, dorows,
+                    fa_pv_zeros(c, w->acc2 + r0 * ldDv, ldDv, NULL, w->s + r0 * FA_BQ, FA_BQ, 1, dorows,
                                  (size_t)Dv, (size_t)Dv, w->a + r0, w->e + r0, nv);
-                    fa_pv_ranges(c, w->acc1 + r0 * ldD, ldD, NULL, w->dp + r0 * FA_BQ, FA_BQ, 1, qrows,
+                    fa_pv_zeros(c, w->acc1 + r0 * ldD, ldD, NULL, w->dp + r0 * FA_BQ, FA_BQ, 1, qrows,
                                  (size_t)D, (size_t)D, w->a + r0, w->e + r0, nv);
                 }
             }
@@ -229,7 +229,7 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
                       (size_t)qrows8);
             else
                 for (int g0 = 0; g0 < qrows8; g0 += 8)
-                    fa_pv_ranges(c, w->dqt + g0 * ldD, ldD, NULL, w->dp + g0, 1, FA_BQ, w->xb, (size_t)D,
+                    fa_pv_zeros(c, w->dqt + g0 * ldD, ldD, NULL, w->dp + g0, 1, FA_BQ, w->xb, (size_t)D,
                                  (size_t)D, w->qa + g0, w->qe + g0, nqc - g0 < 8 ? nqc - g0 : 8);
             float *dst = dqp_c + (bh * c->nq + i0) * D;
             for (int i = 0; i < nqc; i++)

@@ -278,6 +278,36 @@ void fa_pv_ranges(const fa_ctx *c, float *o, size_t ldo, const float *alpha, con
     }
 }
 
+/* Rows [j0, j1) of v (dv floats each, stride ldv) all finite. */
+static int rows_finite(const qkv_kernels *K, const float *v, size_t ldv, size_t dv, int j0, int j1) {
+    if (j1 <= j0) return 1;
+    if (ldv == dv) return K->all_finite(v + (size_t)j0 * ldv, (size_t)(j1 - j0) * dv);
+    for (int j = j0; j < j1; j++)
+        if (!K->all_finite(v + (size_t)j * ldv, dv)) return 0;
+    return 1;
+}
+
+void fa_pv_zeros(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+                 size_t pcs, const float *v, size_t ldv, size_t dv, const int *a, const int *e, int nvalid) {
+    const qkv_kernels *K = c->K;
+    int lo = INT32_MAX, hi = 0, c0 = 0, c1 = INT32_MAX;
+    for (int r = 0; r < nvalid; r++) {
+        if (a[r] > c0) c0 = a[r];
+        if (e[r] < c1) c1 = e[r];
+        if (e[r] <= a[r]) continue;
+        if (a[r] < lo) lo = a[r];
+        if (e[r] > hi) hi = e[r];
+    }
+    if (hi == 0 || (c0 == lo && c1 == hi) ||
+        (c0 < c1 ? rows_finite(K, v, ldv, dv, lo, c0) && rows_finite(K, v, ldv, dv, c1, hi)
+                 : rows_finite(K, v, ldv, dv, lo, hi))) {
+        if (hi == 0) lo = 0;
+        K->pv(o, ldo, alpha, p + (size_t)lo * pcs, ldp, pcs, v + (size_t)lo * ldv, ldv, (size_t)(hi - lo), dv, 8);
+        return;
+    }
+    fa_pv_ranges(c, o, ldo, alpha, p, ldp, pcs, v, ldv, dv, a, e, nvalid);
+}
+
 void fa_normalise_backward(const float *x, float *g, int64_t D) {
     double ss = 0.0, dot = 0.0;
     for (int64_t t = 0; t < D; t++) ss += (double)x[t] * x[t];

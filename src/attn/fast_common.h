@@ -138,6 +138,16 @@ void fa_pv_ranges(const fa_ctx *c, float *o, size_t ldo, const float *alpha, con
                   size_t ldp, size_t pcs, const float *v, size_t ldv, size_t dv, const int *a, const int *e,
                   int nvalid);
 
+/* The same product when p is exactly 0 outside each valid row's range (the
+ * softmax's 2^-inf, the backward's zeroed weights): when the ranges differ
+ * (a mask's edge), the value rows some but not all rows see are multiplied
+ * by those zeros in one 8-row product, if they are all finite (0 * v = 0
+ * changes nothing then; K->all_finite decides); otherwise fa_pv_ranges, so
+ * that a masked NaN or inf never reaches a row. Row by row, the edge of a
+ * causal diagonal took one 1-row product per row and range. */
+void fa_pv_zeros(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+                 size_t pcs, const float *v, size_t ldv, size_t dv, const int *a, const int *e, int nvalid);
+
 /* COSINE backward: g <- J(x)^T g for x -> x / max(|x|, eps), in place, with
  * x the caller's row (float) and g the gradient w.r.t. the normalised row. */
 void fa_normalise_backward(const float *x, float *g, int64_t D);

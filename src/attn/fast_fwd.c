@@ -193,35 +193,6 @@ static void edge_rows(fwd_ws *w, float *s, int nr, int rows, int64_t kt, int nco
     }
 }
 
-/* Softmax weights (exactly 0 outside each row's range [a, e): 2^-inf):
- * o (8 rows) = alpha o + p v. When the rows' ranges differ (a mask's edge),
- * the value rows some but not all of them see are multiplied by those
- * exact zeros in one 8-row product, but only if they are finite (0 * v = 0
- * changes nothing then: K->all_finite on those rows, contiguous in the
- * packed V); otherwise row by row (fa_pv_ranges), so that a masked NaN or
- * inf never reaches a row. */
-static void pv_softmax(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
-                       const float *v, size_t dv, const int *a, const int *e, int nvalid) {
-    int lo = INT32_MAX, hi = 0, c0 = 0, c1 = INT32_MAX;
-    for (int r = 0; r < nvalid; r++) {
-        if (a[r] > c0) c0 = a[r];
-        if (e[r] < c1) c1 = e[r];
-        if (e[r] <= a[r]) continue;
-        if (a[r] < lo) lo = a[r];
-        if (e[r] > hi) hi = e[r];
-    }
-    const qkv_kernels *K = c->K;
-    if (hi == 0 || (c0 == lo && c1 == hi) ||
-        (c0 < c1 ? K->all_finite(v + (size_t)lo * dv, (size_t)(c0 - lo) * dv) &&
-                       K->all_finite(v + (size_t)c1 * dv, (size_t)(hi - c1) * dv)
-                 : K->all_finite(v + (size_t)lo * dv, (size_t)(hi - lo) * dv))) {
-        if (hi == 0) lo = 0;
-        K->pv(o, ldo, alpha, p + lo, FWD_LDS, 1, v + (size_t)lo * dv, dv, (size_t)(hi - lo), dv, 8);
-        return;
-    }
-    fa_pv_ranges(c, o, ldo, alpha, p, FWD_LDS, 1, v, dv, dv, a, e, nvalid);
-}
-
 static void fwd_unit(void *vf, int64_t u, int t) {
     fwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
@@ -343,8 +314,8 @@ static void fwd_unit(void *vf, int64_t u, int t) {
                 int nv = nr - g < 8 ? nr - g : 8, gh = 0;
                 for (int r = 0; holes && r < nv; r++) gh |= w.holes[g + r];
                 if (softmax && !gh)
-                    pv_softmax(c, w.o + (size_t)g * ldob, ldob, w.alpha + g, w.s + (size_t)g * FWD_LDS,
-                               vb + kt * Dv, (size_t)Dv, w.a + g, w.e + g, nv);
+                    fa_pv_zeros(c, w.o + (size_t)g * ldob, ldob, w.alpha + g, w.s + (size_t)g * FWD_LDS,
+                                FWD_LDS, 1, vb + kt * Dv, (size_t)Dv, (size_t)Dv, w.a + g, w.e + g, nv);
                 else if (gh)
                     pv_holes(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
                              pw + (size_t)g * FWD_LDS, vb + kt * Dv, (size_t)Dv, (size_t)Dv,
