@@ -215,14 +215,7 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
             /* dQ (this block's part) = dS K, reading the key-major dS tile
              * transposed (row stride 1, column stride FA_BQ). */
             const int qrows8 = (int)fa_round_up(nqc, 8);
-            for (int i = 0; i < nqc; i++) {
-                int64_t x = lo[i] - j0, y = hi[i] - j0;
-                if (x < 0) x = 0;
-                if (y > nkr) y = nkr;
-                if (y < x) x = y = 0;
-                w->qa[i] = (int)x;
-                w->qe[i] = (int)y;
-            }
+            for (int i = 0; i < nqc; i++) fa_tile_range(lo[i], hi[i], j0, nkr, &w->qa[i], &w->qe[i]);
             memset(w->dqt, 0, (size_t)qrows8 * ldD * sizeof(float));
             if (interior)
                 K->pv(w->dqt, ldD, NULL, w->dp, 1, FA_BQ, w->xb, (size_t)D, (size_t)nkr, (size_t)D,

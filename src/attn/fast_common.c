@@ -172,12 +172,8 @@ void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
     const float ninf = -INFINITY;
     for (int r = 0; r < nr; r++) {
         float *row = s + (size_t)r * lds;
-        int64_t x = lo[r] - kt, y = hi[r] - kt;
-        if (x < 0) x = 0;
-        if (y > ncols) y = ncols;
-        if (y < x) y = x = 0;
-        a[r] = (int)x;
-        e[r] = (int)y;
+        fa_tile_range(lo[r], hi[r], kt, ncols, &a[r], &e[r]);
+        const int x = a[r], y = e[r];
         if (c->natural) {
             double sn = c->scale_nat;
             if (c->cap > 0.0) {

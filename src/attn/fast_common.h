@@ -56,6 +56,17 @@ void *fa_alloc(size_t bytes);
 void fa_free(void *p);
 static inline int64_t fa_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* A row's visible range [lo, hi) as columns [*a, *e) of a tile of n columns
+ * starting at at: clamped to the tile, [0, 0) when empty. */
+static inline void fa_tile_range(int64_t lo, int64_t hi, int64_t at, int64_t n, int *a, int *e) {
+    int64_t x = lo - at, y = hi - at;
+    if (x < 0) x = 0;
+    if (y > n) y = n;
+    if (y < x) y = x = 0;
+    *a = (int)x;
+    *e = (int)y;
+}
+
 /* Fill the context's fields from a plan (no allocation). */
 void fa_ctx_init(fa_ctx *c, const qkv_plan *p, const float *q, const float *k, const float *v);
 

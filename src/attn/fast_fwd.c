@@ -179,12 +179,8 @@ static int tile_groups(fwd_ws *w, int nr, int rows, int64_t kt, int ncols, int n
  * time, and 1.4% of a causal forward at n = 512.) */
 static void edge_rows(fwd_ws *w, float *s, int nr, int rows, int64_t kt, int ncols) {
     for (int r = 0; r < nr; r++) {
-        int64_t x = w->lo[r] - kt, y = w->hi[r] - kt;
-        if (x < 0) x = 0;
-        if (y > ncols) y = ncols;
-        if (y < x) y = x = 0;
-        w->a[r] = (int)x;
-        w->e[r] = (int)y;
+        fa_tile_range(w->lo[r], w->hi[r], kt, ncols, &w->a[r], &w->e[r]);
+        const int x = w->a[r], y = w->e[r];
         int g = r / 16 * 2, to = w->ge[g];
         if (g + 1 < rows / 8 && w->ge[g + 1] > to) to = w->ge[g + 1];
         float *row = s + (size_t)r * FWD_LDS;
