@@ -12,6 +12,20 @@ cli_init() {
     ROOT=${2:-}
     TMP=$(mktemp -d "${TMPDIR:-/tmp}/qkv_$name.XXXXXX") || exit 1
     trap 'rm -rf "$TMP"' EXIT
+    # Under -DQKV_VALGRIND=ON (QKV_TEST_VALGRIND: valgrind and its options)
+    # every run of the binary goes through valgrind, by a wrapper named qkv
+    # in a folder of its own (TMP holds only what the script writes); each
+    # process logs to a file there, and cli_finish fails on any that is not
+    # empty (an exit status alone would be lost where a script expects a
+    # failure anyway).
+    VG=
+    if [ -n "${QKV_TEST_VALGRIND:-}" ]; then
+        VG=$(mktemp -d "${TMPDIR:-/tmp}/qkv_${name}_vg.XXXXXX") || exit 1
+        trap "rm -rf '$TMP' '$VG'" EXIT
+        printf '#!/bin/sh\nexec %s --log-file="%s/log.%%p" "%s" "$@"\n' "$QKV_TEST_VALGRIND" "$VG" "$QKV" >"$VG/qkv"
+        chmod +x "$VG/qkv"
+        QKV=$VG/qkv
+    fi
     passed=0
     failed=0
 }
@@ -59,6 +73,10 @@ is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a
 
 # cli_finish [LABEL]: prints the counts; the script's exit status is the verdict.
 cli_finish() {
+    local log
+    for log in ${VG:+"$VG"/log.*}; do
+        if [ -s "$log" ]; then fail "valgrind:"; sed 's/^/    /' "$log" >&2; fi
+    done
     echo "${1:+$1: }$passed passed, $failed failed"
     [ "$failed" -eq 0 ]
 }
