@@ -71,6 +71,12 @@ differ() { if cmp -s "$2" "$3"; then fail "$1: $2 and $3 are the same"; else pas
 # is_png FILE: FILE starts with the PNG signature.
 is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
 
+# wait_for_file FILE PID: returns once FILE exists or process PID has ended,
+# however long that takes: a fixed bound fails on a loaded machine and under
+# valgrind (a first checkpoint there takes tens of seconds), and the test
+# that follows says what went wrong if the file never came.
+wait_for_file() { while [ ! -f "$1" ] && kill -0 "$2" 2>/dev/null; do sleep 0.01; done; }
+
 # cli_finish [LABEL]: prints the counts; the script's exit status is the verdict.
 cli_finish() {
     local log

@@ -56,7 +56,7 @@ for trial in 1 2 3; do
   d="$T/killed$trial"
   "$QKV" train "${long[@]}" --out "$d" > /dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 1 1000); do [ -f "$d/model.safetensors" ] && break; sleep 0.01; done
+  wait_for_file "$d/model.safetensors" "$pid"
   sleep "0.0$((RANDOM % 10))"
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null

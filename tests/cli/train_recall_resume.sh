@@ -25,7 +25,7 @@ for trial in 1 2; do
   d="$T/killed$trial"
   "$QKV" train "${args[@]}" --out "$d" > /dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 1 1200); do [ -f "$d/model.safetensors" ] && break; sleep 0.1; done
+  wait_for_file "$d/model.safetensors" "$pid"
   sleep "0.$((RANDOM % 4))" # within 0.3 s: a run takes 0.8 s here, so it is alive
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null

@@ -19,9 +19,8 @@ for trial in 1 2 3 4 5; do
   d="$T/killed$trial"
   "$QKV" train "${args[@]}" --out "$d" > /dev/null 2>&1 &
   pid=$!
-  # Wait for a first checkpoint (up to 2 minutes: the machine may be
-  # loaded), then kill at a random moment after it.
-  for _ in $(seq 1 1200); do [ -f "$d/model.safetensors" ] && break; sleep 0.1; done
+  # A first checkpoint, then a kill at a random moment after it.
+  wait_for_file "$d/model.safetensors" "$pid"
   sleep "0.$((RANDOM % 10))"
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null
