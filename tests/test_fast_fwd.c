@@ -331,6 +331,31 @@ static void test_threads(void) {
     }
 }
 
+/* 8b. The two schedules (fast_fwd.c): heads owned by threads, each packing
+ * its kv head into a slot of its own (when there are at least as many
+ * (b, kv head) pairs as threads and a head's packed K and V take at most
+ * FWD_HEAD_SLOT_MAX_BYTES, 512 KB), else every head packed first. Both are
+ * checked against the reference, and check_problem's thread sweep compares
+ * them bitwise: with 2 pairs, 1 and 2 threads own heads, 3 do not; with 3
+ * pairs and 2 threads one thread helps the other finish a head. GQA: 2
+ * query heads per kv head, units over both. At D = Dv = 128, n = 512 fills
+ * a slot exactly and n = 513 goes over (every head first at any thread
+ * count). */
+static void test_schedules(void) {
+    static const struct {
+        int64_t B, n, Hkv, D;
+    } cases[] = {{1, 65, 2, 64}, {1, 65, 3, 64}, {2, 65, 1, 64}, {1, 300, 2, 64}, {1, 300, 3, 64},
+                 {2, 300, 1, 64}, {1, 512, 2, 128}, {1, 513, 2, 128}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        base_desc(&p.d, cases[c].B, cases[c].n, cases[c].n, 2 * cases[c].Hkv, cases[c].Hkv, cases[c].D,
+                  cases[c].D);
+        set_mask(&p.d, (int)(c % 3), 40, 9);
+        run_case(&p, 8500 + (uint64_t)c, 1.0, 0, 1);
+    }
+}
+
 /* 7b. A key masked by a -inf bias: a NaN in its value changes nothing; a
  * NaN in a visible key reaches its rows' outputs and lse. */
 static void test_nan_bias_and_visible(void) {
@@ -367,8 +392,9 @@ static void test_nan_bias_and_visible(void) {
  * that does not keeps ordinary stores. Both must give the same bits, write
  * nothing outside the output (64 bytes of canary either side of the aligned
  * one), and agree with the reference (check_problem, through the ordinary
- * path). Here K and V packed take over 1 MiB, so the packing streams too
- * (fa_pack_kv, FA_PACK_STREAM_MIN_BYTES): panels always, V rows for
+ * path). Here every head is packed first (one head's K and V take over
+ * FWD_HEAD_SLOT_MAX_BYTES) and all take over 1 MiB, so the packing streams
+ * too (fa_pack_kv, FA_PACK_STREAM_MIN_BYTES): panels always, V rows for
  * Dv = 64; Dv = 72 (rows of 288 bytes share lines) keeps ordinary stores
  * for V rows and O. */
 static void test_streamed_output(void) {
@@ -377,7 +403,7 @@ static void test_streamed_output(void) {
         for (int mask = 0; mask <= 1; mask++) {
             fprob p;
             memset(&p, 0, sizeof p);
-            base_desc(&p.d, 1, 520, 520, 4, 4, 64, dvs[di]);
+            base_desc(&p.d, 1, 700, 700, 4, 4, 128, dvs[di]);
             set_mask(&p.d, mask, 0, 0);
             if (!fp_make(&p, 9100 + (uint64_t)(2 * di + mask), 1.0)) {
                 CHECK(0, "bad test descriptor");
@@ -435,6 +461,7 @@ int main(void) {
         test_nan_masked();
         test_nan_bias_and_visible();
         test_threads();
+        test_schedules();
         test_streamed_output();
         printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");
         ran++;
