@@ -1,6 +1,8 @@
 /* Heads owned by threads: see head_sched.h. */
+#define _POSIX_C_SOURCE 200809L /* sched_yield */
 #include "attn/head_sched.h"
 
+#include <sched.h>
 #include <stdatomic.h>
 
 #include "core/threads.h"
@@ -46,12 +48,14 @@ static void heads_worker(void *vj, int64_t w, int t) {
     }
     /* Every head is claimed: help with the units left. A head whose owner
      * is still packing it is waited for (its owner is running: a head is
-     * claimed only by a running worker, which packs it at once). */
+     * claimed only by a running worker, which packs it at once): polled
+     * for a few microseconds, then yielding the core, which the owner may
+     * need on a machine with more threads than cores. */
     for (int64_t h = 0; h < j->heads; h++) {
         if (atomic_load_explicit(&j->st[h].next, memory_order_relaxed) >= j->per_head) continue;
         const void *s;
-        while (!(s = atomic_load_explicit(&j->st[h].slot, memory_order_acquire))) {
-        }
+        for (unsigned i = 0; !(s = atomic_load_explicit(&j->st[h].slot, memory_order_acquire)); i++)
+            if (i >= 4096) sched_yield();
         run_head_units(j, h, s, t);
     }
 }
