@@ -405,17 +405,35 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     fwd_block(f, u, t, c->kt + (b * c->Hkv + kv) * c->kt_stride, c->vr + (b * c->Hkv + kv) * c->nk * c->Dv);
 }
 
+/* One head's rows lie H_kv * D floats apart (2 KB at 8 heads of 64): a new
+ * page every few rows, where the hardware prefetchers stop. */
+static void prefetch_rows(const float *src, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
+#if defined(__GNUC__)
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t x = 0; x < d; x += 16) __builtin_prefetch(src + r * ld + x, 0, 3);
+#else
+    (void)src, (void)ld, (void)r0, (void)r1, (void)d;
+#endif
+}
+
 /* Heads owned by threads (head_sched.h): a slot holds one kv head's K
- * panels, then with several kv heads its V rows at slot_kt bytes. */
+ * panels, then with several kv heads its V rows at slot_kt bytes. Packed a
+ * panel of rows at a time while the next panel's rows are prefetched: the
+ * packing's cycles fell 13-17% (n = 512, 8 heads, 2 threads; calls
+ * 0.5-1.6% faster, four rounds alternating in one process). */
 static void fwd_head_pack(void *vf, int64_t head, void *slot) {
     fwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
-    const int64_t b = head / c->Hkv, kv = head % c->Hkv;
-    fa_pack_block(c->K, slot, 0, NULL, c->k + b * c->nk * c->ldk + kv * c->D, c->ldk, 0, c->nk, 1, c->D, 0,
-                  c->nk, 0);
-    if (c->Hkv > 1)
-        fa_pack_block(c->K, NULL, 0, (float *)(void *)((unsigned char *)slot + f->slot_kt),
-                      c->v + b * c->nk * c->ldv + kv * c->Dv, c->ldv, 0, c->nk, 1, c->Dv, 0, c->nk, 0);
+    const int64_t b = head / c->Hkv, kv = head % c->Hkv, nk = c->nk;
+    const float *ks = c->k + b * nk * c->ldk + kv * c->D, *vs = c->v + b * nk * c->ldv + kv * c->Dv;
+    float *vd = (float *)(void *)((unsigned char *)slot + f->slot_kt);
+    for (int64_t r0 = 0; r0 < nk; r0 += QKV_PANEL) {
+        int64_t r1 = nk - r0 < QKV_PANEL ? nk : r0 + QKV_PANEL, r2 = nk - r1 < QKV_PANEL ? nk : r1 + QKV_PANEL;
+        prefetch_rows(ks, c->ldk, r1, r2, c->D);
+        if (c->Hkv > 1) prefetch_rows(vs, c->ldv, r1, r2, c->Dv);
+        fa_pack_block(c->K, slot, 0, NULL, ks, c->ldk, 0, nk, 1, c->D, r0, r1, 0);
+        if (c->Hkv > 1) fa_pack_block(c->K, NULL, 0, vd, vs, c->ldv, 0, nk, 1, c->Dv, r0, r1, 0);
+    }
 }
 
 static void fwd_head_unit(void *vf, int64_t head, int64_t j, const void *slot, int t) {
