@@ -204,6 +204,17 @@ static void edge_rows(fwd_ws *w, float *s, int nr, int rows, int64_t kt, int nco
     }
 }
 
+/* One head's rows of Q, K or V lie H * D floats apart (2 KB at 8 heads of
+ * 64): a new page every few rows, where the hardware prefetchers stop. */
+static void prefetch_rows(const float *src, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
+#if defined(__GNUC__)
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t x = 0; x < d; x += 16) __builtin_prefetch(src + r * ld + x, 0, 3);
+#else
+    (void)src, (void)ld, (void)r0, (void)r1, (void)d;
+#endif
+}
+
 /* Unit u (a query block of one (b, h)) with the packed K of its kv head at
  * ktb and its V rows (Dv floats each) at vb. */
 static void fwd_block(fwd_ctx *f, int64_t u, int t, const float *ktb, const float *vb) {
@@ -233,6 +244,11 @@ static void fwd_block(fwd_ctx *f, int64_t u, int t, const float *ktb, const floa
     }
     const int raw_softmax = softmax && !c->natural;
 
+    /* All the block's Q rows in flight before the copy: its cycles fell
+     * 23-30% (n = 512, 8 heads, 2 threads, seven rounds alternating in one
+     * process; the causal call faster in six, by up to 3%, the full one
+     * within 2% either way). */
+    prefetch_rows(c->q + ((b * c->nq + i0) * c->H + h) * D, c->H * D, 0, nr, D);
     for (int r = 0; r < rows; r++) {
         float *dst = w.qb + (size_t)r * D;
         if (r < nr) memcpy(dst, c->q + ((b * c->nq + i0 + r) * c->H + h) * D, (size_t)D * sizeof(float));
@@ -403,17 +419,6 @@ static void fwd_unit(void *vf, int64_t u, int t) {
     const fa_ctx *c = &f->c;
     const int64_t bh = u / f->nqb, b = bh / c->H, kv = bh % c->H / c->G;
     fwd_block(f, u, t, c->kt + (b * c->Hkv + kv) * c->kt_stride, c->vr + (b * c->Hkv + kv) * c->nk * c->Dv);
-}
-
-/* One head's rows lie H_kv * D floats apart (2 KB at 8 heads of 64): a new
- * page every few rows, where the hardware prefetchers stop. */
-static void prefetch_rows(const float *src, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
-#if defined(__GNUC__)
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t x = 0; x < d; x += 16) __builtin_prefetch(src + r * ld + x, 0, 3);
-#else
-    (void)src, (void)ld, (void)r0, (void)r1, (void)d;
-#endif
 }
 
 /* Heads owned by threads (head_sched.h): a slot holds one kv head's K
