@@ -248,10 +248,11 @@ static void fwd_block(fwd_ctx *f, int64_t u, int t, const float *ktb, const floa
      * 23-30% (n = 512, 8 heads, 2 threads, seven rounds alternating in one
      * process; the causal call faster in six, by up to 3%, the full one
      * within 2% either way). */
-    prefetch_rows(c->q + ((b * c->nq + i0) * c->H + h) * D, c->H * D, 0, nr, D);
+    const float *qrows = c->q + ((b * c->nq + i0) * c->H + h) * D; /* row stride ldq */
+    prefetch_rows(qrows, c->ldq, 0, nr, D);
     for (int r = 0; r < rows; r++) {
         float *dst = w.qb + (size_t)r * D;
-        if (r < nr) memcpy(dst, c->q + ((b * c->nq + i0 + r) * c->H + h) * D, (size_t)D * sizeof(float));
+        if (r < nr) memcpy(dst, qrows + r * c->ldq, (size_t)D * sizeof(float));
         else memset(dst, 0, (size_t)D * sizeof(float));
         w.m[r] = -INFINITY;
         w.l[r] = 0.0f;
@@ -422,16 +423,21 @@ static void fwd_unit(void *vf, int64_t u, int t) {
 }
 
 /* Heads owned by threads (head_sched.h): a slot holds one kv head's K
- * panels, then with several kv heads its V rows at slot_kt bytes. Packed a
- * panel of rows at a time while the next panel's rows are prefetched: the
- * packing's cycles fell 13-17% (n = 512, 8 heads, 2 threads; calls
- * 0.5-1.6% faster, four rounds alternating in one process). */
+ * panels, then with several kv heads its V rows at slot_kt bytes. */
+static float *slot_vrows(const fwd_ctx *f, const void *slot) { /* writable for the owner */
+    return (float *)(void *)((unsigned char *)(uintptr_t)slot + f->slot_kt);
+}
+
+/* A head packed into its slot a panel of rows at a time while the next
+ * panel's rows are prefetched: the packing's cycles fell 13-17% (n = 512,
+ * 8 heads, 2 threads; calls 0.5-1.6% faster, four rounds alternating in
+ * one process). */
 static void fwd_head_pack(void *vf, int64_t head, void *slot) {
     fwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
     const int64_t b = head / c->Hkv, kv = head % c->Hkv, nk = c->nk;
     const float *ks = c->k + b * nk * c->ldk + kv * c->D, *vs = c->v + b * nk * c->ldv + kv * c->Dv;
-    float *vd = (float *)(void *)((unsigned char *)slot + f->slot_kt);
+    float *vd = slot_vrows(f, slot);
     for (int64_t r0 = 0; r0 < nk; r0 += QKV_PANEL) {
         int64_t r1 = nk - r0 < QKV_PANEL ? nk : r0 + QKV_PANEL, r2 = nk - r1 < QKV_PANEL ? nk : r1 + QKV_PANEL;
         prefetch_rows(ks, c->ldk, r1, r2, c->D);
@@ -445,8 +451,7 @@ static void fwd_head_unit(void *vf, int64_t head, int64_t j, const void *slot, i
     fwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
     const int64_t b = head / c->Hkv, kv = head % c->Hkv, h = kv * c->G + j / f->nqb;
-    const float *vb = c->Hkv > 1 ? (const float *)(const void *)((const unsigned char *)slot + f->slot_kt)
-                                 : c->v + b * c->nk * c->Dv;
+    const float *vb = c->Hkv > 1 ? slot_vrows(f, slot) : c->v + b * c->nk * c->Dv;
     fwd_block(f, (b * c->H + h) * f->nqb + j % f->nqb, t, slot, vb);
 }
 
