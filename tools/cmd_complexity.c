@@ -30,6 +30,7 @@
 
 #include "cli.h"
 #include "cli_util.h"
+#include "core/rng.h"
 #include "qkv.h"
 
 #define CMD "complexity"
@@ -92,11 +93,7 @@ static double now_s(void) {
 
 static uint64_t g_rng = 12345;
 static float frand(void) { /* uniform in [-1, 1) */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float)((double)(z >> 11) * 0x1.0p-52 - 1.0);
+    return (float)((double)(splitmix64_next(&g_rng) >> 11) * 0x1.0p-52 - 1.0);
 }
 
 /* ------------------------------------------------------------------------- */

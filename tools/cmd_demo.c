@@ -30,6 +30,7 @@
 
 #include "cli.h"
 #include "cli_util.h"
+#include "core/rng.h"
 #include "qkv.h"
 
 #define CMD "demo"
@@ -84,21 +85,14 @@ enum { W_HELLO, W_HI, W_HEY, W_COMMA, W_I, W_YOU, W_WE, W_LOVE, W_LIKE, W_MISS, 
 static const int GREET[3] = {W_HELLO, W_HI, W_HEY}, SUBJ[3] = {W_I, W_YOU, W_WE}, OBJ[3] = {W_YOU, W_ME, W_THEM};
 static const int VERB[4] = {W_LOVE, W_LIKE, W_MISS, W_SEE};
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void sentence(uint64_t *rng, int32_t *t) {
-    int g = (int)(splitmix(rng) % 3);
+    int g = (int)(splitmix64_next(rng) % 3);
     t[0] = GREET[g];
     t[1] = W_COMMA;
     t[2] = SUBJ[g];
-    t[3] = VERB[splitmix(rng) % 4];
+    t[3] = VERB[splitmix64_next(rng) % 4];
     t[4] = OBJ[g];
-    t[5] = splitmix(rng) % 2 ? W_BANG : W_DOT;
+    t[5] = splitmix64_next(rng) % 2 ? W_BANG : W_DOT;
 }
 
 /* ---- printing ---------------------------------------------------------------- */

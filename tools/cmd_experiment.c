@@ -30,6 +30,7 @@
 
 #include "cli.h"
 #include "cli_util.h"
+#include "core/rng.h"
 #include "qkv.h"
 
 #define CMD "experiment"
@@ -112,12 +113,7 @@ static qkv_status task_batch(const qkv_task_spec *t, uint64_t seed, int64_t inde
     uint64_t z = seed * 0x100000001B3ull ^ ((uint64_t)index * 0x9E3779B97F4A7C15ull);
     for (int64_t b = 0; b < batch; b++)
         for (int64_t i = 0; i < n; i++) {
-            z += 0x9E3779B97F4A7C15ull;
-            uint64_t x = z;
-            x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-            x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-            x ^= x >> 31;
-            tok[b * n + i] = (int32_t)(x % (uint64_t)S);
+            tok[b * n + i] = (int32_t)(splitmix64_next(&z) % (uint64_t)S);
             tgt[b * n + i] = i < 2 ? -1 : (int32_t)(tok[b * n + i - 1] * S + tok[b * n + i - 2]);
         }
     return QKV_OK;
@@ -335,15 +331,8 @@ typedef struct rowstats {
     int64_t rows;
 } rowstats;
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static double normal(uint64_t *s) {
-    double u1 = ((double)(splitmix(s) >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(splitmix(s) >> 11) * 0x1.0p-53;
+    double u1 = ((double)(splitmix64_next(s) >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(splitmix64_next(s) >> 11) * 0x1.0p-53;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 

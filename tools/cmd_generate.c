@@ -9,17 +9,11 @@
 
 #include "cli.h"
 #include "cli_util.h"
+#include "core/rng.h"
 #include "qkv.h"
 #include "train_common.h"
 
 #define CMD "generate"
-
-static uint64_t rng_next(uint64_t *z) {
-    uint64_t x = (*z += 0x9E3779B97F4A7C15ull);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
 
 /* Pick a token from logits z [V]: greedy at temperature 0, else softmax(z/T)
  * restricted to the top k (k = 0: all). */
@@ -44,7 +38,7 @@ static int32_t sample(const float *z, int64_t V, double temp, int64_t k, uint64_
         w[v] = z[v] >= kth ? exp((z[v] - z[best]) / temp) : 0.0;
         sum += w[v];
     }
-    double u = (double)(rng_next(rng) >> 11) * 0x1.0p-53 * sum;
+    double u = splitmix64_unit(rng) * sum;
     for (int64_t v = 0; v < V; v++) {
         u -= w[v];
         if (u < 0) return (int32_t)v;

@@ -29,6 +29,7 @@
 
 #include "cli.h"
 #include "cli_util.h"
+#include "core/rng.h"
 #include "qkv.h"
 
 #define CMD "image"
@@ -220,15 +221,8 @@ static int parse_args(int argc, char **argv, config *c) {
     return PARSE_CONTINUE;
 }
 
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static double rng_normal(uint64_t *s) {
-    double u1 = 1.0 - (double)(rng_next(s) >> 11) * 0x1.0p-53, u2 = (double)(rng_next(s) >> 11) * 0x1.0p-53;
+    double u1 = 1.0 - splitmix64_unit(s), u2 = splitmix64_unit(s);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 

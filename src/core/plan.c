@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/rng.h"
 
 void qkv_attn_desc_init(qkv_attn_desc *desc) {
     if (!desc) return;
@@ -240,10 +241,7 @@ double qkv_attn_dropout_keep(const qkv_plan *p, int64_t b, int64_t h, int64_t i,
     uint64_t z = p->d.dropout_seed ^ 0xD1B54A32D192ED03ull;
     const uint64_t c[4] = {(uint64_t)b, (uint64_t)h, (uint64_t)i, (uint64_t)j};
     for (int t = 0; t < 4; t++) {
-        z += c[t] * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        z = splitmix64_mix(z + c[t] * SPLITMIX64_GAMMA + 0x632BE59BD9B4E019ull);
     }
     double u = (double)(z >> 11) * 0x1.0p-53;
     return u < p->d.dropout ? 0.0 : 1.0 / (1.0 - p->d.dropout);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/rng.h"
 #include "layers/floater_internal.h"
 
 /* out = f(t, u); s receives the hidden activations tanh(z). */
@@ -170,12 +171,7 @@ qkv_status qkv_floater_create(int64_t dim, int64_t hidden, double delta, int sub
      * field is then a smooth, non-trivial flow from the start. */
     uint64_t z = seed;
     for (int64_t i = 0; i < f->np; i++) {
-        z += 0x9E3779B97F4A7C15ull;
-        uint64_t x = z;
-        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-        x ^= x >> 31;
-        double r = 2.0 * ((double)(x >> 11) * 0x1.0p-53) - 1.0;
+        double r = 2.0 * splitmix64_unit(&z) - 1.0;
         double scale = i < FL_W1(&f->c) ? 1.0 : (i < FL_W2(&f->c) ? 1.0 / sqrt((double)dim + 1.0)
                                                                 : 1.0 / sqrt((double)hidden));
         f->params[i] = (float)(r * scale);

@@ -7,6 +7,7 @@
 
 #include "core/half.h"
 #include "core/internal.h"
+#include "core/rng.h"
 #include "layers/mha_internal.h"
 
 void qkv_mha_config_init(qkv_mha_config *cfg, int64_t embed_dim, int64_t heads) {
@@ -103,24 +104,15 @@ static int layout(qkv_mha *m) {
 
 /* xavier_uniform_ like torch: U(-a, a), a = sqrt(6 / (fan_in + fan_out)),
  * from a splitmix64 stream so that a seed gives the same layer everywhere. */
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *seed) { return (double)(splitmix(seed) >> 11) * 0x1.0p-53; }
-
 static void xavier(float *w, int64_t rows, int64_t cols, uint64_t *seed) {
     double a = sqrt(6.0 / (double)(rows + cols));
-    for (int64_t i = 0; i < rows * cols; i++) w[i] = (float)(a * (2.0 * uniform01(seed) - 1.0));
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = (float)(a * (2.0 * splitmix64_unit(seed) - 1.0));
 }
 
 /* N(0, std^2) by Box-Muller. */
 static void normal_fill(float *w, int64_t n, double std, uint64_t *seed) {
     for (int64_t i = 0; i < n; i++) {
-        double u = 1.0 - uniform01(seed), v = uniform01(seed); /* u in (0, 1] */
+        double u = 1.0 - splitmix64_unit(seed), v = splitmix64_unit(seed); /* u in (0, 1] */
         w[i] = (float)(std * sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
     }
 }
@@ -159,7 +151,7 @@ qkv_status qkv_mha_create(const qkv_mha_config *cfg, uint64_t seed, qkv_mha **ou
     uint64_t s2 = seed ^ 0x5DEECE66Dull;
     float *wo = m->params + m->off[MHA_WO];
     for (int64_t i = 0; i < c.embed_dim * Do; i++)
-        wo[i] = (float)((2.0 * ((double)(splitmix(&s2) >> 11) * 0x1.0p-53) - 1.0) / sqrt((double)Do));
+        wo[i] = (float)((2.0 * ((double)(splitmix64_next(&s2) >> 11) * 0x1.0p-53) - 1.0) / sqrt((double)Do));
     /* The optional parameters draw from streams of their own, so that turning
      * them on leaves the others as they were. */
     if (c.add_bias_kv) {
@@ -178,7 +170,7 @@ qkv_status qkv_mha_create(const qkv_mha_config *cfg, uint64_t seed, qkv_mha **ou
             xavier(m->params + m->off[MHA_AW2] + h * A * c.head_dim, A, c.head_dim, &s4);
         }
         float *w = m->params + m->off[MHA_AW];
-        for (int64_t i = 0; i < c.heads * A; i++) w[i] = (float)((2.0 * uniform01(&s4) - 1.0) / sqrt((double)A));
+        for (int64_t i = 0; i < c.heads * A; i++) w[i] = (float)((2.0 * splitmix64_unit(&s4) - 1.0) / sqrt((double)A));
     }
     *out = m;
     return QKV_OK;

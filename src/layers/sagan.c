@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/rng.h"
 
 struct qkv_sagan {
     int64_t C, Ck;
@@ -39,17 +40,10 @@ static float *p_wh(float *p, const qkv_sagan *s) { return p + 2 * (s->Ck * s->C 
 static float *p_bh(float *p, const qkv_sagan *s) { return p_wh(p, s) + s->C * s->C; }
 static float *p_gamma(float *p, const qkv_sagan *s) { return p_bh(p, s) + s->C; }
 
-static uint64_t sg_rng(uint64_t *st) {
-    uint64_t z = (*st += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void xavier(float *w, int64_t fan_out, int64_t fan_in, uint64_t *st) {
     double a = sqrt(6.0 / (double)(fan_in + fan_out));
     for (int64_t i = 0; i < fan_out * fan_in; i++)
-        w[i] = (float)(a * (2.0 * ((double)(sg_rng(st) >> 11) * 0x1.0p-53) - 1.0));
+        w[i] = (float)(a * (2.0 * splitmix64_unit(st) - 1.0));
 }
 
 qkv_status qkv_sagan_create(int64_t channels, int64_t key_channels, uint64_t seed, qkv_sagan **out) {

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/rng.h"
 
 static const char *const NAMES[] = {"copy", "reverse", "sort", "recall", "text", "label", "mlm"};
 
@@ -56,14 +57,7 @@ qkv_status qkv_task_shape(const qkv_task_spec *s, int64_t *vocab, int64_t *n, in
     return QKV_OK;
 }
 
-static uint64_t next(uint64_t *z) {
-    uint64_t x = (*z += 0x9E3779B97F4A7C15ull);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-static int64_t below(uint64_t *z, int64_t n) { return (int64_t)(next(z) % (uint64_t)n); }
+static int64_t below(uint64_t *z, int64_t n) { return (int64_t)(splitmix64_next(z) % (uint64_t)n); }
 
 /* The LABEL task's classes: word w has class w % 3 (0 noun, 1 verb, 2 other),
  * but a verb in the first two positions of the sentence is read as a noun,
@@ -86,7 +80,7 @@ qkv_status qkv_task_batch(const qkv_task_spec *s, uint64_t seed, int64_t index, 
     const int64_t L = s->length, S = symbols_of(s);
     for (int64_t b = 0; b < batch; b++) {
         uint64_t z = seed * 0x100000001B3ull ^ ((uint64_t)index * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)b << 32);
-        next(&z);
+        splitmix64_next(&z);
         int32_t *t = tokens + b * N, *y = targets + b * N;
         for (int64_t i = 0; i < N; i++) y[i] = -1;
         switch (s->task) {

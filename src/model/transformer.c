@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/rng.h"
 #include "core/threads.h"
 #include "model/model_internal.h"
 
@@ -260,20 +261,14 @@ float model_gelu(float x) {
 /* Counter-based dropout: the mask of element i at (step, layer, site) is a
  * hash of those numbers, so the backward regenerates it instead of storing
  * it, and the same seed gives the same run whatever the thread count. */
-static uint64_t mix(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void dropout_apply(const qkv_model *m, int64_t layer, int site, float *x, int64_t count) {
     double p = m->cfg.dropout;
     if (!m->train || p <= 0.0) return;
-    uint64_t key = mix(m->drop_seed ^ mix((uint64_t)m->drop_step * 0x9E3779B97F4A7C15ull +
+    uint64_t key = splitmix64_mix(m->drop_seed ^ splitmix64_mix((uint64_t)m->drop_step * 0x9E3779B97F4A7C15ull +
                                           (uint64_t)layer * 0x632BE59BD9B4E019ull + (uint64_t)site));
     float scale = (float)(1.0 / (1.0 - p));
     for (int64_t i = 0; i < count; i++) {
-        double u = (double)(mix(key + (uint64_t)i * 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
+        double u = (double)(splitmix64_mix(key + (uint64_t)i * 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
         x[i] = u < p ? 0.0f : x[i] * scale;
     }
 }
@@ -396,7 +391,7 @@ qkv_status qkv_model_create(const qkv_model_config *cfg, uint64_t seed, qkv_mode
         for (int64_t j = 0; j < s->count; j++) {
             if (is_ln_w) s->param[j] = 1.0f;
             else if (s->decay || strstr(s->name, "pos_emb")) {
-                uint64_t a = mix(z += 0x9E3779B97F4A7C15ull), b = mix(z += 0x9E3779B97F4A7C15ull);
+                uint64_t a = splitmix64_next(&z), b = splitmix64_next(&z);
                 double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(b >> 11) * 0x1.0p-53;
                 s->param[j] = (float)(sd * sqrt(-2.0 * log(u1)) * cos(2.0 * QKV_PI * u2));
             }
@@ -413,7 +408,7 @@ qkv_status qkv_model_create(const qkv_model_config *cfg, uint64_t seed, qkv_mode
                  : cfg->pos == QKV_POSENC_ALIBI ? QKV_POS_ALIBI
                  : cfg->pos == QKV_POSENC_RELATIVE ? QKV_POS_RELATIVE
                                                     : QKV_POS_NONE;
-        st = qkv_mha_create(&mc, mix(seed + 1000 + (uint64_t)l), &m->attn[l]);
+        st = qkv_mha_create(&mc, splitmix64_mix(seed + 1000 + (uint64_t)l), &m->attn[l]);
         if (st != QKV_OK) {
             qkv_model_free(m);
             return st;
@@ -427,7 +422,7 @@ qkv_status qkv_model_create(const qkv_model_config *cfg, uint64_t seed, qkv_mode
         s->layer = l;
     }
     if (cfg->pos == QKV_POSENC_FLOATER) {
-        st = qkv_floater_create(E, 2 * E > 64 ? 64 : 2 * E, FLOATER_DELTA, 1, mix(seed + 77), &m->floater);
+        st = qkv_floater_create(E, 2 * E > 64 ? 64 : 2 * E, FLOATER_DELTA, 1, splitmix64_mix(seed + 77), &m->floater);
         if (st != QKV_OK) {
             qkv_model_free(m);
             return st;
@@ -641,7 +636,7 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         /* Attention dropout happens inside the kernel, its mask keyed by
          * (seed, step, layer); the layer's backward regenerates it. */
         qkv_mha_set_dropout(m->attn[l], train ? m->cfg.dropout : 0.0,
-                            mix(m->drop_seed ^ mix((uint64_t)m->drop_step * 0x9E3779B97F4A7C15ull + (uint64_t)l + 7)));
+                            splitmix64_mix(m->drop_seed ^ splitmix64_mix((uint64_t)m->drop_step * 0x9E3779B97F4A7C15ull + (uint64_t)l + 7)));
         s = qkv_mha_forward(m->attn[l], batch, n, n, b->ln1, NULL, NULL, NULL, b->attn_out,
                             m->keep_attention ? m->attn_keep[l] : NULL);
         if (s != QKV_OK) return s;

@@ -22,18 +22,10 @@
 
 #include "fuzz.h"
 #include "fuzz_check.h"
+#include "core/rng.h"
 #include "qkv.h"
 
 #define MAX_ELEMS (1 << 16) /* per tensor: above this the call is only validated */
-
-/* splitmix64: tensor values come from a generator seeded by the input, so a
- * short input still fills every tensor. */
-static uint64_t mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* A pair of tensors with the same values, one float64 and one float32. */
 typedef struct pair {
@@ -49,9 +41,11 @@ static int pair_alloc(pair *p, int64_t n) {
     return p->d && p->f;
 }
 
+/* Tensor values come from a splitmix64 stream seeded by the input, so a
+ * short input still fills every tensor. */
 static void pair_fill(pair *p, uint64_t *seed, int neg_inf_one_in) {
     for (int64_t i = 0; i < p->n; i++) {
-        uint64_t r = mix(seed);
+        uint64_t r = splitmix64_next(seed);
         /* Quarter steps plus a jitter of multiples of 2^-16: exact in float,
          * and logits exactly at the ReLU kink (0) become rare. */
         double x = (double)((int64_t)(r % 17) - 8) / 4.0 + (double)((r >> 40) % 1000) / 65536.0;

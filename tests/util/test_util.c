@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include "core/half.h"
+#include "core/rng.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -15,14 +16,9 @@ int tu_finish(void) {
 
 void tu_rng_seed(tu_rng *r, uint64_t seed) { r->s = seed; }
 
-uint64_t tu_rng_u64(tu_rng *r) {
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+uint64_t tu_rng_u64(tu_rng *r) { return splitmix64_next(&r->s); }
 
-double tu_rng_uniform(tu_rng *r) { return (double)(tu_rng_u64(r) >> 11) * 0x1.0p-53; }
+double tu_rng_uniform(tu_rng *r) { return splitmix64_unit(&r->s); }
 
 double tu_rng_normal(tu_rng *r) {
     /* Box-Muller; u1 in (0, 1] so log is finite. */
