@@ -78,6 +78,29 @@ int cli_next(cli_args *a, const cli_opt *opts, size_t n_opts, const char **name,
     return o->id;
 }
 
+int cli_scan(cli_args *a, const char **name, const char **value) {
+    int id = cli_next(a, a->opts, a->n_opts, name, value);
+    if (id == CLI_END) return CLI_END;
+    if (id == CLI_ERROR) {
+        cli_usage_hint(a->cmd);
+        a->status = CLI_EXIT_USAGE;
+        return CLI_STOP;
+    }
+    if (a->help && id == a->help_id) {
+        a->help();
+        a->status = CLI_EXIT_OK;
+        return CLI_STOP;
+    }
+    if (a->given) {
+        if (a->given[id]) {
+            a->status = cli_usage_error(a->cmd, *name, "given twice");
+            return CLI_STOP;
+        }
+        a->given[id] = 1;
+    }
+    return id;
+}
+
 int cli_parse_double(const char *cmd, const char *label, const char *text, double *out) {
     char *end = NULL;
     if (!text[0] || isspace((unsigned char)text[0])) {

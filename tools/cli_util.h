@@ -35,16 +35,25 @@ typedef struct cli_opt {
     int id;
 } cli_opt;
 
-/* A cursor over argv (argv[0] is the subcommand's name). */
+/* A cursor over argv (argv[0] is the subcommand's name), and what cli_scan
+ * needs besides: the options, the help option's id and its printer, and the
+ * flags of the options seen (NULL: an option may be given again). */
 typedef struct cli_args {
     const char *cmd;
     int argc;
     char **argv;
     int i;
+    const cli_opt *opts;
+    size_t n_opts;
+    int help_id;
+    void (*help)(void);
+    int *given; /* [n_opts], zeroed by the caller */
+    int status; /* the exit status once cli_scan answered CLI_STOP */
 } cli_args;
 
 #define CLI_END (-1)
 #define CLI_ERROR (-2)
+#define CLI_STOP (-3)
 
 /* Scan the next option. Returns its id (and, for an option with a value,
  * *value: from "--name=value" or from the next argument), CLI_END after the
@@ -54,6 +63,14 @@ typedef struct cli_args {
  * flag. *name is set to the option's canonical name in every case but CLI_END. */
 int cli_next(cli_args *a, const cli_opt *opts, size_t n_opts, const char **name,
              const char **value);
+
+/* The step of every subcommand's option loop: cli_next over a->opts, then
+ * CLI_STOP with a->status set when the command is over: after a scanning
+ * error (the --help hint printed: CLI_EXIT_USAGE), after --help (a->help()
+ * printed: CLI_EXIT_OK) and, with a->given, for an option given twice
+ * ("given twice", a usage error). Otherwise the option's id (recorded in
+ * a->given) or CLI_END, as cli_next. */
+int cli_scan(cli_args *a, const char **name, const char **value);
 
 /* Strict numbers: the whole text must be the number, no blanks, no overflow.
  * On failure they print "qkv <cmd>: <label>: '<text>' is not ..." and return

@@ -69,17 +69,7 @@ static void help(void) {
           stdout);
 }
 
-static int usage_error(const char *opt, const char *fmt, ...) CLI_PRINTF(2, 3);
-static int usage_error(const char *opt, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cli_error(CMD, opt, NULL, "%s", msg);
-    cli_usage_hint(CMD);
-    return CLI_EXIT_USAGE;
-}
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 /* Wall-clock time, or the process's CPU time: single-thread timings use
  * CPU time, which other processes on a shared machine barely disturb
@@ -724,21 +714,12 @@ int cli_cmd_complexity(int argc, char **argv) {
     int64_t d = 64, max_n = 2048, window = 32, kernel = 3;
     const char *png = NULL;
     int quick = 0, given[OPT_COUNT] = {0};
-    cli_args a = {CMD, argc, argv, 1};
+    cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, given, 0};
     for (;;) {
         const char *name, *value;
-        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        int id = cli_scan(&a, &name, &value);
         if (id == CLI_END) break;
-        if (id == CLI_ERROR) {
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
-        }
-        if (id == OPT_HELP) {
-            help();
-            return CLI_EXIT_OK;
-        }
-        if (given[id]) return usage_error(name, "given twice");
-        given[id] = 1;
+        if (id == CLI_STOP) return a.status;
         int bad = 0;
         switch (id) {
         case OPT_D: bad = cli_parse_int64(CMD, "--d", value, 1, 4096, &d); break;

@@ -62,17 +62,7 @@ static void help(void) {
            DEFAULT_ALPHA);
 }
 
-static int usage_error(const char *opt, const char *fmt, ...) CLI_PRINTF(2, 3);
-static int usage_error(const char *opt, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cli_error(CMD, opt, NULL, "%s", msg);
-    cli_usage_hint(CMD);
-    return CLI_EXIT_USAGE;
-}
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 /* Load a float .npy of the given rank as float32. */
 static int load_f32(const char *opt, const char *path, int ndim, qkv_array *out) {
@@ -135,21 +125,12 @@ int cli_cmd_conv_as_attention(int argc, char **argv) {
     const char *val[OPT_COUNT] = {0};
     int given[OPT_COUNT] = {0};
     double alpha = DEFAULT_ALPHA;
-    cli_args a = {CMD, argc, argv, 1};
+    cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, given, 0};
     for (;;) {
         const char *name, *value;
-        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        int id = cli_scan(&a, &name, &value);
         if (id == CLI_END) break;
-        if (id == CLI_ERROR) {
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
-        }
-        if (id == OPT_HELP) {
-            help();
-            return CLI_EXIT_OK;
-        }
-        if (given[id]) return usage_error(name, "given twice");
-        given[id] = 1;
+        if (id == CLI_STOP) return a.status;
         val[id] = value;
         if (id == OPT_ALPHA) {
             if (cli_parse_double(CMD, "--alpha", value, &alpha) != 0) {

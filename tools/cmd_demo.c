@@ -615,17 +615,13 @@ int cli_cmd_demo(int argc, char **argv) {
     uint64_t seed = 1;
     int64_t steps = 400, v64;
     int color = -1; /* auto */
-    cli_args a = {CMD, argc, argv, 1};
+    cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, NULL, 0};
     for (;;) {
         const char *name, *value;
-        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        int id = cli_scan(&a, &name, &value);
         if (id == CLI_END) break;
-        if (id == CLI_ERROR) {
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
-        }
+        if (id == CLI_STOP) return a.status;
         switch (id) {
-        case OPT_HELP: help(); return CLI_EXIT_OK;
         case OPT_OUT: dir = value; break;
         case OPT_SEED:
             if (cli_parse_int64(CMD, "--seed", value, 0, INT64_MAX, &v64) != 0) {

@@ -1050,18 +1050,16 @@ int cli_cmd_experiment(int argc, char **argv) {
         av[ac++] = argv[i];
     }
     av[ac] = NULL;
-    cli_args a = {CMD, ac, av, 1};
+    cli_args a = {CMD, ac, av, 1, options, OPT_COUNT, OPT_HELP, help, NULL, 0};
     for (;;) {
         const char *name, *value;
-        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        int id = cli_scan(&a, &name, &value);
         if (id == CLI_END) break;
-        if (id == CLI_ERROR) {
+        if (id == CLI_STOP) {
             free(av);
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
+            return a.status;
         }
         switch (id) {
-        case OPT_HELP: free(av); help(); return CLI_EXIT_OK;
         case OPT_OUT: c.dir = value; break;
         case OPT_QUICK: c.quick = 1; break;
         case OPT_SEED:

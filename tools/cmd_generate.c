@@ -52,7 +52,7 @@ int cli_cmd_generate(int argc, char **argv) {
         {"--temperature", NULL, 1, 4}, {"--top-k", NULL, 1, 5}, {"--seed", NULL, 1, 6},
         {"--kv-cache", NULL, 1, 7},
     };
-    cli_args a = {CMD, argc, argv, 1};
+    cli_args a = {.cmd = CMD, .argc = argc, .argv = argv, .i = 1};
     const char *ckpt = NULL, *prompt = NULL, *name, *val;
     int64_t ntok = 64, topk = 0, seed = 1;
     double temp = 1.0;

@@ -92,17 +92,7 @@ typedef struct config {
     uint64_t seed;
 } config;
 
-static int usage_error(const char *opt, const char *fmt, ...) CLI_PRINTF(2, 3);
-static int usage_error(const char *opt, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cli_error(CMD, opt, NULL, "%s", msg);
-    cli_usage_hint(CMD);
-    return CLI_EXIT_USAGE;
-}
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 #define PARSE_CONTINUE (-1)
 
@@ -131,22 +121,13 @@ static int parse_args(int argc, char **argv, config *c) {
             ac = argc - 1;
         }
     }
-    cli_args a = {CMD, ac, av, 1};
     int given[OPT_COUNT] = {0};
+    cli_args a = {CMD, ac, av, 1, options, OPT_COUNT, OPT_HELP, help, given, 0};
     for (;;) {
         const char *name, *value;
-        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        int id = cli_scan(&a, &name, &value);
         if (id == CLI_END) break;
-        if (id == CLI_ERROR) {
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
-        }
-        if (id == OPT_HELP) {
-            help();
-            return CLI_EXIT_OK;
-        }
-        if (given[id]) return usage_error(name, "given twice");
-        given[id] = 1;
+        if (id == CLI_STOP) return a.status;
         switch (id) {
         case OPT_IN:
             if (c->in) return usage_error("--in", "the input is already given ('%s')", c->in);

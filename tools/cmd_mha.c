@@ -233,7 +233,7 @@ static int take_value(config *c, int id, const char *v) {
 
 /* Returns PARSE_CONTINUE, or the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, config *c) {
-    cli_args a = {CMD, argc, argv, 1};
+    cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, c->given, 0};
     memset(c, 0, sizeof *c);
     qkv_attn_desc_init(&c->attn);
     c->join = QKV_JOIN_CONCAT;
@@ -246,18 +246,9 @@ static int parse_args(int argc, char **argv, config *c) {
 
     for (;;) {
         const char *name, *value;
-        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        int id = cli_scan(&a, &name, &value);
         if (id == CLI_END) break;
-        if (id == CLI_ERROR) {
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
-        }
-        if (id == OPT_HELP) {
-            help();
-            return CLI_EXIT_OK;
-        }
-        if (c->given[id]) return usage_error(opt_name(id), "given twice");
-        c->given[id] = 1;
+        if (id == CLI_STOP) return a.status;
         c->val[id] = value;
         if (value && take_value(c, id, value) != 0) {
             cli_usage_hint(CMD);

@@ -92,17 +92,13 @@ static void byte_label(int b, char *out, size_t cap) {
 int cli_cmd_show(int argc, char **argv) {
     const char *ckpt = NULL, *text = NULL, *out = NULL;
     int color = -1, tokens_kind = 0; /* 0 auto, 1 bytes, 2 ints */
-    cli_args a = {CMD, argc, argv, 1};
+    cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, NULL, 0};
     for (;;) {
         const char *name, *value;
-        int id = cli_next(&a, options, OPT_COUNT, &name, &value);
+        int id = cli_scan(&a, &name, &value);
         if (id == CLI_END) break;
-        if (id == CLI_ERROR) {
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
-        }
+        if (id == CLI_STOP) return a.status;
         switch (id) {
-        case OPT_HELP: help(); return CLI_EXIT_OK;
         case OPT_CKPT: ckpt = value; break;
         case OPT_TEXT: text = value; break;
         case OPT_OUT: out = value; break;

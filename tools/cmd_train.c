@@ -455,7 +455,7 @@ int cli_cmd_train(int argc, char **argv) {
 }
 
 static int train_main(int argc, char **argv, const dp_ctx *dp) {
-    cli_args a = {CMD, argc, argv, 1};
+    cli_args a = {.cmd = CMD, .argc = argc, .argv = argv, .i = 1};
     train_run r;
     memset(&r, 0, sizeof r);
     r.batch = 32;
@@ -769,7 +769,7 @@ int cli_cmd_eval(int argc, char **argv) {
     static const cli_opt eopts[] = {
         {"--help", "-h", 0, 0}, {"--ckpt", NULL, 1, 1}, {"--examples", NULL, 1, 2}, {"--seed", NULL, 1, 3},
     };
-    cli_args a = {"eval", argc, argv, 1};
+    cli_args a = {.cmd = "eval", .argc = argc, .argv = argv, .i = 1};
     const char *ckpt = NULL, *name, *val;
     int64_t examples = 1000, seed = -1;
     int id;
