@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_npy.h"
 #include "cli_util.h"
 #include "qkv.h"
 
@@ -348,21 +349,13 @@ enum { IN_Q, IN_K, IN_V, IN_DOUT, IN_BIAS, IN_KEY_LENGTHS, IN_SEQ_OFFSETS, IN_CO
 static const int input_opt[IN_COUNT] = {OPT_Q, OPT_K, OPT_V, OPT_GRAD_OUT, OPT_BIAS,
                                         OPT_KEY_LENGTHS, OPT_SEQ_OFFSETS};
 
-typedef struct input {
-    int opt;
-    const char *path; /* NULL: not given */
-    qkv_array a;
-} input;
+typedef cli_file input;
 
 enum { OUT_O, OUT_ATTN, OUT_LSE, OUT_DQ, OUT_DK, OUT_DV, OUT_DBIAS, OUT_COUNT };
 static const int output_opt[OUT_COUNT] = {OPT_OUT, OPT_ATTN, OPT_LSE, OPT_DQ,
                                           OPT_DK, OPT_DV, OPT_DBIAS};
 
-typedef struct output {
-    int opt;
-    const char *path; /* NULL: computed but not written (e.g. A' for --print only) */
-    qkv_array a;      /* data NULL: not computed */
-} output;
+typedef cli_file output; /* path NULL: computed but not written; data NULL: not computed */
 
 typedef struct job {
     input in[IN_COUNT];
@@ -371,19 +364,11 @@ typedef struct job {
 } job;
 
 static void job_free(job *j) {
-    for (int i = 0; i < IN_COUNT; i++) qkv_array_free(&j->in[i].a);
-    for (int i = 0; i < OUT_COUNT; i++) qkv_array_free(&j->out[i].a);
+    cli_files_free(j->in, IN_COUNT);
+    cli_files_free(j->out, OUT_COUNT);
 }
 
-static void in_error(const input *in, const char *fmt, ...) CLI_PRINTF(2, 3);
-static void in_error(const input *in, const char *fmt, ...) {
-    char msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cli_error(CMD, opt_name(in->opt), in->path, "%s", msg);
-}
+#define in_error(in, ...) cli_file_error(CMD, (in), __VA_ARGS__)
 
 static const char *shape_of(const qkv_array *a, char *buf, size_t len) {
     return cli_shape_str(buf, len, a->ndim, a->shape);
@@ -398,18 +383,7 @@ static void misfit(const input *x, const input *ref, const char *fmt, ...) {
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
     in_error(x, "shape %s does not fit %s %s %s: %s", shape_of(&x->a, xs, sizeof xs),
-             opt_name(ref->opt), ref->path, shape_of(&ref->a, rs, sizeof rs), detail);
-}
-
-static int load(input *in, int header_only) {
-    char why[256] = "";
-    qkv_status s = header_only ? qkv_npy_load_header(in->path, &in->a, why, sizeof why)
-                               : qkv_npy_load(in->path, &in->a, why, sizeof why);
-    if (s != QKV_OK) {
-        in_error(in, "%s", why[0] ? why : qkv_status_string(s));
-        return -1;
-    }
-    return 0;
+             ref->opt, ref->path, shape_of(&ref->a, rs, sizeof rs), detail);
 }
 
 static int is_half(qkv_dtype t) { return t == QKV_BF16 || t == QKV_F16; }
@@ -440,18 +414,6 @@ static int want_int(const input *in) {
     return -1;
 }
 
-static int want_nonempty(const input *in) {
-    char sh[160];
-    for (int i = 0; i < in->a.ndim; i++) {
-        if (in->a.shape[i] < 1) {
-            in_error(in, "shape %s has an empty dimension (every size must be >= 1)",
-                     shape_of(&in->a, sh, sizeof sh));
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* The attention dimensions of a q, k or v array of rank 2, 3 or 4. */
 typedef struct dims {
     int64_t b, n, h, d;
@@ -476,21 +438,6 @@ static dims dims_of(const qkv_array *a) {
     return r;
 }
 
-/* Bring an array to dtype `to` (a new buffer; the old one is freed). */
-static int convert(input *in, qkv_dtype to) {
-    if (in->a.dtype == to) return 0;
-    qkv_array c;
-    qkv_status s = qkv_array_convert(&in->a, to, &c);
-    if (s != QKV_OK) {
-        in_error(in, "cannot convert %s to %s: %s", cli_dtype_name(in->a.dtype),
-                 cli_dtype_name(to), qkv_status_string(s));
-        return -1;
-    }
-    qkv_array_free(&in->a);
-    in->a = c;
-    return 0;
-}
-
 static long long ll(int64_t x) { return (long long)x; }
 
 /* Load every input, check that they fit together, convert them to the compute
@@ -498,12 +445,12 @@ static long long ll(int64_t x) { return (long long)x; }
 static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) {
     input *q = &j->in[IN_Q], *k = &j->in[IN_K], *v = &j->in[IN_V];
     for (int i = 0; i < IN_COUNT; i++) {
-        j->in[i].opt = input_opt[i];
+        j->in[i].opt = opt_name(input_opt[i]);
         j->in[i].path = c->given[input_opt[i]] ? c->val[input_opt[i]] : NULL;
     }
     for (int i = 0; i < IN_COUNT; i++)
         if (j->in[i].path &&
-            load(&j->in[i], j->header_only && i != IN_KEY_LENGTHS && i != IN_SEQ_OFFSETS) != 0)
+            cli_file_load(CMD, &j->in[i], j->header_only && i != IN_KEY_LENGTHS && i != IN_SEQ_OFFSETS) != 0)
             return -1;
 
     /* q, k, v: float tensors of one rank 2..4. */
@@ -522,7 +469,7 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
         misfit(v, q, "rank %d != %d (q, k and v must have the same rank)", v->a.ndim, q->a.ndim);
         return -1;
     }
-    if (want_nonempty(q) || want_nonempty(k) || want_nonempty(v)) return -1;
+    if (cli_file_nonempty(CMD, q) || cli_file_nonempty(CMD, k) || cli_file_nonempty(CMD, v)) return -1;
     dims dq = dims_of(&q->a), dk = dims_of(&k->a), dv = dims_of(&v->a);
     if (dk.b != dq.b) {
         misfit(k, q, "batch %lld != %lld", ll(dk.b), ll(dq.b));
@@ -599,7 +546,7 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
                      shape_of(&kl->a, sh, sizeof sh), ll(dq.b), q->path);
             return -1;
         }
-        if (convert(kl, QKV_I64)) return -1;
+        if (cli_file_convert(CMD, kl, QKV_I64)) return -1;
         const int64_t *len = kl->a.data;
         for (int64_t b = 0; b < dq.b; b++) {
             if (len[b] < 0 || len[b] > dk.n) {
@@ -629,7 +576,7 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
                      q->path, ll(dq.n), k->path, ll(dk.n));
             return -1;
         }
-        if (convert(so, QKV_I64)) return -1;
+        if (cli_file_convert(CMD, so, QKV_I64)) return -1;
         const int64_t *o = so->a.data;
         int64_t ns = so->a.shape[0] - 1;
         if (o[0] != 0) {
@@ -657,8 +604,8 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
      * half-precision call is float32, as the API wants). */
     static const int tensors[] = {IN_Q, IN_K, IN_V, IN_DOUT};
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0] && !j->header_only; i++)
-        if (j->in[tensors[i]].path && convert(&j->in[tensors[i]], d->dtype)) return -1;
-    if (bias->path && !j->header_only && convert(bias, is_half(d->dtype) ? QKV_F32 : d->dtype)) return -1;
+        if (j->in[tensors[i]].path && cli_file_convert(CMD, &j->in[tensors[i]], d->dtype)) return -1;
+    if (bias->path && !j->header_only && cli_file_convert(CMD, bias, is_half(d->dtype) ? QKV_F32 : d->dtype)) return -1;
 
     d->batch = dq.b;
     d->n_q = dq.n;
@@ -697,44 +644,9 @@ static int alloc_output(job *j, int which, const char *path, qkv_dtype dt, int n
                         const int64_t *shape, const char *what) {
     output *o = &j->out[which];
     o->path = path;
-    qkv_status s = qkv_array_alloc(&o->a, dt, ndim, shape);
-    if (s != QKV_OK) {
-        char sh[160];
-        cli_error(CMD, path ? opt_name(o->opt) : "--print", path, "cannot allocate %s %s: %s",
-                  what, cli_shape_str(sh, sizeof sh, ndim, shape), qkv_status_string(s));
-        return -1;
-    }
-    return 0;
+    return cli_file_alloc(CMD, o, path ? o->opt : "--print", dt, ndim, shape, what);
 }
 
-/* Write every output that has a path, in order; if one fails, remove the
- * ones written before it, so that the run leaves nothing behind. */
-static int write_outputs(job *j) {
-    int written[OUT_COUNT] = {0};
-    for (int i = 0; i < OUT_COUNT; i++) {
-        output *o = &j->out[i];
-        if (!o->path || !o->a.data) continue;
-        errno = 0;
-        qkv_status s = qkv_npy_save(o->path, &o->a);
-        if (s != QKV_OK) {
-            int e = errno;
-            cli_error(CMD, opt_name(o->opt), o->path, "cannot write: %s%s%s%s",
-                      qkv_status_string(s), e ? " (" : "", e ? strerror(e) : "", e ? ")" : "");
-            for (int w = 0; w < i; w++) {
-                if (!written[w]) continue;
-                if (remove(j->out[w].path) == 0)
-                    fprintf(stderr, "qkv %s: removed %s (written by this run before the failure)\n",
-                            CMD, j->out[w].path);
-                else
-                    cli_error(CMD, opt_name(j->out[w].opt), j->out[w].path,
-                              "could not remove this partial result: %s", strerror(errno));
-            }
-            return -1;
-        }
-        written[i] = 1;
-    }
-    return 0;
-}
 
 static double elem(const qkv_array *a, int64_t i) {
     return a->dtype == QKV_F64 ? ((const double *)a->data)[i] : (double)((const float *)a->data)[i];
@@ -810,7 +722,7 @@ static void print_results(const qkv_attn_desc *d, const qkv_array *attn, const q
 static int run(const config *c, job *j) {
     qkv_attn_desc d = c->desc;
     dims dq;
-    for (int i = 0; i < OUT_COUNT; i++) j->out[i].opt = output_opt[i];
+    for (int i = 0; i < OUT_COUNT; i++) j->out[i].opt = opt_name(output_opt[i]);
     if (load_inputs(c, j, &d, &dq) != 0) return CLI_EXIT_FAIL;
 
     qkv_status s = qkv_attn_desc_check(&d);
@@ -890,7 +802,7 @@ static int run(const config *c, job *j) {
             qkv_array w;
             s = qkv_array_convert(&o->a, QKV_F32, &w);
             if (s != QKV_OK) {
-                cli_error(CMD, o->path ? opt_name(o->opt) : "--print", o->path,
+                cli_error(CMD, o->path ? o->opt : "--print", o->path,
                           "cannot widen the result to float32: %s", qkv_status_string(s));
                 return CLI_EXIT_FAIL;
             }
@@ -909,7 +821,7 @@ static int run(const config *c, job *j) {
             return CLI_EXIT_FAIL;
         }
     }
-    int rc = write_outputs(j) != 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+    int rc = cli_files_write(CMD, j->out, OUT_COUNT) != 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
     if (rc == CLI_EXIT_OK && c->print)
         print_results(&d, &j->out[OUT_ATTN].a, shown.data ? &shown : &j->out[OUT_O].a);
     qkv_array_free(&shown);
@@ -1051,7 +963,7 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
     int rc = CLI_EXIT_FAIL;
     if (rank == 0) {
         hd.desc = c->desc;
-        for (int i = 0; i < OUT_COUNT; i++) j.out[i].opt = output_opt[i];
+        for (int i = 0; i < OUT_COUNT; i++) j.out[i].opt = opt_name(output_opt[i]);
         j.header_only = 1; /* each rank reads its own rows below */
         hd.ok = load_inputs(c, &j, &hd.desc, &dq) == 0;
         hd.q_ndim = j.in[IN_Q].a.ndim;
@@ -1218,7 +1130,7 @@ static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int 
         goto out;
     }
     rc = CLI_EXIT_OK;
-    if (rank == 0 && write_outputs(&j) != 0) rc = CLI_EXIT_FAIL;
+    if (rank == 0 && cli_files_write(CMD, j.out, OUT_COUNT) != 0) rc = CLI_EXIT_FAIL;
 out:
     free(lq); free(lk); free(lv); free(lo); free(ll_); free(lg); free(ldq); free(ldk); free(ldv); free(tmp);
     free(lb); free(ldb); free(so);

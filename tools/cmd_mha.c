@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_npy.h"
 #include "cli_util.h"
 #include "qkv.h"
 
@@ -295,20 +296,12 @@ static int parse_args(int argc, char **argv, config *c) {
 enum { IN_X, IN_KV, IN_K, IN_V, IN_KEY_LENGTHS, IN_COUNT };
 static const int input_opt[IN_COUNT] = {OPT_X, OPT_KV, OPT_K, OPT_V, OPT_KEY_LENGTHS};
 
-typedef struct input {
-    int opt;
-    const char *path; /* NULL: not given */
-    qkv_array a;
-} input;
+typedef cli_file input;
 
 enum { OUT_Y, OUT_ATTN, OUT_COUNT };
 static const int output_opt[OUT_COUNT] = {OPT_OUT, OPT_ATTN};
 
-typedef struct output {
-    int opt;
-    const char *path;
-    qkv_array a; /* data NULL: not computed */
-} output;
+typedef cli_file output; /* path NULL: computed but not written; data NULL: not computed */
 
 typedef struct job {
     const char *wpath;  /* --weights */
@@ -321,21 +314,13 @@ typedef struct job {
 static void job_free(job *j) {
     qkv_mha_free(j->m);
     qkv_safetensors_free(j->st);
-    for (int i = 0; i < IN_COUNT; i++) qkv_array_free(&j->in[i].a);
-    for (int i = 0; i < OUT_COUNT; i++) qkv_array_free(&j->out[i].a);
+    cli_files_free(j->in, IN_COUNT);
+    cli_files_free(j->out, OUT_COUNT);
 }
 
 static long long ll(int64_t x) { return (long long)x; }
 
-static void in_error(const input *in, const char *fmt, ...) CLI_PRINTF(2, 3);
-static void in_error(const input *in, const char *fmt, ...) {
-    char msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cli_error(CMD, opt_name(in->opt), in->path, "%s", msg);
-}
+#define in_error(in, ...) cli_file_error(CMD, (in), __VA_ARGS__)
 
 /* An error about the weights file. */
 static void w_error(const job *j, const char *fmt, ...) CLI_PRINTF(2, 3);
@@ -352,48 +337,11 @@ static const char *shape_of(const qkv_array *a, char *buf, size_t len) {
     return cli_shape_str(buf, len, a->ndim, a->shape);
 }
 
-static int load(input *in) {
-    char why[256] = "";
-    qkv_status s = qkv_npy_load(in->path, &in->a, why, sizeof why);
-    if (s != QKV_OK) {
-        in_error(in, "%s", why[0] ? why : qkv_status_string(s));
-        return -1;
-    }
-    return 0;
-}
-
 static int want_float(const input *in) {
     if (in->a.dtype == QKV_F32 || in->a.dtype == QKV_F64) return 0;
     in_error(in, "dtype %s is not accepted: expected float32 or float64",
              cli_dtype_name(in->a.dtype));
     return -1;
-}
-
-static int want_nonempty(const input *in) {
-    char sh[160];
-    for (int i = 0; i < in->a.ndim; i++) {
-        if (in->a.shape[i] < 1) {
-            in_error(in, "shape %s has an empty dimension (every size must be >= 1)",
-                     shape_of(&in->a, sh, sizeof sh));
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Bring an array to dtype `to` (a new buffer; the old one is freed). */
-static int convert(input *in, qkv_dtype to) {
-    if (in->a.dtype == to) return 0;
-    qkv_array c;
-    qkv_status s = qkv_array_convert(&in->a, to, &c);
-    if (s != QKV_OK) {
-        in_error(in, "cannot convert %s to %s: %s", cli_dtype_name(in->a.dtype),
-                 cli_dtype_name(to), qkv_status_string(s));
-        return -1;
-    }
-    qkv_array_free(&in->a);
-    in->a = c;
-    return 0;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -697,7 +645,7 @@ typedef struct sizes {
 static int check_kv(const input *in, const input *x, const char *dim_name, int64_t dim,
                     const job *j, int64_t *n) {
     char sh[160], xs[160];
-    if (want_float(in) || want_nonempty(in)) return -1;
+    if (want_float(in) || cli_file_nonempty(CMD, in)) return -1;
     if (in->a.ndim != x->a.ndim) {
         in_error(in, "shape %s has rank %d, but --x %s %s has rank %d (they must match)",
                  shape_of(&in->a, sh, sizeof sh), in->a.ndim, x->path,
@@ -725,11 +673,11 @@ static int check_kv(const input *in, const input *x, const char *dim_name, int64
 static int load_inputs(const config *c, job *j, const qkv_mha_config *cfg, sizes *sz) {
     char sh[160];
     for (int i = 0; i < IN_COUNT; i++) {
-        j->in[i].opt = input_opt[i];
+        j->in[i].opt = opt_name(input_opt[i]);
         j->in[i].path = c->given[input_opt[i]] ? c->val[input_opt[i]] : NULL;
     }
     for (int i = 0; i < IN_COUNT; i++)
-        if (j->in[i].path && load(&j->in[i]) != 0) return -1;
+        if (j->in[i].path && cli_file_load(CMD, &j->in[i], 0) != 0) return -1;
 
     input *x = &j->in[IN_X];
     if (want_float(x)) return -1;
@@ -738,7 +686,7 @@ static int load_inputs(const config *c, job *j, const qkv_mha_config *cfg, sizes
                  shape_of(&x->a, sh, sizeof sh));
         return -1;
     }
-    if (want_nonempty(x)) return -1;
+    if (cli_file_nonempty(CMD, x)) return -1;
     int64_t E = cfg->embed_dim;
     if (x->a.shape[x->a.ndim - 1] != E) {
         in_error(x, "shape %s does not fit the weights: last dim %lld != E = %lld (from "
@@ -791,7 +739,7 @@ static int load_inputs(const config *c, job *j, const qkv_mha_config *cfg, sizes
                      shape_of(&kl->a, sh, sizeof sh), ll(sz->b), x->path);
             return -1;
         }
-        if (convert(kl, QKV_I64)) return -1;
+        if (cli_file_convert(CMD, kl, QKV_I64)) return -1;
         const int64_t *len = kl->a.data;
         for (int64_t b = 0; b < sz->b; b++) {
             if (len[b] < 0 || len[b] > sz->n_k) {
@@ -804,7 +752,7 @@ static int load_inputs(const config *c, job *j, const qkv_mha_config *cfg, sizes
 
     static const int tensors[] = {IN_X, IN_KV, IN_K, IN_V};
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++)
-        if (j->in[tensors[i]].path && convert(&j->in[tensors[i]], QKV_F32)) return -1;
+        if (j->in[tensors[i]].path && cli_file_convert(CMD, &j->in[tensors[i]], QKV_F32)) return -1;
     return 0;
 }
 
@@ -834,45 +782,9 @@ static int add_sinusoidal(input *in, int64_t E, const char *why_opt) {
 /* Outputs */
 
 static int alloc_output(job *j, int which, int ndim, const int64_t *shape, const char *what) {
-    output *o = &j->out[which];
-    qkv_status s = qkv_array_alloc(&o->a, QKV_F32, ndim, shape);
-    if (s != QKV_OK) {
-        char sh[160];
-        cli_error(CMD, opt_name(o->opt), o->path, "cannot allocate %s %s: %s", what,
-                  cli_shape_str(sh, sizeof sh, ndim, shape), qkv_status_string(s));
-        return -1;
-    }
-    return 0;
+    return cli_file_alloc(CMD, &j->out[which], j->out[which].opt, QKV_F32, ndim, shape, what);
 }
 
-/* Write every output that has a path, in order; if one fails, remove the
- * ones written before it, so that the run leaves nothing behind. */
-static int write_outputs(job *j) {
-    int written[OUT_COUNT] = {0};
-    for (int i = 0; i < OUT_COUNT; i++) {
-        output *o = &j->out[i];
-        if (!o->path || !o->a.data) continue;
-        errno = 0;
-        qkv_status s = qkv_npy_save(o->path, &o->a);
-        if (s != QKV_OK) {
-            int e = errno;
-            cli_error(CMD, opt_name(o->opt), o->path, "cannot write: %s%s%s%s",
-                      qkv_status_string(s), e ? " (" : "", e ? strerror(e) : "", e ? ")" : "");
-            for (int w = 0; w < i; w++) {
-                if (!written[w]) continue;
-                if (remove(j->out[w].path) == 0)
-                    fprintf(stderr, "qkv %s: removed %s (written by this run before the failure)\n",
-                            CMD, j->out[w].path);
-                else
-                    cli_error(CMD, opt_name(j->out[w].opt), j->out[w].path,
-                              "could not remove this partial result: %s", strerror(errno));
-            }
-            return -1;
-        }
-        written[i] = 1;
-    }
-    return 0;
-}
 
 /* ------------------------------------------------------------------------- */
 
@@ -880,7 +792,7 @@ static int run(const config *c, job *j) {
     qkv_mha_config cfg;
     sizes sz;
     for (int i = 0; i < OUT_COUNT; i++) {
-        j->out[i].opt = output_opt[i];
+        j->out[i].opt = opt_name(output_opt[i]);
         j->out[i].path = c->given[output_opt[i]] ? c->val[output_opt[i]] : NULL;
     }
     if (load_layer(c, j, &cfg) != 0 || load_inputs(c, j, &cfg, &sz) != 0) return CLI_EXIT_FAIL;
@@ -921,7 +833,7 @@ static int run(const config *c, job *j) {
             cli_error(CMD, NULL, NULL, "multi-head attention failed: %s", qkv_status_string(s));
         return CLI_EXIT_FAIL;
     }
-    return write_outputs(j) != 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+    return cli_files_write(CMD, j->out, OUT_COUNT) != 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
 
 int cli_cmd_mha(int argc, char **argv) {
