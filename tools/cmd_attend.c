@@ -18,21 +18,12 @@
 #include "cli.h"
 #include "cli_npy.h"
 #include "cli_util.h"
+#include "cmd_attend.h"
 #include "qkv.h"
 
-#define CMD "attend"
 #define PRINT_MAX 16        /* rows and columns of a printed matrix */
 #define PRINT_MAX_BLOCKS 16 /* (batch, head) matrices printed */
 #define MAX_THREADS 65536
-
-enum {
-    OPT_HELP, OPT_Q, OPT_K, OPT_V, OPT_OUT, OPT_MASK, OPT_SCORE, OPT_SCALE, OPT_TEMPERATURE,
-    OPT_NORM, OPT_RELU_COUNT, OPT_SOFTCAP, OPT_KEY_LENGTHS, OPT_SEQ_OFFSETS, OPT_BIAS,
-    OPT_ATTN, OPT_LSE, OPT_DTYPE, OPT_IMPL, OPT_THREADS, OPT_PRINT, OPT_GRAD_OUT, OPT_DQ,
-    OPT_DK, OPT_DV, OPT_DBIAS, OPT_OUT_FLOAT32,
-    OPT_DISTRIBUTED, /* mpirun -np P qkv attend --distributed ... (see the end of this file) */
-    OPT_COUNT
-};
 
 /* Indexed by id: options[id].id == id. */
 static const cli_opt options[OPT_COUNT] = {
@@ -66,7 +57,7 @@ static const cli_opt options[OPT_COUNT] = {
     {"--distributed", NULL, 0, OPT_DISTRIBUTED},
 };
 
-static const char *opt_name(int id) { return options[id].name; }
+const char *attend_opt_name(int id) { return options[id].name; }
 
 static void help(void) {
     printf(
@@ -168,14 +159,6 @@ static void help(void) {
 
 /* ------------------------------------------------------------------------- */
 /* Options */
-
-typedef struct config {
-    const char *val[OPT_COUNT]; /* the value of each option given (paths, specs) */
-    int given[OPT_COUNT];
-    qkv_attn_desc desc;         /* the options' part of the descriptor */
-    int backward;
-    int print;
-} config;
 
 #define PARSE_CONTINUE (-1)
 
@@ -285,10 +268,8 @@ static int parse_args(int argc, char **argv, config *c) {
         return CLI_EXIT_USAGE;
     }
 
-    for (;;) {
-        const char *name, *value;
-        int id = cli_scan(&a, &name, &value);
-        if (id == CLI_END) break;
+    const char *name, *value;
+    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
         if (id == CLI_STOP) return a.status;
         c->val[id] = value;
         if (value && take_value(c, id, value) != 0) {
@@ -302,17 +283,17 @@ static int parse_args(int argc, char **argv, config *c) {
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
         if (!c->given[required[i]])
             return usage_error(NULL, "missing %s FILE (--q, --k and --v are required)",
-                               opt_name(required[i]));
+                               attend_opt_name(required[i]));
     c->backward = c->given[OPT_GRAD_OUT];
     static const int grads[] = {OPT_DQ, OPT_DK, OPT_DV, OPT_DBIAS};
     for (size_t i = 0; i < sizeof grads / sizeof grads[0]; i++) {
         if (c->given[grads[i]] && !c->backward)
-            return usage_error(opt_name(grads[i]),
+            return usage_error(attend_opt_name(grads[i]),
                                "needs --grad-out FILE (the gradient of the loss with respect "
                                "to the output)");
         if (c->backward && !c->given[grads[i]] && grads[i] != OPT_DBIAS)
             return usage_error("--grad-out", "needs --dq, --dk and --dv (missing %s FILE)",
-                               opt_name(grads[i]));
+                               attend_opt_name(grads[i]));
     }
     if (c->given[OPT_DBIAS] && !c->given[OPT_BIAS])
         return usage_error("--dbias", "needs --bias FILE");
@@ -337,33 +318,18 @@ static int parse_args(int argc, char **argv, config *c) {
         for (size_t j = i + 1; j < n_outs; j++)
             if (c->given[outs[i]] && c->given[outs[j]] &&
                 strcmp(c->val[outs[i]], c->val[outs[j]]) == 0)
-                return usage_error(NULL, "%s and %s name the same file '%s'", opt_name(outs[i]),
-                                   opt_name(outs[j]), c->val[outs[i]]);
+                return usage_error(NULL, "%s and %s name the same file '%s'", attend_opt_name(outs[i]),
+                                   attend_opt_name(outs[j]), c->val[outs[i]]);
     return PARSE_CONTINUE;
 }
 
 /* ------------------------------------------------------------------------- */
 /* Inputs */
 
-enum { IN_Q, IN_K, IN_V, IN_DOUT, IN_BIAS, IN_KEY_LENGTHS, IN_SEQ_OFFSETS, IN_COUNT };
 static const int input_opt[IN_COUNT] = {OPT_Q, OPT_K, OPT_V, OPT_GRAD_OUT, OPT_BIAS,
                                         OPT_KEY_LENGTHS, OPT_SEQ_OFFSETS};
 
-typedef cli_file input;
-
-enum { OUT_O, OUT_ATTN, OUT_LSE, OUT_DQ, OUT_DK, OUT_DV, OUT_DBIAS, OUT_COUNT };
-static const int output_opt[OUT_COUNT] = {OPT_OUT, OPT_ATTN, OPT_LSE, OPT_DQ,
-                                          OPT_DK, OPT_DV, OPT_DBIAS};
-
-typedef cli_file output; /* path NULL: computed but not written; data NULL: not computed */
-
-typedef struct job {
-    input in[IN_COUNT];
-    output out[OUT_COUNT];
-    int header_only; /* --distributed: q, k, v, dL/dO and the bias are read as headers only */
-} job;
-
-static void job_free(job *j) {
+void attend_job_free(job *j) {
     cli_files_free(j->in, IN_COUNT);
     cli_files_free(j->out, OUT_COUNT);
 }
@@ -414,11 +380,6 @@ static int want_int(const input *in) {
     return -1;
 }
 
-/* The attention dimensions of a q, k or v array of rank 2, 3 or 4. */
-typedef struct dims {
-    int64_t b, n, h, d;
-} dims;
-
 static dims dims_of(const qkv_array *a) {
     dims r = {1, 1, 1, 1};
     const int64_t *s = a->shape;
@@ -442,10 +403,10 @@ static long long ll(int64_t x) { return (long long)x; }
 
 /* Load every input, check that they fit together, convert them to the compute
  * dtype, and fill the sizes and tensors of the descriptor. 0 or -1. */
-static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) {
+int attend_load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) {
     input *q = &j->in[IN_Q], *k = &j->in[IN_K], *v = &j->in[IN_V];
     for (int i = 0; i < IN_COUNT; i++) {
-        j->in[i].opt = opt_name(input_opt[i]);
+        j->in[i].opt = attend_opt_name(input_opt[i]);
         j->in[i].path = c->given[input_opt[i]] ? c->val[input_opt[i]] : NULL;
     }
     for (int i = 0; i < IN_COUNT; i++)
@@ -621,7 +582,7 @@ static int load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
 }
 
 /* A library status, blamed on the input it concerns. */
-static void status_error(const job *j, const char *what, qkv_status s) {
+void attend_status_error(const job *j, const char *what, qkv_status s) {
     int blame = -1;
     switch (s) {
     case QKV_ERR_HEADS: blame = IN_K; break;
@@ -640,7 +601,7 @@ static void status_error(const job *j, const char *what, qkv_status s) {
 /* ------------------------------------------------------------------------- */
 /* Outputs */
 
-static int alloc_output(job *j, int which, const char *path, qkv_dtype dt, int ndim,
+int attend_alloc_output(job *j, int which, const char *path, qkv_dtype dt, int ndim,
                         const int64_t *shape, const char *what) {
     output *o = &j->out[which];
     o->path = path;
@@ -722,12 +683,12 @@ static void print_results(const qkv_attn_desc *d, const qkv_array *attn, const q
 static int run(const config *c, job *j) {
     qkv_attn_desc d = c->desc;
     dims dq;
-    for (int i = 0; i < OUT_COUNT; i++) j->out[i].opt = opt_name(output_opt[i]);
-    if (load_inputs(c, j, &d, &dq) != 0) return CLI_EXIT_FAIL;
+    for (int i = 0; i < OUT_COUNT; i++) j->out[i].opt = attend_opt_name(output_opt[i]);
+    if (attend_load_inputs(c, j, &d, &dq) != 0) return CLI_EXIT_FAIL;
 
     qkv_status s = qkv_attn_desc_check(&d);
     if (s != QKV_OK) {
-        status_error(j, "invalid attention request", s);
+        attend_status_error(j, "invalid attention request", s);
         return CLI_EXIT_FAIL;
     }
 
@@ -753,29 +714,29 @@ static int run(const config *c, job *j) {
     /* Half-precision calls keep A', lse and dbias in float32 (the API's rule). */
     const qkv_dtype aux = is_half(d.dtype) ? QKV_F32 : d.dtype;
     if (forward) {
-        if (alloc_output(j, OUT_O, path_of[OUT_O], d.dtype, r, o_shape, "the output") ||
+        if (attend_alloc_output(j, OUT_O, path_of[OUT_O], d.dtype, r, o_shape, "the output") ||
             ((path_of[OUT_ATTN] || c->print) &&
-             alloc_output(j, OUT_ATTN, path_of[OUT_ATTN], aux, ma, a_shape,
+             attend_alloc_output(j, OUT_ATTN, path_of[OUT_ATTN], aux, ma, a_shape,
                           "the attention matrix")) ||
             (path_of[OUT_LSE] &&
-             alloc_output(j, OUT_LSE, path_of[OUT_LSE], aux, ma - 1, l_shape, "the log-sum-exp")))
+             attend_alloc_output(j, OUT_LSE, path_of[OUT_LSE], aux, ma - 1, l_shape, "the log-sum-exp")))
             return CLI_EXIT_FAIL;
         s = qkv_attention_forward(&d, j->in[IN_Q].a.data, j->in[IN_K].a.data, j->in[IN_V].a.data,
                                   j->out[OUT_O].a.data, j->out[OUT_ATTN].a.data,
                                   j->out[OUT_LSE].a.data);
         if (s != QKV_OK) {
-            status_error(j, "attention forward failed", s);
+            attend_status_error(j, "attention forward failed", s);
             return CLI_EXIT_FAIL;
         }
     }
     if (c->backward) {
         const input *bias = &j->in[IN_BIAS];
-        if (alloc_output(j, OUT_DQ, path_of[OUT_DQ], d.dtype, qa->ndim, qa->shape, "dL/dQ") ||
-            alloc_output(j, OUT_DK, path_of[OUT_DK], d.dtype, j->in[IN_K].a.ndim,
+        if (attend_alloc_output(j, OUT_DQ, path_of[OUT_DQ], d.dtype, qa->ndim, qa->shape, "dL/dQ") ||
+            attend_alloc_output(j, OUT_DK, path_of[OUT_DK], d.dtype, j->in[IN_K].a.ndim,
                          j->in[IN_K].a.shape, "dL/dK") ||
-            alloc_output(j, OUT_DV, path_of[OUT_DV], d.dtype, j->in[IN_V].a.ndim,
+            attend_alloc_output(j, OUT_DV, path_of[OUT_DV], d.dtype, j->in[IN_V].a.ndim,
                          j->in[IN_V].a.shape, "dL/dV") ||
-            (path_of[OUT_DBIAS] && alloc_output(j, OUT_DBIAS, path_of[OUT_DBIAS], aux,
+            (path_of[OUT_DBIAS] && attend_alloc_output(j, OUT_DBIAS, path_of[OUT_DBIAS], aux,
                                                 bias->a.ndim, bias->a.shape, "dL/dbias")))
             return CLI_EXIT_FAIL;
         qkv_attn_grads g;
@@ -788,7 +749,7 @@ static int run(const config *c, job *j) {
                                    j->in[IN_V].a.data, j->out[OUT_O].a.data,
                                    j->out[OUT_LSE].a.data, j->in[IN_DOUT].a.data, &g);
         if (s != QKV_OK) {
-            status_error(j, "attention backward failed", s);
+            attend_status_error(j, "attention backward failed", s);
             return CLI_EXIT_FAIL;
         }
     }
@@ -828,8 +789,6 @@ static int run(const config *c, job *j) {
     return rc;
 }
 
-static int attend_distributed(const config *c); /* the end of this file */
-
 int cli_cmd_attend(int argc, char **argv) {
     config c;
     int rc = parse_args(argc, argv, &c);
@@ -838,7 +797,7 @@ int cli_cmd_attend(int argc, char **argv) {
     job j;
     memset(&j, 0, sizeof j);
     rc = run(&c, &j);
-    job_free(&j);
+    attend_job_free(&j);
     if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
         cli_error(CMD, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
         rc = CLI_EXIT_FAIL;
@@ -846,323 +805,3 @@ int cli_cmd_attend(int argc, char **argv) {
     return rc;
 }
 
-/* ------------------------------------------------------------------------- */
-/* --distributed: mpirun -np P qkv attend --distributed ... reads and writes
- * the same files as one process. Rank 0 reads the inputs' headers (and the
- * small --key-lengths and --seq-offsets whole) and checks that they fit;
- * then every rank reads only its own positions (zig-zag pieces for a causal
- * mask, contiguous ones otherwise: qkv_dist_partition) of q, k, v, dL/dO and
- * its queries' rows of the bias straight from the files
- * (qkv_npy_load_rows), the ranks agree that every read succeeded
- * (MPI_Allreduce) before the ring runs (qkv_ring_attention_forward/
- * backward), and rank 0 gathers the output slices and writes the outputs
- * atomically. So no rank ever holds the whole inputs: O(n/P) per rank for
- * q, k, v; only rank 0 holds the whole outputs, for the write. Every rank
- * exits with the worst rank's status. */
-#ifdef QKV_HAVE_MPI
-
-/* What rank 0 tells the others before the data. */
-typedef struct dist_head {
-    int ok;                 /* 0: rank 0 failed (message printed); stop */
-    int backward, want_lse, has_kl, want_dbias;
-    int q_ndim;             /* 2, 3 or 4: the sequence axis is 1 for 4, else 0 */
-    qkv_attn_desc desc;     /* pointers cleared (bias_kind and num_seqs kept) */
-} dist_head;
-
-static int dist_fail(const char *fmt, const char *detail) {
-    cli_error(CMD, "--distributed", NULL, fmt, detail);
-    return -1;
-}
-
-/* This rank's rows of one input, read from its file (nothing else of it):
- * the positions st/ln (qkv_dist_partition) of axis `axis`, whose length
- * must be n, expected to hold `count` elements in all; converted to float32
- * into dst. 0, or -1 with a message naming the rank. */
-static int dist_read(int rank, int opt, const char *path, int axis, int64_t n, const int64_t st[2],
-                     const int64_t ln[2], int64_t count, float *dst) {
-    char why[256] = "";
-    qkv_array a, f;
-    int64_t len = 0;
-    qkv_status s = qkv_npy_load_rows(path, axis, 2, st, ln, &a, &len, why, sizeof why);
-    if (s != QKV_OK) {
-        cli_error(CMD, opt_name(opt), path, "rank %d: %s", rank, why[0] ? why : qkv_status_string(s));
-        return -1;
-    }
-    if (len != n || qkv_array_count(&a) != count ||
-        (a.dtype != QKV_F32 && a.dtype != QKV_F64 && a.dtype != QKV_F16)) {
-        cli_error(CMD, opt_name(opt), path, "rank %d: the file changed while it was read", rank);
-        qkv_array_free(&a);
-        return -1;
-    }
-    if (a.dtype != QKV_F32) {
-        s = qkv_array_convert(&a, QKV_F32, &f);
-        qkv_array_free(&a);
-        if (s != QKV_OK) {
-            cli_error(CMD, opt_name(opt), path, "rank %d: cannot convert to float32: %s", rank,
-                      qkv_status_string(s));
-            return -1;
-        }
-        a = f;
-    }
-    if (count > 0) memcpy(dst, a.data, (size_t)count * sizeof(float));
-    qkv_array_free(&a);
-    return 0;
-}
-
-/* Rows of one rank's pieces of a [B, n, x] float tensor <-> [B, nloc, x]. */
-static void dist_rows(float *local, float *full, int64_t B, int64_t n, int64_t x, const int64_t st[2],
-                      const int64_t ln[2], int64_t nloc, int to_local) {
-    for (int64_t b = 0; b < B; b++) {
-        int64_t at = 0;
-        for (int t = 0; t < 2; t++) {
-            float *l = local + (b * nloc + at) * x, *f = full + (b * n + st[t]) * x;
-            size_t bytes = (size_t)(ln[t] * x) * sizeof(float);
-            if (to_local) memcpy(l, f, bytes);
-            else memcpy(f, l, bytes);
-            at += ln[t];
-        }
-    }
-}
-
-/* One tensor's slices: scattered from rank 0 (to_local) or gathered to it.
- * full: rank 0's whole tensor; local: this rank's [B, nloc, x]; lse_rows:
- * a [B*H, n] lse instead (rows of x = 1 with B*H "batches"). */
-static int dist_move(MPI_Comm comm, int rank, int size, float *full, float *local, int64_t B, int64_t n,
-                     int64_t x, qkv_dist_layout layout, int to_local, float *tmp) {
-    for (int r = 0; r < size; r++) {
-        int64_t st[2], ln[2], nl;
-        qkv_dist_partition(n, size, r, layout, st, ln, &nl);
-        int64_t count = B * nl * x;
-        if (count > INT32_MAX) return -1;
-        if (rank == 0) {
-            float *buf = r == 0 ? local : tmp;
-            if (to_local) {
-                dist_rows(buf, full, B, n, x, st, ln, nl, 1);
-                if (r != 0 && MPI_Send(buf, (int)count, MPI_FLOAT, r, 11, comm) != MPI_SUCCESS) return -1;
-            } else {
-                if (r != 0 && MPI_Recv(buf, (int)count, MPI_FLOAT, r, 12, comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-                    return -1;
-                dist_rows(buf, full, B, n, x, st, ln, nl, 0);
-            }
-        } else if (r == rank) {
-            int rc = to_local ? MPI_Recv(local, (int)count, MPI_FLOAT, 0, 11, comm, MPI_STATUS_IGNORE)
-                              : MPI_Send(local, (int)count, MPI_FLOAT, 0, 12, comm);
-            if (rc != MPI_SUCCESS) return -1;
-        }
-    }
-    return 0;
-}
-
-static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int size) {
-    job j;
-    memset(&j, 0, sizeof j);
-    dist_head hd;
-    memset(&hd, 0, sizeof hd);
-    int64_t kl[4096];
-    dims dq = {1, 1, 1, 1};
-    int rc = CLI_EXIT_FAIL;
-    if (rank == 0) {
-        hd.desc = c->desc;
-        for (int i = 0; i < OUT_COUNT; i++) j.out[i].opt = opt_name(output_opt[i]);
-        j.header_only = 1; /* each rank reads its own rows below */
-        hd.ok = load_inputs(c, &j, &hd.desc, &dq) == 0;
-        hd.q_ndim = j.in[IN_Q].a.ndim;
-        if (hd.ok && (c->given[OPT_ATTN] || c->print))
-            hd.ok = dist_fail("%s: the n x n attention matrix is not computed by the ring", "--attn/--print") == 0;
-        if (hd.ok && hd.desc.dtype != QKV_F32)
-            hd.ok = dist_fail("%s: the ring attention computes in float32 only", "--dtype") == 0;
-        if (hd.ok && hd.desc.batch > (int64_t)(sizeof kl / sizeof kl[0]))
-            hd.ok = dist_fail("%s: at most 4096 batches", "--q") == 0;
-        if (hd.ok) {
-            /* The bias is not read yet (each rank reads its rows): check the
-             * request with a stand-in pointer. */
-            static const float no_bias_yet = 0.0f;
-            qkv_attn_desc chk = hd.desc;
-            if (chk.bias_kind != QKV_BIAS_NONE && !chk.bias) chk.bias = &no_bias_yet;
-            qkv_status s = qkv_attn_desc_check(&chk);
-            if (s != QKV_OK) {
-                status_error(&j, "invalid attention request", s);
-                hd.ok = 0;
-            }
-        }
-        hd.backward = c->backward;
-        hd.want_lse = c->given[OPT_LSE];
-        hd.want_dbias = c->backward && c->given[OPT_DBIAS];
-        hd.has_kl = hd.ok && hd.desc.key_lengths != NULL;
-        if (hd.has_kl) memcpy(kl, hd.desc.key_lengths, (size_t)hd.desc.batch * sizeof(int64_t));
-        hd.desc.key_lengths = NULL;
-        hd.desc.bias = NULL;
-        hd.desc.seq_offsets_q = hd.desc.seq_offsets_k = NULL;
-    }
-    if (MPI_Bcast(&hd, (int)sizeof hd, MPI_BYTE, 0, comm) != MPI_SUCCESS || !hd.ok) {
-        job_free(&j);
-        return CLI_EXIT_FAIL;
-    }
-    qkv_attn_desc d = hd.desc;
-    if (hd.has_kl) {
-        MPI_Bcast(kl, (int)d.batch, MPI_INT64_T, 0, comm);
-        d.key_lengths = kl;
-    }
-    /* --seq-offsets: every rank gets the offsets (S + 1 entries, checked by
-     * rank 0; the ring derives each block's sequences from them). */
-    int64_t *so = NULL;
-    if (d.num_seqs > 0) {
-        so = malloc((size_t)(d.num_seqs + 1) * sizeof(int64_t));
-        int so_ok = so != NULL, so_all = 0;
-        MPI_Allreduce(&so_ok, &so_all, 1, MPI_INT, MPI_MIN, comm);
-        if (!so_all) {
-            if (!so) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", rank);
-            free(so);
-            job_free(&j);
-            return CLI_EXIT_FAIL;
-        }
-        if (rank == 0) memcpy(so, j.in[IN_SEQ_OFFSETS].a.data, (size_t)(d.num_seqs + 1) * sizeof(int64_t));
-        MPI_Bcast(so, (int)(d.num_seqs + 1), MPI_INT64_T, 0, comm);
-        d.seq_offsets_q = so;
-    }
-    const int64_t B = d.batch, H = d.heads, Hkv = d.heads_kv ? d.heads_kv : H, D = d.dim,
-                  Dv = d.dim_v ? d.dim_v : D;
-    qkv_dist_layout layout = d.mask == QKV_MASK_CAUSAL ? QKV_DIST_ZIGZAG : QKV_DIST_CONTIGUOUS;
-    int64_t qs[2], ql[2], nql, ks[2], kln[2], nkl, maxq = 0, maxk = 0;
-    for (int r = 0; r < size; r++) {
-        qkv_dist_partition(d.n_q, size, r, layout, qs, ql, &nql);
-        qkv_dist_partition(d.n_k, size, r, layout, ks, kln, &nkl);
-        if (nql > maxq) maxq = nql;
-        if (nkl > maxk) maxk = nkl;
-    }
-    qkv_dist_partition(d.n_q, size, rank, layout, qs, ql, &nql);
-    qkv_dist_partition(d.n_k, size, rank, layout, ks, kln, &nkl);
-    size_t rq = (size_t)(B * nql * H), rk = (size_t)(B * nkl * Hkv);
-    size_t tmp_n = (size_t)(B * (maxq > maxk ? maxq : maxk) * H * (D > Dv ? D : Dv)) + 1;
-    /* --bias: each rank holds only the rows of its queries, [Hb, nql, n_k]
-     * (read from the file by each rank, as q, k, v). */
-    const int64_t Hb = d.bias_kind == QKV_BIAS_PER_HEAD ? H : d.bias_kind == QKV_BIAS_SHARED ? 1 : 0;
-    size_t rb = (size_t)(Hb * nql * d.n_k);
-    if ((size_t)(Hb * maxq * d.n_k) + 1 > tmp_n) tmp_n = (size_t)(Hb * maxq * d.n_k) + 1;
-    float *lb = Hb > 0 ? malloc((rb + 1) * sizeof(float)) : NULL, *ldb = NULL;
-    float *lq = malloc((rq * (size_t)D + 1) * sizeof(float)), *lk = malloc((rk * (size_t)D + 1) * sizeof(float));
-    float *lv = malloc((rk * (size_t)Dv + 1) * sizeof(float)), *lo = malloc((rq * (size_t)Dv + 1) * sizeof(float));
-    float *ll_ = malloc((rq + 1) * sizeof(float)), *lg = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
-    float *tmp = rank == 0 ? malloc(tmp_n * sizeof(float)) : NULL; /* for the gather */
-    int ok = lq && lk && lv && lo && ll_ && (rank != 0 || tmp) && (Hb == 0 || lb);
-    if (ok && hd.backward) {
-        lg = malloc((rq * (size_t)Dv + 1) * sizeof(float));
-        ldq = malloc((rq * (size_t)D + 1) * sizeof(float));
-        ldk = malloc((rk * (size_t)D + 1) * sizeof(float));
-        ldv = malloc((rk * (size_t)Dv + 1) * sizeof(float));
-        if (hd.want_dbias) ldb = malloc((rb + 1) * sizeof(float));
-        ok = lg && ldq && ldk && ldv && (!hd.want_dbias || ldb);
-    }
-    int all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
-    if (!all_ok) {
-        if (!ok) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", rank);
-        goto out;
-    }
-    /* Each rank reads its own rows; all agree that every read succeeded
-     * before any communication, so a bad or truncated file fails every rank
-     * with a message, never a hang. The sequence axis: 1 of [B, n, H, D],
-     * 0 of [n, D] and [n, H, D]; the bias's query axis: 0 of [n_q, n_k], 1 of
-     * [H, n_q, n_k]. */
-    {
-        const int ax = hd.q_ndim == 4 ? 1 : 0;
-        ok = dist_read(rank, OPT_Q, c->val[OPT_Q], ax, d.n_q, qs, ql, (int64_t)rq * D, lq) == 0 &&
-             dist_read(rank, OPT_K, c->val[OPT_K], ax, d.n_k, ks, kln, (int64_t)rk * D, lk) == 0 &&
-             dist_read(rank, OPT_V, c->val[OPT_V], ax, d.n_k, ks, kln, (int64_t)rk * Dv, lv) == 0 &&
-             (!hd.backward ||
-              dist_read(rank, OPT_GRAD_OUT, c->val[OPT_GRAD_OUT], ax, d.n_q, qs, ql, (int64_t)rq * Dv, lg) == 0) &&
-             (Hb == 0 ||
-              dist_read(rank, OPT_BIAS, c->val[OPT_BIAS], d.bias_kind == QKV_BIAS_SHARED ? 0 : 1, d.n_q, qs, ql, (int64_t)rb, lb) == 0);
-        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
-        if (!all_ok) goto out;
-    }
-    d.bias = lb;
-    qkv_status s = qkv_ring_attention_forward(&d, layout, comm, lq, lk, lv, lo, ll_);
-    if (s == QKV_OK && hd.backward) {
-        qkv_attn_grads gr;
-        memset(&gr, 0, sizeof gr);
-        gr.dq = ldq;
-        gr.dk = ldk;
-        gr.dv = ldv;
-        gr.dbias = ldb;
-        s = qkv_ring_attention_backward_grads(&d, layout, comm, lq, lk, lv, lo, ll_, lg, &gr);
-    }
-    if (s != QKV_OK) {
-        if (rank == 0) status_error(&j, "ring attention failed", s);
-        goto out;
-    }
-    /* Gather the outputs into rank 0's arrays, shaped as one process's. */
-    int want_o = 0;
-    if (rank == 0) {
-        const qkv_array *qa = &j.in[IN_Q].a;
-        int r = qa->ndim, m = 0, ma = 0;
-        int64_t o_shape[4], l_shape[3];
-        if (r == 4) o_shape[m++] = dq.b;
-        o_shape[m++] = dq.n;
-        if (r >= 3) o_shape[m++] = dq.h;
-        o_shape[m++] = Dv;
-        if (r == 4) l_shape[ma++] = dq.b;
-        if (r >= 3) l_shape[ma++] = dq.h;
-        l_shape[ma++] = dq.n;
-        want_o = c->given[OPT_OUT];
-        if (alloc_output(&j, OUT_O, want_o ? c->val[OPT_OUT] : NULL, QKV_F32, r, o_shape, "the output") ||
-            (hd.want_lse && alloc_output(&j, OUT_LSE, c->val[OPT_LSE], QKV_F32, ma, l_shape, "the log-sum-exp")) ||
-            (hd.backward &&
-             (alloc_output(&j, OUT_DQ, c->val[OPT_DQ], QKV_F32, qa->ndim, qa->shape, "dL/dQ") ||
-              alloc_output(&j, OUT_DK, c->val[OPT_DK], QKV_F32, j.in[IN_K].a.ndim, j.in[IN_K].a.shape, "dL/dK") ||
-              alloc_output(&j, OUT_DV, c->val[OPT_DV], QKV_F32, j.in[IN_V].a.ndim, j.in[IN_V].a.shape, "dL/dV") ||
-              (hd.want_dbias && alloc_output(&j, OUT_DBIAS, c->val[OPT_DBIAS], QKV_F32, j.in[IN_BIAS].a.ndim,
-                                             j.in[IN_BIAS].a.shape, "dL/dbias")))))
-            ok = 0;
-    }
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
-    if (!all_ok) goto out;
-    if (dist_move(comm, rank, size, rank == 0 ? j.out[OUT_O].a.data : NULL, lo, B, d.n_q, H * Dv, layout, 0, tmp) ||
-        (hd.want_lse &&
-         dist_move(comm, rank, size, rank == 0 ? j.out[OUT_LSE].a.data : NULL, ll_, B * H, d.n_q, 1, layout, 0, tmp)) ||
-        (hd.backward &&
-         (dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DQ].a.data : NULL, ldq, B, d.n_q, H * D, layout, 0, tmp) ||
-          dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DK].a.data : NULL, ldk, B, d.n_k, Hkv * D, layout, 0, tmp) ||
-          dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DV].a.data : NULL, ldv, B, d.n_k, Hkv * Dv, layout, 0, tmp))) ||
-        (hd.want_dbias &&
-         dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DBIAS].a.data : NULL, ldb, Hb, d.n_q, d.n_k, layout, 0, tmp))) {
-        cli_error(CMD, "--distributed", NULL, "rank %d: gathering the outputs failed", rank);
-        goto out;
-    }
-    rc = CLI_EXIT_OK;
-    if (rank == 0 && cli_files_write(CMD, j.out, OUT_COUNT) != 0) rc = CLI_EXIT_FAIL;
-out:
-    free(lq); free(lk); free(lv); free(lo); free(ll_); free(lg); free(ldq); free(ldk); free(ldv); free(tmp);
-    free(lb); free(ldb); free(so);
-    job_free(&j);
-    return rc;
-}
-
-static int attend_distributed(const config *c) {
-    int inited = 0, provided = 0, rank = 0, size = 1;
-    MPI_Initialized(&inited);
-    if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-        cli_error(CMD, "--distributed", NULL, "MPI_Init failed");
-        return CLI_EXIT_FAIL;
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    int rc = attend_distributed_run(c, MPI_COMM_WORLD, rank, size);
-    /* Every rank exits with rank 0's status (the one that wrote or not). */
-    int worst = rc;
-    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (!inited) MPI_Finalize();
-    return worst;
-}
-
-#else /* built without MPI */
-
-static int attend_distributed(const config *c) {
-    (void)c;
-    cli_error(CMD, "--distributed", NULL,
-              "this qkv was built without MPI (install Open MPI, e.g. apt-get install openmpi-bin "
-              "libopenmpi-dev, and rebuild: CMake finds it; docs/DISTRIBUTED.md)");
-    return CLI_EXIT_USAGE;
-}
-
-#endif /* QKV_HAVE_MPI */

@@ -715,10 +715,8 @@ int cli_cmd_complexity(int argc, char **argv) {
     const char *png = NULL;
     int quick = 0, given[OPT_COUNT] = {0};
     cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, given, 0};
-    for (;;) {
-        const char *name, *value;
-        int id = cli_scan(&a, &name, &value);
-        if (id == CLI_END) break;
+    const char *name, *value;
+    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
         if (id == CLI_STOP) return a.status;
         int bad = 0;
         switch (id) {

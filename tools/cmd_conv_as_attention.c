@@ -126,10 +126,8 @@ int cli_cmd_conv_as_attention(int argc, char **argv) {
     int given[OPT_COUNT] = {0};
     double alpha = DEFAULT_ALPHA;
     cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, given, 0};
-    for (;;) {
-        const char *name, *value;
-        int id = cli_scan(&a, &name, &value);
-        if (id == CLI_END) break;
+    const char *name, *value;
+    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
         if (id == CLI_STOP) return a.status;
         val[id] = value;
         if (id == OPT_ALPHA) {

@@ -616,10 +616,8 @@ int cli_cmd_demo(int argc, char **argv) {
     int64_t steps = 400, v64;
     int color = -1; /* auto */
     cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, NULL, 0};
-    for (;;) {
-        const char *name, *value;
-        int id = cli_scan(&a, &name, &value);
-        if (id == CLI_END) break;
+    const char *name, *value;
+    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
         if (id == CLI_STOP) return a.status;
         switch (id) {
         case OPT_OUT: dir = value; break;

@@ -1051,10 +1051,8 @@ int cli_cmd_experiment(int argc, char **argv) {
     }
     av[ac] = NULL;
     cli_args a = {CMD, ac, av, 1, options, OPT_COUNT, OPT_HELP, help, NULL, 0};
-    for (;;) {
-        const char *name, *value;
-        int id = cli_scan(&a, &name, &value);
-        if (id == CLI_END) break;
+    const char *name, *value;
+    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
         if (id == CLI_STOP) {
             free(av);
             return a.status;

@@ -123,10 +123,8 @@ static int parse_args(int argc, char **argv, config *c) {
     }
     int given[OPT_COUNT] = {0};
     cli_args a = {CMD, ac, av, 1, options, OPT_COUNT, OPT_HELP, help, given, 0};
-    for (;;) {
-        const char *name, *value;
-        int id = cli_scan(&a, &name, &value);
-        if (id == CLI_END) break;
+    const char *name, *value;
+    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
         if (id == CLI_STOP) return a.status;
         switch (id) {
         case OPT_IN:

@@ -245,10 +245,8 @@ static int parse_args(int argc, char **argv, config *c) {
         return CLI_EXIT_USAGE;
     }
 
-    for (;;) {
-        const char *name, *value;
-        int id = cli_scan(&a, &name, &value);
-        if (id == CLI_END) break;
+    const char *name, *value;
+    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
         if (id == CLI_STOP) return a.status;
         c->val[id] = value;
         if (value && take_value(c, id, value) != 0) {

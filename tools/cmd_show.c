@@ -93,10 +93,8 @@ int cli_cmd_show(int argc, char **argv) {
     const char *ckpt = NULL, *text = NULL, *out = NULL;
     int color = -1, tokens_kind = 0; /* 0 auto, 1 bytes, 2 ints */
     cli_args a = {CMD, argc, argv, 1, options, OPT_COUNT, OPT_HELP, help, NULL, 0};
-    for (;;) {
-        const char *name, *value;
-        int id = cli_scan(&a, &name, &value);
-        if (id == CLI_END) break;
+    const char *name, *value;
+    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
         if (id == CLI_STOP) return a.status;
         switch (id) {
         case OPT_CKPT: ckpt = value; break;
