@@ -24,6 +24,7 @@
 
 #include "core/cpu.h"
 #include "core/internal.h"
+#include "kernels/kernels.h"
 #include "qkv.h"
 #include "test_util.h"
 

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "core/cpu.h"
-#include "layers/kv_kernels.h"
+#include "kernels/kv.h"
 #include "layers/kv_typed.h"
 #include "test_util.h"
 

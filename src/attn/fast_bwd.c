@@ -5,7 +5,7 @@
  * logits of +-1e30 used to give NaN here) the forward's own statistics are
  * used instead: P = 2^(sc (s - m) - log2 l), the difference first as in the
  * forward, exact for logits of any size; either way the exponent is
- * clamped so that P never overflows (kernel contract, core/cpu.h).
+ * clamped so that P never overflows (kernel contract, kernels/attn.h).
  *
  * One pass over key blocks computes everything, and no two threads ever add
  * into the same memory, so the result is bitwise identical for any thread

@@ -2,7 +2,7 @@
  * forward and the backward: the per-call context, packing, the score
  * transform of one tile (soft-cap, bias, mask) and the masked PV product.
  * Loops, tiling and masking live here once; the registers are the kernels'
- * (core/cpu.h).
+ * (kernels/attn.h).
  *
  * Units: a tile of scores holds either the raw dot products q.k ("raw
  * mode": no soft-cap, no bias, positive scale: the common case, nothing to do
@@ -17,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/cpu.h"
 #include "core/internal.h"
+#include "kernels/kernels.h"
 
 #define FA_BQ 64   /* query rows per block */
 #define FA_BK 128  /* keys per tile (4 panels) */

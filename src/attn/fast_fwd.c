@@ -215,203 +215,247 @@ static void prefetch_rows(const float *src, int64_t ld, int64_t r0, int64_t r1, 
 #endif
 }
 
-/* Unit u (a query block of one (b, h)) with the packed K of its kv head at
- * ktb and its V rows (Dv floats each) at vb. */
-static void fwd_block(fwd_ctx *f, int64_t u, int t, const float *ktb, const float *vb) {
-    const fa_ctx *c = &f->c;
-    const qkv_kernels *K = c->K;
-    fwd_ws w;
-    fwd_ws_layout(f, f->ws + (size_t)t * f->ws_stride, &w);
+/* One unit's constants, for the parts of fwd_block below. */
+typedef struct fwd_blk {
+    const float *ktb, *vb; /* the packed K of its kv head, its V rows (Dv floats each) */
+    int64_t b, h, i0;      /* batch, head, first query row */
+    int nr, rows;          /* query rows, and rounded up to 8 */
+    int softmax, stats, want_o;
+    size_t ldob;
+} fwd_blk;
 
-    /* The last query blocks of a head first: under a causal mask they cost
-     * the most, and units start in increasing order (core/threads.h), so the
-     * cheap ones fill in at the end of the call. */
-    const int64_t qb = f->nqb - 1 - u % f->nqb, bh = u / f->nqb, h = bh % c->H, b = bh / c->H;
-    const int64_t i0 = qb * FA_BQ, D = c->D, Dv = c->Dv;
-    const int nr = (int)(c->nq - i0 < FA_BQ ? c->nq - i0 : FA_BQ);
-    const int rows = (int)fa_round_up(nr, 8);
-    const int softmax = c->norm == QKV_NORM_SOFTMAX, stats = softmax || f->lse || f->m2;
-    const int want_o = f->out != NULL;
-    const size_t ldob = (size_t)f->ldob;
-    int64_t blo, bhi;
-    int any = fa_query_ranges(c, b, i0, nr, w.lo, w.hi, &blo, &bhi);
-    /* Keys every row of the block sees: [clo, chi). A tile inside it, in raw
-     * mode with softmax, needs no per-row work at all (below). */
-    int64_t clo = 0, chi = INT64_MAX;
-    for (int r = 0; r < nr; r++) {
-        if (w.lo[r] > clo) clo = w.lo[r];
-        if (w.hi[r] < chi) chi = w.hi[r];
-    }
-    const int raw_softmax = softmax && !c->natural;
-
+/* The block's Q rows into w->qb (padding rows zero) and the running state. */
+QKV_INLINE void block_load(const fa_ctx *c, const fwd_blk *u, fwd_ws *w) {
+    const int64_t D = c->D;
     /* All the block's Q rows in flight before the copy: its cycles fell
      * 23-30% (n = 512, 8 heads, 2 threads, seven rounds alternating in one
      * process; the causal call faster in six, by up to 3%, the full one
      * within 2% either way). */
-    const float *qrows = c->q + ((b * c->nq + i0) * c->H + h) * D; /* row stride ldq */
-    prefetch_rows(qrows, c->ldq, 0, nr, D);
-    for (int r = 0; r < rows; r++) {
-        float *dst = w.qb + (size_t)r * D;
-        if (r < nr) memcpy(dst, qrows + r * c->ldq, (size_t)D * sizeof(float));
+    const float *qrows = c->q + ((u->b * c->nq + u->i0) * c->H + u->h) * D; /* row stride ldq */
+    prefetch_rows(qrows, c->ldq, 0, u->nr, D);
+    for (int r = 0; r < u->rows; r++) {
+        float *dst = w->qb + (size_t)r * D;
+        if (r < u->nr) memcpy(dst, qrows + r * c->ldq, (size_t)D * sizeof(float));
         else memset(dst, 0, (size_t)D * sizeof(float));
-        w.m[r] = -INFINITY;
-        w.l[r] = 0.0f;
-        w.cnt[r] = 0.0f;
-        memset(w.o + (size_t)r * ldob, 0, ldob * sizeof(float));
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.0f;
+        w->cnt[r] = 0.0f;
+        memset(w->o + (size_t)r * u->ldob, 0, u->ldob * sizeof(float));
     }
-    for (int r = nr; r < rows; r++) {
-        w.a[r] = 0;
-        w.e[r] = 0;
+    for (int r = u->nr; r < u->rows; r++) {
+        w->a[r] = 0;
+        w->e[r] = 0;
     }
+}
 
-    const int64_t kstart = blo / QKV_PANEL * QKV_PANEL;
-    if (any) {
-        int ncols = 0;
-        for (int64_t kt = kstart; kt < bhi; kt += ncols) {
-            ncols = tile_cols(kt, bhi);
-            size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
-            if (raw_softmax && clo <= kt && kt + ncols <= chi) { /* every tile of a full mask */
-                K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
-                      (size_t)ncols, w.s, FWD_LDS);
-                K->softmax(w.s, FWD_LDS, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
-                if (want_o)
-                    K->pv(w.o, ldob, w.alpha, w.s, FWD_LDS, 1, vb + kt * Dv, (size_t)Dv, (size_t)ncols,
-                          (size_t)Dv, (size_t)rows);
-                continue;
-            }
-            /* A tile on a mask's edge (the causal diagonal, a window's ends):
-             * per group of 8 rows only the 32-key panels that some row of
-             * the group can see, and the softmax of 16 rows only up to
-             * their last visible column. */
-            int partial = tile_groups(&w, nr, rows, kt, ncols, (int)np);
-            if (!partial) {
-                K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
-                      (size_t)ncols, w.s, FWD_LDS);
-            } else {
-                for (int g = 0; g < rows; g += 8) {
-                    int p0 = w.ga[g / 8] / QKV_PANEL, ge = w.ge[g / 8];
-                    if (ge > w.ga[g / 8])
-                        K->qk(w.qb + (size_t)g * D, (size_t)D, ktb + (kt / QKV_PANEL + p0) * D * QKV_PANEL,
-                              (size_t)D, 8, (size_t)(ge - p0 * QKV_PANEL), w.s + (size_t)g * FWD_LDS + p0 * QKV_PANEL,
-                              FWD_LDS);
-                }
-            }
-            if (partial && !c->natural) edge_rows(&w, w.s, nr, rows, kt, ncols);
-            else fa_scores_rows(c, w.s, FWD_LDS, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
-            if (partial) /* padding rows: not computed, never visible */
-                for (int r = nr; r < rows; r++)
-                    for (int j = 0; j < ncols; j++) w.s[(size_t)r * FWD_LDS + j] = -INFINITY;
-            int holes = c->bias && find_holes(w.s, nr, w.a, w.e, w.vis, w.holes);
-            const float *pw = w.s;
-            if (!softmax) {
-                for (int r = 0; r < rows; r++) {
-                    float *wr = w.pw + (size_t)r * FWD_LDS;
-                    if (r >= nr) {
-                        memset(wr, 0, FWD_LDS * sizeof(float));
-                        continue;
-                    }
-                    const float *sr = w.s + (size_t)r * FWD_LDS;
-                    elementwise_weights(c, sr, wr, w.a[r], w.e[r]);
-                    for (int j = w.a[r]; j < w.e[r]; j++) w.cnt[r] += sr[j] != -INFINITY;
-                }
-                pw = w.pw;
-            }
-            if (stats && !partial)
-                K->softmax(w.s, FWD_LDS, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
-            else if (stats)
-                for (int r0 = 0; r0 < rows; r0 += 16) {
-                    int nb = rows - r0 < 16 ? rows - r0 : 16, cols = 0;
-                    for (int g = r0; g < r0 + nb; g += 8)
-                        if (w.ge[g / 8] > cols) cols = w.ge[g / 8];
-                    K->softmax(w.s + (size_t)r0 * FWD_LDS, FWD_LDS, (size_t)nb, (size_t)cols, c->sc, w.m + r0,
-                               w.l + r0, w.alpha + r0);
-                }
-            /* Every row sees the whole tile (the common case away from a
-             * mask's edges): one product over all rows, tiled by the kernel
-             * (6 rows on AVX2); padding rows have zero weights and are never
-             * stored. */
-            int whole = want_o && softmax && !holes;
-            for (int r = 0; whole && r < nr; r++) whole = w.a[r] == 0 && w.e[r] == ncols;
-            if (whole) {
-                K->pv(w.o, ldob, w.alpha, w.s, FWD_LDS, 1, vb + kt * Dv, (size_t)Dv, (size_t)ncols, (size_t)Dv,
-                      (size_t)rows);
-                continue;
-            }
-            for (int g = 0; want_o && g < rows; g += 8) {
-                int nv = nr - g < 8 ? nr - g : 8, gh = 0;
-                for (int r = 0; holes && r < nv; r++) gh |= w.holes[g + r];
-                if (softmax && !gh)
-                    fa_pv_zeros(c, w.o + (size_t)g * ldob, ldob, w.alpha + g, w.s + (size_t)g * FWD_LDS,
-                                FWD_LDS, 1, vb + kt * Dv, (size_t)Dv, (size_t)Dv, w.a + g, w.e + g, nv);
-                else if (gh)
-                    pv_holes(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
-                             pw + (size_t)g * FWD_LDS, vb + kt * Dv, (size_t)Dv, (size_t)Dv,
-                             w.a + g, w.e + g, w.vis + (size_t)g * FWD_LDS, nv);
-                else
-                    fa_pv_ranges(c, w.o + (size_t)g * ldob, ldob, softmax ? w.alpha + g : NULL,
-                                 pw + (size_t)g * FWD_LDS, FWD_LDS, 1, vb + kt * Dv, (size_t)Dv,
-                                 (size_t)Dv, w.a + g, w.e + g, nv);
-            }
+/* A tile every row sees whole, in raw mode with softmax (every tile of a
+ * full mask): no per-row work at all. */
+QKV_INLINE void tile_inside(const fa_ctx *c, const fwd_blk *u, fwd_ws *w, int64_t kt, int ncols) {
+    const qkv_kernels *K = c->K;
+    const int64_t D = c->D, Dv = c->Dv;
+    K->qk(w->qb, (size_t)D, u->ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)u->rows, (size_t)ncols,
+          w->s, FWD_LDS);
+    K->softmax(w->s, FWD_LDS, (size_t)u->rows, (size_t)ncols, c->sc, w->m, w->l, w->alpha);
+    if (u->want_o)
+        K->pv(w->o, u->ldob, w->alpha, w->s, FWD_LDS, 1, u->vb + kt * Dv, (size_t)Dv, (size_t)ncols, (size_t)Dv,
+              (size_t)u->rows);
+}
+
+/* Any other tile: a mask's edge (the causal diagonal, a window's ends), a
+ * bias, soft-cap or another normaliser. Per group of 8 rows only the 32-key
+ * panels that some row of the group can see, and the softmax of 16 rows
+ * only up to their last visible column. */
+QKV_INLINE void tile_edge(const fa_ctx *c, const fwd_blk *u, fwd_ws *w, int64_t kt, int ncols) {
+    const qkv_kernels *K = c->K;
+    const int64_t D = c->D, Dv = c->Dv;
+    const int nr = u->nr, rows = u->rows, softmax = u->softmax;
+    const size_t ldob = u->ldob;
+    const float *ktb = u->ktb, *vt = u->vb + kt * Dv;
+    size_t np = (size_t)(ncols + QKV_PANEL - 1) / QKV_PANEL;
+    int partial = tile_groups(w, nr, rows, kt, ncols, (int)np);
+    if (!partial) {
+        K->qk(w->qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows, (size_t)ncols, w->s,
+              FWD_LDS);
+    } else {
+        for (int g = 0; g < rows; g += 8) {
+            int p0 = w->ga[g / 8] / QKV_PANEL, ge = w->ge[g / 8];
+            if (ge > w->ga[g / 8])
+                K->qk(w->qb + (size_t)g * D, (size_t)D, ktb + (kt / QKV_PANEL + p0) * D * QKV_PANEL, (size_t)D, 8,
+                      (size_t)(ge - p0 * QKV_PANEL), w->s + (size_t)g * FWD_LDS + p0 * QKV_PANEL, FWD_LDS);
         }
     }
+    if (partial && !c->natural) edge_rows(w, w->s, nr, rows, kt, ncols);
+    else fa_scores_rows(c, w->s, FWD_LDS, u->h, u->i0, nr, kt, ncols, w->lo, w->hi, w->a, w->e, NULL, 0);
+    if (partial) /* padding rows: not computed, never visible */
+        for (int r = nr; r < rows; r++)
+            for (int j = 0; j < ncols; j++) w->s[(size_t)r * FWD_LDS + j] = -INFINITY;
+    int holes = c->bias && find_holes(w->s, nr, w->a, w->e, w->vis, w->holes);
+    const float *pw = w->s;
+    if (!softmax) {
+        for (int r = 0; r < rows; r++) {
+            float *wr = w->pw + (size_t)r * FWD_LDS;
+            if (r >= nr) {
+                memset(wr, 0, FWD_LDS * sizeof(float));
+                continue;
+            }
+            const float *sr = w->s + (size_t)r * FWD_LDS;
+            elementwise_weights(c, sr, wr, w->a[r], w->e[r]);
+            for (int j = w->a[r]; j < w->e[r]; j++) w->cnt[r] += sr[j] != -INFINITY;
+        }
+        pw = w->pw;
+    }
+    if (u->stats && !partial)
+        K->softmax(w->s, FWD_LDS, (size_t)rows, (size_t)ncols, c->sc, w->m, w->l, w->alpha);
+    else if (u->stats)
+        for (int r0 = 0; r0 < rows; r0 += 16) {
+            int nb = rows - r0 < 16 ? rows - r0 : 16, cols = 0;
+            for (int g = r0; g < r0 + nb; g += 8)
+                if (w->ge[g / 8] > cols) cols = w->ge[g / 8];
+            K->softmax(w->s + (size_t)r0 * FWD_LDS, FWD_LDS, (size_t)nb, (size_t)cols, c->sc, w->m + r0, w->l + r0,
+                       w->alpha + r0);
+        }
+    /* Every row sees the whole tile (the common case away from a mask's
+     * edges): one product over all rows, tiled by the kernel (6 rows on
+     * AVX2); padding rows have zero weights and are never stored. */
+    int whole = u->want_o && softmax && !holes;
+    for (int r = 0; whole && r < nr; r++) whole = w->a[r] == 0 && w->e[r] == ncols;
+    if (whole) {
+        K->pv(w->o, ldob, w->alpha, w->s, FWD_LDS, 1, vt, (size_t)Dv, (size_t)ncols, (size_t)Dv, (size_t)rows);
+        return;
+    }
+    for (int g = 0; u->want_o && g < rows; g += 8) {
+        int nv = nr - g < 8 ? nr - g : 8, gh = 0;
+        for (int r = 0; holes && r < nv; r++) gh |= w->holes[g + r];
+        if (softmax && !gh)
+            fa_pv_zeros(c, w->o + (size_t)g * ldob, ldob, w->alpha + g, w->s + (size_t)g * FWD_LDS, FWD_LDS, 1, vt,
+                        (size_t)Dv, (size_t)Dv, w->a + g, w->e + g, nv);
+        else if (gh)
+            pv_holes(c, w->o + (size_t)g * ldob, ldob, softmax ? w->alpha + g : NULL, pw + (size_t)g * FWD_LDS, vt,
+                     (size_t)Dv, (size_t)Dv, w->a + g, w->e + g, w->vis + (size_t)g * FWD_LDS, nv);
+        else
+            fa_pv_ranges(c, w->o + (size_t)g * ldob, ldob, softmax ? w->alpha + g : NULL, pw + (size_t)g * FWD_LDS,
+                         FWD_LDS, 1, vt, (size_t)Dv, (size_t)Dv, w->a + g, w->e + g, nv);
+    }
+}
 
-    /* Normalise and store. The attention matrix sweep needs 1/l: kept in cnt. */
-    for (int r = 0; r < nr; r++) {
-        float *orow = w.o + (size_t)r * ldob;
+/* Normalise and store O, lse and the backward's statistics. The attention
+ * matrix sweep needs 1/l: kept in cnt. */
+QKV_INLINE void block_store(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w) {
+    const fa_ctx *c = &f->c;
+    const int64_t Dv = c->Dv, b = u->b, h = u->h, i0 = u->i0;
+    const int softmax = u->softmax, want_o = u->want_o;
+    for (int r = 0; r < u->nr; r++) {
+        float *orow = w->o + (size_t)r * u->ldob;
         float *dst = want_o ? f->out + ((b * c->nq + i0 + r) * c->H + h) * Dv : NULL;
         /* No visible key: l == 0 exactly. A NaN logit leaves m = -inf (max
          * skips NaN) but makes l NaN: not empty, the NaN propagates. */
-        int empty = w.l[r] == 0.0f;
+        int empty = w->l[r] == 0.0f;
         float mul = 1.0f;
-        if (softmax) mul = empty ? 0.0f : 1.0f / w.l[r];
-        else if (c->norm == QKV_NORM_RELU && c->relu_div) mul = w.cnt[r] > 0 ? 1.0f / w.cnt[r] : 0.0f;
+        if (softmax) mul = empty ? 0.0f : 1.0f / w->l[r];
+        else if (c->norm == QKV_NORM_RELU && c->relu_div) mul = w->cnt[r] > 0 ? 1.0f / w->cnt[r] : 0.0f;
         if (want_o && softmax && empty) memset(dst, 0, (size_t)Dv * sizeof(float));
-        else if (want_o && f->stream) K->scale_stream(dst, orow, mul, (size_t)Dv);
+        else if (want_o && f->stream) c->K->scale_stream(dst, orow, mul, (size_t)Dv);
         else if (want_o) for (int64_t d = 0; d < Dv; d++) dst[d] = orow[d] * mul;
         if (f->lse) {
-            double l2 = empty ? -INFINITY : (double)c->sc * w.m[r] + log2((double)w.l[r]);
+            double l2 = empty ? -INFINITY : (double)c->sc * w->m[r] + log2((double)w->l[r]);
             f->lse[(b * c->H + h) * c->nq + i0 + r] = (float)(l2 * FA_LN2);
         }
         if (f->m2) {
             int64_t at = (b * c->H + h) * c->nq + i0 + r;
-            f->m2[at] = empty || w.m[r] == -INFINITY ? 0.0f : w.m[r];
-            f->lg2[at] = empty ? INFINITY : (float)log2((double)w.l[r]);
+            f->m2[at] = empty || w->m[r] == -INFINITY ? 0.0f : w->m[r];
+            f->lg2[at] = empty ? INFINITY : (float)log2((double)w->l[r]);
         }
-        if (softmax) w.cnt[r] = empty ? 0.0f : 1.0f / w.l[r];
+        if (softmax) w->cnt[r] = empty ? 0.0f : 1.0f / w->l[r];
     }
-    if (want_o && f->stream) K->stream_fence();
+    if (want_o && f->stream) c->K->stream_fence();
+}
 
-    if (!f->attn) return;
+/* The block's rows of the attention matrix (only when the caller asks for
+ * it): zeros, then each tile's weights recomputed from the saved
+ * statistics. */
+static void block_attn(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w, int any, int64_t kstart, int64_t bhi) {
+    const fa_ctx *c = &f->c;
+    const qkv_kernels *K = c->K;
+    const int64_t D = c->D, b = u->b, h = u->h, i0 = u->i0;
+    const int nr = u->nr;
     for (int r = 0; r < nr; r++)
         memset(f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk, 0, (size_t)c->nk * sizeof(float));
     if (!any) return;
     int ncols = 0;
     for (int64_t kt = kstart; kt < bhi; kt += ncols) {
         ncols = tile_cols(kt, bhi);
-        K->qk(w.qb, (size_t)D, ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)rows,
-              (size_t)ncols, w.s, FWD_LDS);
-        fa_scores_rows(c, w.s, FWD_LDS, h, i0, nr, kt, ncols, w.lo, w.hi, w.a, w.e, NULL, 0);
+        K->qk(w->qb, (size_t)D, u->ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)u->rows, (size_t)ncols,
+              w->s, FWD_LDS);
+        fa_scores_rows(c, w->s, FWD_LDS, h, i0, nr, kt, ncols, w->lo, w->hi, w->a, w->e, NULL, 0);
         for (int r = 0; r < nr; r++) {
-            int a = w.a[r], e = w.e[r];
+            int a = w->a[r], e = w->e[r];
             if (e <= a) continue;
-            float *sr = w.s + (size_t)r * FWD_LDS;
+            float *sr = w->s + (size_t)r * FWD_LDS;
             float *dst = f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk + kt;
-            if (softmax) {
-                if (w.l[r] == 0.0f) continue;
-                float mr = w.m[r], sc = c->sc;
+            if (u->softmax) {
+                if (w->l[r] == 0.0f) continue;
+                float mr = w->m[r], sc = c->sc;
                 for (int j = a; j < e; j++) sr[j] = (sr[j] - mr) * sc;
                 K->exp2(sr + a, (size_t)(e - a));
-                float invl = w.cnt[r];
+                float invl = w->cnt[r];
                 for (int j = a; j < e; j++) dst[j] = sr[j] * invl;
             } else {
                 elementwise_weights(c, sr, dst, a, e);
                 if (c->norm == QKV_NORM_RELU && c->relu_div) {
-                    float mul = w.cnt[r] > 0 ? 1.0f / w.cnt[r] : 0.0f;
+                    float mul = w->cnt[r] > 0 ? 1.0f / w->cnt[r] : 0.0f;
                     for (int j = a; j < e; j++) dst[j] *= mul;
                 }
             }
         }
     }
+}
+
+/* One unit (a query block of one (b, h)) with the packed K of its kv head
+ * at ktb and its V rows (Dv floats each) at vb. */
+static void fwd_block(fwd_ctx *f, int64_t unit, int t, const float *ktb, const float *vb) {
+    const fa_ctx *c = &f->c;
+    fwd_ws w;
+    fwd_ws_layout(f, f->ws + (size_t)t * f->ws_stride, &w);
+
+    /* The last query blocks of a head first: under a causal mask they cost
+     * the most, and units start in increasing order (core/threads.h), so the
+     * cheap ones fill in at the end of the call. */
+    const int64_t qb = f->nqb - 1 - unit % f->nqb, bh = unit / f->nqb;
+    fwd_blk u;
+    u.ktb = ktb;
+    u.vb = vb;
+    u.h = bh % c->H;
+    u.b = bh / c->H;
+    u.i0 = qb * FA_BQ;
+    u.nr = (int)(c->nq - u.i0 < FA_BQ ? c->nq - u.i0 : FA_BQ);
+    u.rows = (int)fa_round_up(u.nr, 8);
+    u.softmax = c->norm == QKV_NORM_SOFTMAX;
+    u.stats = u.softmax || f->lse || f->m2;
+    u.want_o = f->out != NULL;
+    u.ldob = (size_t)f->ldob;
+    int64_t blo, bhi;
+    int any = fa_query_ranges(c, u.b, u.i0, u.nr, w.lo, w.hi, &blo, &bhi);
+    /* Keys every row of the block sees: [clo, chi). A tile inside it, in raw
+     * mode with softmax, needs no per-row work at all (tile_inside). */
+    int64_t clo = 0, chi = INT64_MAX;
+    for (int r = 0; r < u.nr; r++) {
+        if (w.lo[r] > clo) clo = w.lo[r];
+        if (w.hi[r] < chi) chi = w.hi[r];
+    }
+    const int raw_softmax = u.softmax && !c->natural;
+
+    block_load(c, &u, &w);
+    const int64_t kstart = blo / QKV_PANEL * QKV_PANEL;
+    if (any) {
+        int ncols = 0;
+        for (int64_t kt = kstart; kt < bhi; kt += ncols) {
+            ncols = tile_cols(kt, bhi);
+            if (raw_softmax && clo <= kt && kt + ncols <= chi) tile_inside(c, &u, &w, kt, ncols);
+            else tile_edge(c, &u, &w, kt, ncols);
+        }
+    }
+    block_store(f, &u, &w);
+    if (f->attn) block_attn(f, &u, &w, any, kstart, bhi);
 }
 
 /* The usual schedule: K and V of every head packed first (fa_pack_kv). */

@@ -20,7 +20,7 @@
  * ever add into the same memory, so results are bitwise identical for any
  * thread count. The scale is applied to the finished dQ and dK in float.
  *
- * Layouts (attn/half_kernels.h: bf16 pairs in 32-bit words), once per call:
+ * Layouts (kernels/half.h: bf16 pairs in 32-bit words), once per call:
  * per (b, kv head) K and V rows in pairs along D (resp. D_v), and K^T in
  * pairs of consecutive keys; per (b, head) Q and dO in 32-query panels
  * (pairs along D, D_v) and in pairs of consecutive queries. Memory: about
@@ -44,15 +44,9 @@
 #include <string.h>
 
 #include "attn/half.h"
-#include "attn/half_kernels.h"
 #include "core/half.h"
 #include "core/threads.h"
-
-#if defined(QKV_HAVE_X86) && defined(__x86_64__)
-#define HB_X86 1
-#endif
-
-#ifdef HB_X86
+#include "kernels/kernels.h"
 
 #define HB_BK 128 /* keys per block (tile rows) */
 #define HB_BQ 64  /* queries per block (tile columns) */
@@ -61,6 +55,7 @@
 
 typedef struct hb_ctx {
     const qkv_plan *p;
+    const qkv_half_kernels *HK;
     int64_t B, nq, nk, H, Hkv, G, D, Dv;
     int64_t dp2, dvp2;  /* pairs along D, D_v: ceil(D / 2), ceil(D_v / 2) */
     int64_t ldD, ldDv;  /* D, D_v padded to 16 (rows of the pair layouts, accumulators) */
@@ -211,6 +206,7 @@ static void pack_q_unit(void *vc, int64_t u, int t) {
 /* ---- the key-block pass -------------------------------------------------- */
 
 static void kv_block(hb_ctx *c, hb_ws *w, int64_t b, int64_t kv, int64_t kb, float *dqt_ch) {
+    const qkv_half_kernels *HK = c->HK;
     const int64_t D = c->D, Dv = c->Dv, j0 = kb * HB_BK, ukv = b * c->Hkv + kv;
     const int nkr = (int)(c->nk - j0 < HB_BK ? c->nk - j0 : HB_BK);
     const int rows = (int)up(nkr, 8), kh = rows / 2;
@@ -230,10 +226,10 @@ static void kv_block(hb_ctx *c, hb_ws *w, int64_t b, int64_t kv, int64_t kb, flo
             const int nqc = (int)(c->nq - i0 < HB_BQ ? c->nq - i0 : HB_BQ);
             const int64_t *lo = c->LO + b * c->nq + i0, *hi = c->HI + b * c->nq + i0;
             const size_t np = (size_t)(nqc + 31) / 32, ncp = (size_t)(nqc + 1) / 2;
-            qkv_bf16_qk_avx512bf16(krb, (size_t)c->dp2, c->qpan + bh * c->qpan_st + (i0 / 32) * c->dp2 * 32,
-                                   (size_t)c->dp2, (size_t)rows, np, w->s, HB_BQ);
-            qkv_bf16_qk_avx512bf16(vrb, (size_t)c->dvp2, c->dopan + bh * c->dopan_st + (i0 / 32) * c->dvp2 * 32,
-                                   (size_t)c->dvp2, (size_t)rows, np, w->dp, HB_BQ);
+            HK->qk(krb, (size_t)c->dp2, c->qpan + bh * c->qpan_st + (i0 / 32) * c->dp2 * 32, (size_t)c->dp2,
+                   (size_t)rows, np, w->s, HB_BQ);
+            HK->qk(vrb, (size_t)c->dvp2, c->dopan + bh * c->dopan_st + (i0 / 32) * c->dvp2 * 32, (size_t)c->dvp2,
+                   (size_t)rows, np, w->dp, HB_BQ);
             /* masked (key, query): s = -inf; keys past n_k and queries past
              * n_q are zero padding (s = dp = 0, never turned into weights) */
             for (int i = 0; i < nqc; i++) {
@@ -246,20 +242,19 @@ static void kv_block(hb_ctx *c, hb_ws *w, int64_t b, int64_t kv, int64_t kb, flo
                 for (int64_t r = y; r < nkr; r++) w->s[r * HB_BQ + i] = -INFINITY;
             }
             const int64_t at = bh * c->nq + i0;
-            qkv_bf16_bwd_softmax_avx512bf16(w->s, w->dp, HB_BQ, (size_t)nkr, (size_t)nqc, c->sc, c->L2 + at,
-                                            c->Dd + at);
+            HK->bwd_softmax(w->s, w->dp, HB_BQ, (size_t)nkr, (size_t)nqc, c->sc, c->L2 + at, c->Dd + at);
             /* dV += P^T dO */
-            qkv_bf16_pack_p_avx512bf16(w->pp, ldp, w->s, HB_BQ, (size_t)nkr, ncp);
+            HK->pack_p(w->pp, ldp, w->s, HB_BQ, (size_t)nkr, ncp);
             const uint32_t *dop = c->dopair + bh * c->dopair_st + (i0 / 2) * c->ldDv;
-            qkv_bf16_pv_acc_avx512bf16(w->accv, ldDv, w->pp, ldp, dop, ldDv, ncp, ldDv, (size_t)nkr);
+            HK->pv_acc(w->accv, ldDv, w->pp, ldp, dop, ldDv, ncp, ldDv, (size_t)nkr);
             /* dK += dS^T Q */
-            qkv_bf16_pack_p_avx512bf16(w->pp, ldp, w->dp, HB_BQ, (size_t)nkr, ncp);
+            HK->pack_p(w->pp, ldp, w->dp, HB_BQ, (size_t)nkr, ncp);
             const uint32_t *qpr = c->qpair + bh * c->qpair_st + (i0 / 2) * c->ldD;
-            qkv_bf16_pv_acc_avx512bf16(w->acck, ldD, w->pp, ldp, qpr, ldD, ncp, ldD, (size_t)nkr);
+            HK->pv_acc(w->acck, ldD, w->pp, ldp, qpr, ldD, ncp, ldD, (size_t)nkr);
             /* dQ^T += K^T dS, into this chunk's partial */
-            qkv_bf16_pack_rowpairs_avx512bf16(w->kd, w->dp, HB_BQ, (size_t)kh, np);
-            qkv_bf16_qk_acc_avx512bf16(ktb, HB_BK / 2, w->kd, (size_t)kh, (size_t)c->D8, np,
-                                       dqt_ch + bh * c->dqt_st + qb * c->D8 * HB_BQ, HB_BQ);
+            HK->pack_rowpairs(w->kd, w->dp, HB_BQ, (size_t)kh, np);
+            HK->qk_acc(ktb, HB_BK / 2, w->kd, (size_t)kh, (size_t)c->D8, np,
+                       dqt_ch + bh * c->dqt_st + qb * c->D8 * HB_BQ, HB_BQ);
         }
     }
     for (int r = 0; r < nkr; r++) {
@@ -314,15 +309,9 @@ static size_t carve_total(const size_t *n, int cnt) {
     return t;
 }
 
-#endif /* HB_X86 */
-
 qkv_status qkv_half_fast_backward(const qkv_plan *p, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                   const uint16_t *out, const float *lse, const uint16_t *dout, uint16_t *dq,
                                   uint16_t *dk, uint16_t *dv) {
-#ifndef HB_X86
-    (void)p; (void)q; (void)k; (void)v; (void)out; (void)lse; (void)dout; (void)dq; (void)dk; (void)dv;
-    return QKV_ERR_UNSUPPORTED;
-#else
     const qkv_attn_desc *d = &p->d;
     if (d->dtype != QKV_BF16 || !qkv_half_fast_available() || d->check_finite) return QKV_ERR_UNSUPPORTED;
     if ((d->score != QKV_SCORE_SCALED_DOT && d->score != QKV_SCORE_DOT) || !(d->scale > 0.0) ||
@@ -343,6 +332,7 @@ qkv_status qkv_half_fast_backward(const qkv_plan *p, const uint16_t *q, const ui
     hb_ctx c;
     memset(&c, 0, sizeof c);
     c.p = p;
+    c.HK = qkv_half_kernels_active();
     c.B = d->batch; c.nq = d->n_q; c.nk = d->n_k; c.H = d->heads; c.Hkv = d->heads_kv;
     c.G = p->group; c.D = d->dim; c.Dv = d->dim_v;
     c.dp2 = (c.D + 1) / 2; c.dvp2 = (c.Dv + 1) / 2;
@@ -425,5 +415,4 @@ qkv_status qkv_half_fast_backward(const qkv_plan *p, const uint16_t *q, const ui
     qkv_free(o_tmp);
     qkv_free(l_tmp);
     return st;
-#endif
 }

@@ -2,7 +2,7 @@
  * products on bf16 dot-product units and everything else in float.
  *
  * Per (b, kv head), once per call: K packed into panels of 32 keys in the
- * pair layout of attn/half_kernels.h (two consecutive dimensions of a key in
+ * pair layout of kernels/half.h (two consecutive dimensions of a key in
  * one 32-bit word), V interleaved likewise (two consecutive keys of a value
  * column in one word). Per block of 64 query rows of one (b, h): for each
  * tile of 128 keys some row sees, S = Q K^T by bf16 dot products with float
@@ -17,64 +17,38 @@
  * the pairs of keys every row of a 4-row group sees; each row's remaining
  * visible keys are added one at a time. Keys past n_k are zero padding.
  *
- * Chosen at run time: the CPU must have AVX512-BF16 (CPUID.(7,1):EAX[5]) and
- * the AVX-512 kernel table must be the active one (QKV_ARCH=avx2 or generic
- * turns this path off); otherwise the portable path (half_attn.c) runs.
+ * Chosen at run time: the active kernel set must hold native bf16 kernels,
+ * i.e. be the AVX-512 one on a CPU with AVX512-BF16 (core/cpu.c detects it;
+ * QKV_ARCH=avx2 or generic turns this path off); otherwise the portable path
+ * (half_attn.c) runs.
  * AMX (TDPBF16PS) would slot in as another pair of kernels with the same
  * packed layouts; it is not implemented (docs/HALF.md). */
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
 #include "attn/half.h"
-#include "attn/half_kernels.h"
-#include "core/cpu.h"
 #include "core/half.h"
 #include "core/threads.h"
-
-#if defined(QKV_HAVE_X86) && defined(__x86_64__)
-#include <cpuid.h>
-#define HF_X86 1
-#endif
+#include "kernels/kernels.h"
 
 #define HF_BQ 64  /* query rows per block */
 #define HF_BK 128 /* keys per tile (4 panels of 32) */
 #define HF_LOG2E 1.4426950408889634
 #define HF_LN2 0.6931471805599453
 
-static int g_has_bf16;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static atomic_int g_portable_only;
 
-static void detect(void) {
-#ifdef HF_X86
-    unsigned a, b, c, d;
-    if (__get_cpuid_max(0, NULL) >= 7) {
-        __cpuid_count(7, 1, a, b, c, d);
-        g_has_bf16 = (a >> 5) & 1; /* AVX512_BF16 */
-    }
-    (void)b; (void)c; (void)d;
-#endif
-}
-
 int qkv_half_fast_available(void) {
-    pthread_once(&g_once, detect);
-#ifdef HF_X86
-    return g_has_bf16 && !atomic_load(&g_portable_only) && qkv_cpu_has(QKV_ARCH_AVX512) &&
-           qkv_kernels_active() == &qkv_kernels_avx512;
-#else
-    return g_has_bf16 && 0;
-#endif
+    return !atomic_load(&g_portable_only) && qkv_half_kernels_active()->native;
 }
 
 void qkv_half_force_portable(int on) { atomic_store(&g_portable_only, on ? 1 : 0); }
 
-#ifdef HF_X86 /* the kernels exist in x86-64 builds only */
-
 typedef struct hf_ctx {
     const qkv_plan *p;
     const qkv_kernels *K;
+    const qkv_half_kernels *HK;
     int64_t B, nq, nk, H, Hkv, G, D, Dv;
     int64_t dp2;      /* pairs of dimensions: ceil(D / 2) */
     int64_t dvp;      /* value columns padded to 16 */
@@ -149,6 +123,7 @@ static void fwd_unit(void *vc, int64_t u, int t) {
     hf_ws w;
     ws_layout(c, c->ws + (size_t)t * c->ws_stride, &w);
     const qkv_kernels *K = c->K;
+    const qkv_half_kernels *HK = c->HK;
     const int64_t qb = u % c->nqb, bh = u / c->nqb, h = bh % c->H, b = bh / c->H;
     const int64_t i0 = qb * HF_BQ, D = c->D, Dv = c->Dv, dp2 = c->dp2, dvp = c->dvp, kv = h / c->G;
     const int nr = (int)(c->nq - i0 < HF_BQ ? c->nq - i0 : HF_BQ);
@@ -179,8 +154,7 @@ static void fwd_unit(void *vc, int64_t u, int t) {
     for (int64_t kt = blo / 32 * 32; kt < bhi; kt += HF_BK) {
         const int ncols = (int)(bhi - kt < HF_BK ? bhi - kt : HF_BK);
         const size_t np = (size_t)(ncols + 31) / 32;
-        qkv_bf16_qk_avx512bf16(w.qp, (size_t)dp2, kpb + (kt / 32) * dp2 * 32, (size_t)dp2, (size_t)rows,
-                               np, w.s, HF_BK);
+        HK->qk(w.qp, (size_t)dp2, kpb + (kt / 32) * dp2 * 32, (size_t)dp2, (size_t)rows, np, w.s, HF_BK);
         for (int r = 0; r < rows; r++) {
             float *sr = w.s + (size_t)r * HF_BK;
             int64_t x = w.lo[r] - kt, y = w.hi[r] - kt;
@@ -193,7 +167,7 @@ static void fwd_unit(void *vc, int64_t u, int t) {
             for (int j = (int)y; j < ncols; j++) sr[j] = -INFINITY;
         }
         K->softmax(w.s, HF_BK, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
-        qkv_bf16_pack_p_avx512bf16(w.pp, ldp, w.s, HF_BK, (size_t)nr, (size_t)(ncols + 1) / 2);
+        HK->pack_p(w.pp, ldp, w.s, HF_BK, (size_t)nr, (size_t)(ncols + 1) / 2);
         for (int r = 0; r < nr; r++) {
             float al = w.alpha[r], *orow = w.o + (size_t)r * dvp;
             if (al != 1.0f)
@@ -208,9 +182,8 @@ static void fwd_unit(void *vc, int64_t u, int t) {
             }
             int ua = (A + 1) / 2, ub = E > A ? E / 2 : 0;
             if (ub > ua)
-                qkv_bf16_pv_avx512bf16(w.o + (size_t)g * dvp, (size_t)dvp, w.pp + (size_t)g * ldp, ldp,
-                                       vpb + (kt / 2) * dvp, (size_t)dvp, (size_t)ua, (size_t)ub,
-                                       (size_t)dvp, (size_t)gn);
+                HK->pv(w.o + (size_t)g * dvp, (size_t)dvp, w.pp + (size_t)g * ldp, ldp, vpb + (kt / 2) * dvp,
+                       (size_t)dvp, (size_t)ua, (size_t)ub, (size_t)dvp, (size_t)gn);
             else
                 ua = ub = 0;
             /* each row's visible keys outside the common pairs, one at a time */
@@ -237,14 +210,8 @@ static void fwd_unit(void *vc, int64_t u, int t) {
     }
 }
 
-#endif /* HF_X86 */
-
 qkv_status qkv_half_fast_forward(const qkv_plan *p, const uint16_t *q, const uint16_t *k,
                                  const uint16_t *v, uint16_t *out, float *lse) {
-#ifndef HF_X86
-    (void)p; (void)q; (void)k; (void)v; (void)out; (void)lse;
-    return QKV_ERR_UNSUPPORTED;
-#else
     const qkv_attn_desc *d = &p->d;
     if (d->dtype != QKV_BF16 || !qkv_half_fast_available()) return QKV_ERR_UNSUPPORTED;
     if ((d->score != QKV_SCORE_SCALED_DOT && d->score != QKV_SCORE_DOT) || !(d->scale > 0.0) ||
@@ -255,6 +222,7 @@ qkv_status qkv_half_fast_forward(const qkv_plan *p, const uint16_t *q, const uin
     memset(&c, 0, sizeof c);
     c.p = p;
     c.K = qkv_kernels_active();
+    c.HK = qkv_half_kernels_active();
     c.B = d->batch; c.nq = d->n_q; c.nk = d->n_k; c.H = d->heads; c.Hkv = d->heads_kv;
     c.G = p->group; c.D = d->dim; c.Dv = d->dim_v;
     c.dp2 = (c.D + 1) / 2;
@@ -284,5 +252,4 @@ qkv_status qkv_half_fast_forward(const qkv_plan *p, const uint16_t *q, const uin
     qkv_parallel_for(threads, units, fwd_unit, &c);
     qkv_free(mem);
     return QKV_OK;
-#endif
 }

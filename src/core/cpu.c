@@ -1,7 +1,7 @@
 /* Run-time CPU detection (CPUID for the instruction sets, XGETBV for the OS
  * saving the wider registers: a CPU with AVX-512 under an OS that does not
- * save ZMM state must not run AVX-512 code) and the kernel table, filled once
- * with pthread_once. */
+ * save ZMM state must not run AVX-512 code), done once with pthread_once, and
+ * the arch in use. The only place that reads CPUID or QKV_ARCH. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,6 +15,7 @@
 #endif
 
 static int g_has[QKV_ARCH_COUNT];
+static int g_has_bf16;
 static int g_default = QKV_ARCH_GENERIC;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static atomic_int g_forced = -1;
@@ -40,6 +41,10 @@ static void detect_x86(void) {
     int avx512 = ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
     g_has[QKV_ARCH_AVX2] = ymm_os && avx2 && fma;
     g_has[QKV_ARCH_AVX512] = zmm_os && avx512 && g_has[QKV_ARCH_AVX2];
+#if defined(__x86_64__) /* the bf16 kernels are built for x86-64 only */
+    __cpuid_count(7, 1, a, b, c, d);
+    g_has_bf16 = g_has[QKV_ARCH_AVX512] && ((a >> 5) & 1); /* AVX512_BF16 */
+#endif
 }
 #endif
 
@@ -68,19 +73,15 @@ int qkv_cpu_has(qkv_arch arch) {
     return (int)arch >= 0 && arch < QKV_ARCH_COUNT && g_has[arch];
 }
 
-static const qkv_kernels *table(int arch) {
-#ifdef QKV_CPU_X86
-    if (arch == QKV_ARCH_AVX512) return &qkv_kernels_avx512;
-    if (arch == QKV_ARCH_AVX2) return &qkv_kernels_avx2;
-#endif
-    (void)arch;
-    return &qkv_kernels_generic;
+int qkv_cpu_has_avx512bf16(void) {
+    pthread_once(&g_once, init_once);
+    return g_has_bf16;
 }
 
-const qkv_kernels *qkv_kernels_active(void) {
+qkv_arch qkv_cpu_arch(void) {
     pthread_once(&g_once, init_once);
     int f = atomic_load(&g_forced);
-    return table(f >= 0 ? f : g_default);
+    return (qkv_arch)(f >= 0 ? f : g_default);
 }
 
 int qkv_cpu_force_arch(int arch) {

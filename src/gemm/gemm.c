@@ -21,7 +21,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/cpu.h"
 #include "core/internal.h"
 #include "core/threads.h"
 #include "gemm/gemm.h"
@@ -30,16 +29,6 @@
 #include <cblas.h>
 #include <limits.h>
 #endif
-
-const qkv_gemm_kernel *qkv_gemm_kernel_active(void) {
-    const qkv_kernels *k = qkv_kernels_active();
-#ifdef QKV_HAVE_X86
-    if (k == &qkv_kernels_avx512) return &qkv_gemm_kernel_avx512;
-    if (k == &qkv_kernels_avx2) return &qkv_gemm_kernel_avx2;
-#endif
-    (void)k;
-    return &qkv_gemm_kernel_generic;
-}
 
 int qkv_gemm_uses_cblas(void) {
 #ifdef QKV_USE_CBLAS

@@ -17,11 +17,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/cpu.h"
 #include "core/half.h"
 #include "core/internal.h"
 #include "core/threads.h"
-#include "layers/kv_kernels.h"
+#include "kernels/kernels.h"
 #include "layers/kv_typed.h"
 #include "layers/mha_internal.h"
 
@@ -155,12 +154,8 @@ void kv_typed_store(kv_typed *t, int64_t b, int64_t pos, int64_t n, const float 
 /* The kv kernels matching the attention kernel table in use (so QKV_ARCH and
  * the tests' forcing choose both). */
 static const kv_kernels *kv_active(const qkv_kernels *k) {
-#if defined(QKV_HAVE_X86) && (defined(__x86_64__) || defined(__i386__))
-    if (k == &qkv_kernels_avx512) return &kv_kernels_avx512;
-    if (k == &qkv_kernels_avx2) return &kv_kernels_avx2;
-#endif
-    (void)k;
-    return &kv_kernels_generic;
+    (void)k; /* of the same kernel set (kernels/kernels.h) */
+    return qkv_kv_kernels_active();
 }
 
 typedef struct attend_ctx {

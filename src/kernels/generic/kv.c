@@ -1,8 +1,8 @@
-/* Portable kernels of the typed KV cache (contract: layers/kv_kernels.h).
+/* Portable kernels of the typed KV cache (contract: kernels/kv.h).
  * Plain loops in the order the vector kernels use (per block, then scaled),
  * so every ISA computes the same sums up to the order inside a block. */
 #include "core/half.h"
-#include "layers/kv_kernels.h"
+#include "kernels/kv.h"
 
 static void qk_f32_generic(const float *q, const float *k, size_t ld, size_t D, size_t n, float *s) {
     for (size_t j = 0; j < n; j++) {
@@ -65,5 +65,12 @@ static void pv_i8_generic(float *o, const float *p, const int8_t *v, size_t ld, 
     }
 }
 
-const kv_kernels kv_kernels_generic = {"generic",      qk_f32_generic, qk_bf16_generic, qk_i8_generic,
-                                       pv_f32_generic, pv_bf16_generic, pv_i8_generic};
+void qkv_kv_init_generic(kv_kernels *k) {
+    k->name = "generic";
+    k->qk_f32 = qk_f32_generic;
+    k->qk_bf16 = qk_bf16_generic;
+    k->qk_i8 = qk_i8_generic;
+    k->pv_f32 = pv_f32_generic;
+    k->pv_bf16 = pv_bf16_generic;
+    k->pv_i8 = pv_i8_generic;
+}

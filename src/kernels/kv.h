@@ -1,8 +1,10 @@
-/* Kernels of the typed KV cache (internal): dot products of one query with
- * many cached keys, and weighted sums of cached values, reading float32, bf16
- * or int8 storage (widened in registers) - the cache is never expanded to
- * float32 in memory (docs/HALF.md). One table per ISA (src/kernels/<isa>/
- * kv_<isa>.c), chosen with the attention kernel table (QKV_ARCH applies).
+/* The KV-decode kernels' contract (internal), for the typed KV cache
+ * (layers/kv_typed.c): dot products of one query with many cached keys, and
+ * weighted sums of cached values, reading float32, bf16 or int8 storage
+ * (widened in registers) - the cache is never expanded to float32 in memory
+ * (docs/HALF.md). The generic table (kernels/generic/kv.c) fills every slot,
+ * an ISA's init (kernels/<isa>/kv.c) overrides them, chosen with the
+ * attention kernels (kernels/kernels.h; QKV_ARCH applies).
  *
  * Layouts: key (or value) j is a row of D elements at k + j*ld. int8 rows
  * carry one float32 scale per block of KV_BLOCK consecutive elements (the
@@ -10,8 +12,8 @@
  * j stands for k[j*ld + d] * ks[j*lds + d / KV_BLOCK]. Kernels never read
  * past element D-1 of a row or the scales of its ceil(D / KV_BLOCK) blocks,
  * and accumulate in float32. */
-#ifndef QKV_LAYERS_KV_KERNELS_H
-#define QKV_LAYERS_KV_KERNELS_H
+#ifndef QKV_KERNELS_KV_H
+#define QKV_KERNELS_KV_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -32,8 +34,9 @@ typedef struct kv_kernels {
                   size_t D, size_t n);
 } kv_kernels;
 
-extern const kv_kernels kv_kernels_generic;
-extern const kv_kernels kv_kernels_avx2;
-extern const kv_kernels kv_kernels_avx512;
+/* The generic table; each ISA's init overrides the slots it implements. */
+void qkv_kv_init_generic(kv_kernels *k);
+void qkv_kv_init_avx2(kv_kernels *k);
+void qkv_kv_init_avx512(kv_kernels *k);
 
 #endif

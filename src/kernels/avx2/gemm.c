@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "gemm/gemm.h"
+#include "kernels/gemm.h"
 
 #define MR 6
 #define NR 16
@@ -75,6 +75,8 @@ static void ukr_avx2(int64_t kc, const float *ap, const float *bp, float *c, int
     }
 }
 
-/* KC = 512 (see gemm_avx512.c for why a K of 512 is taken in one block);
+/* KC = 512 (see avx512/gemm.c for why a K of 512 is taken in one block);
  * MC = 144: a 144 x 512 A block (288 KB) stays in the 1 MB L2. */
-const qkv_gemm_kernel qkv_gemm_kernel_avx2 = {"avx2 6x16", MR, NR, 144, 512, 4096, ukr_avx2, NULL};
+void qkv_gemm_init_avx2(qkv_gemm_kernel *k) {
+    *k = (qkv_gemm_kernel){"avx2 6x16", MR, NR, 144, 512, 4096, ukr_avx2, NULL};
+}

@@ -3,7 +3,7 @@
  * is one SSE2 pair / one NEON pair per row) with no ISA flags. */
 #include <stddef.h>
 
-#include "gemm/gemm.h"
+#include "kernels/gemm.h"
 
 #define MR 4
 #define NR 8
@@ -33,5 +33,6 @@ static void ukr_generic(int64_t kc, const float *ap, const float *bp, float *c, 
 
 /* KC = 512 as for the SIMD kernels (one K block for the layer's E = 512);
  * MC = 128: a 128 x 512 A block (256 KB) in L2. */
-const qkv_gemm_kernel qkv_gemm_kernel_generic = {"generic 4x8", MR, NR, 128, 512, 4096,
-                                                 ukr_generic, NULL};
+void qkv_gemm_init_generic(qkv_gemm_kernel *k) {
+    *k = (qkv_gemm_kernel){"generic 4x8", MR, NR, 128, 512, 4096, ukr_generic, NULL};
+}

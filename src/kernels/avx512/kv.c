@@ -1,4 +1,4 @@
-/* AVX-512 kernels of the typed KV cache (contract: layers/kv_kernels.h).
+/* AVX-512 kernels of the typed KV cache (contract: kernels/kv.h).
  * Keys and values are widened in registers: int8 with vpmovsxbd + vcvtdq2ps,
  * bf16 by a 16-bit shift into the top half of a float. Products accumulate
  * per int8 block of 32 values (two 16-lane chunks) and are then scaled, so
@@ -7,7 +7,7 @@
  * int8, two of bf16), so each cache line of the cache is fetched once. */
 #include <immintrin.h>
 
-#include "layers/kv_kernels.h"
+#include "kernels/kv.h"
 
 static inline __mmask16 tail16(size_t left) {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
@@ -176,5 +176,12 @@ static void pv_bf16_avx512(float *o, const float *p, const uint16_t *v, size_t l
     }
 }
 
-const kv_kernels kv_kernels_avx512 = {"avx512",      qk_f32_avx512, qk_bf16_avx512, qk_i8_avx512,
-                                      pv_f32_avx512, pv_bf16_avx512, pv_i8_avx512};
+void qkv_kv_init_avx512(kv_kernels *k) {
+    k->name = "avx512";
+    k->qk_f32 = qk_f32_avx512;
+    k->qk_bf16 = qk_bf16_avx512;
+    k->qk_i8 = qk_i8_avx512;
+    k->pv_f32 = pv_f32_avx512;
+    k->pv_bf16 = pv_bf16_avx512;
+    k->pv_i8 = pv_i8_avx512;
+}

@@ -4,7 +4,7 @@
  * Edge tiles use masked loads and stores on columns and stop at row m. */
 #include <immintrin.h>
 
-#include "gemm/gemm.h"
+#include "kernels/gemm.h"
 
 #ifndef QKV_GEMM_AVX512_MR
 #define QKV_GEMM_AVX512_MR 14
@@ -135,5 +135,6 @@ static void pack_t_avx512(const float *src, int64_t ld, int64_t kc, int w, float
  * B panel; MC mattered little (within noise from 56 to 504). NC = 4096: a
  * 512 x 4096 B block (8 MB) stays in L3; the layer's N (512, 1536) is one
  * block. */
-const qkv_gemm_kernel qkv_gemm_kernel_avx512 = {"avx512 14x32", MR, NR, MR * 8, 512, 4096,
-                                                ukr_avx512, pack_t_avx512};
+void qkv_gemm_init_avx512(qkv_gemm_kernel *k) {
+    *k = (qkv_gemm_kernel){"avx512 14x32", MR, NR, MR * 8, 512, 4096, ukr_avx512, pack_t_avx512};
+}

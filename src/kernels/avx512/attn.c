@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "core/cpu.h"
+#include "kernels/attn.h"
 
 #define REP8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 
@@ -297,7 +297,15 @@ static int all_finite_avx512(const float *x, size_t n) {
     return bad == 0;
 }
 
-const qkv_kernels qkv_kernels_avx512 = {
-    "avx512", qk_avx512, pv_avx512, softmax_avx512, bwd_softmax_avx512, exp2_avx512,
-    pack_panel_avx512, scale_stream_avx512, stream_fence_avx512, all_finite_avx512,
-};
+void qkv_attn_init_avx512(qkv_kernels *k) {
+    k->name = "avx512";
+    k->qk = qk_avx512;
+    k->pv = pv_avx512;
+    k->softmax = softmax_avx512;
+    k->bwd_softmax = bwd_softmax_avx512;
+    k->exp2 = exp2_avx512;
+    k->pack_panel = pack_panel_avx512;
+    k->scale_stream = scale_stream_avx512;
+    k->stream_fence = stream_fence_avx512;
+    k->all_finite = all_finite_avx512;
+}

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "core/cpu.h"
+#include "kernels/attn.h"
 
 /* 2^x as in the AVX-512 kernels, with 2^n built in the exponent field. */
 static inline __m256 exp2_ps(__m256 x) {
@@ -387,7 +387,15 @@ static int all_finite_avx2(const float *x, size_t n) {
     return _mm256_testz_si256(bad, bad);
 }
 
-const qkv_kernels qkv_kernels_avx2 = {
-    "avx2", qk_avx2, pv_avx2, softmax_avx2, bwd_softmax_avx2, exp2_avx2, pack_panel_avx2,
-    scale_stream_avx2, stream_fence_avx2, all_finite_avx2,
-};
+void qkv_attn_init_avx2(qkv_kernels *k) {
+    k->name = "avx2";
+    k->qk = qk_avx2;
+    k->pv = pv_avx2;
+    k->softmax = softmax_avx2;
+    k->bwd_softmax = bwd_softmax_avx2;
+    k->exp2 = exp2_avx2;
+    k->pack_panel = pack_panel_avx2;
+    k->scale_stream = scale_stream_avx2;
+    k->stream_fence = stream_fence_avx2;
+    k->all_finite = all_finite_avx2;
+}

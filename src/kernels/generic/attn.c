@@ -1,11 +1,12 @@
-/* Portable micro-kernels: plain C loops over the contract in core/cpu.h,
+/* Portable attention tile kernels: plain C loops over the contract in
+ * kernels/attn.h,
  * written so that a compiler can vectorise them with the baseline ISA. Also
  * the fallback on non-x86 machines. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "core/cpu.h"
+#include "kernels/attn.h"
 
 static void qk_generic(const float *q, size_t ldq, const float *kp, size_t D, size_t rows,
                        size_t ncols, float *s, size_t lds) {
@@ -124,7 +125,15 @@ static int all_finite_generic(const float *x, size_t n) {
     return !bad;
 }
 
-const qkv_kernels qkv_kernels_generic = {
-    "generic", qk_generic, pv_generic, softmax_generic, bwd_softmax_generic, exp2_generic,
-    pack_panel_generic, scale_stream_generic, stream_fence_generic, all_finite_generic,
-};
+void qkv_attn_init_generic(qkv_kernels *k) {
+    k->name = "generic";
+    k->qk = qk_generic;
+    k->pv = pv_generic;
+    k->softmax = softmax_generic;
+    k->bwd_softmax = bwd_softmax_generic;
+    k->exp2 = exp2_generic;
+    k->pack_panel = pack_panel_generic;
+    k->scale_stream = scale_stream_generic;
+    k->stream_fence = stream_fence_generic;
+    k->all_finite = all_finite_generic;
+}

@@ -1,10 +1,10 @@
-/* AVX2 kernels of the typed KV cache (contract: layers/kv_kernels.h): the
+/* AVX2 kernels of the typed KV cache (contract: kernels/kv.h): the
  * AVX-512 design with 8 lanes. AVX2 has no masked byte loads, so the last
  * D % 8 values of a row are done in scalar code (never a read past the row). */
 #include <immintrin.h>
 
 #include "core/half.h"
-#include "layers/kv_kernels.h"
+#include "kernels/kv.h"
 
 static inline __m256 ld_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -122,5 +122,12 @@ static void pv_bf16_avx2(float *o, const float *p, const uint16_t *v, size_t ld,
     }
 }
 
-const kv_kernels kv_kernels_avx2 = {"avx2",      qk_f32_avx2, qk_bf16_avx2, qk_i8_avx2,
-                                    pv_f32_avx2, pv_bf16_avx2, pv_i8_avx2};
+void qkv_kv_init_avx2(kv_kernels *k) {
+    k->name = "avx2";
+    k->qk_f32 = qk_f32_avx2;
+    k->qk_bf16 = qk_bf16_avx2;
+    k->qk_i8 = qk_i8_avx2;
+    k->pv_f32 = pv_f32_avx2;
+    k->pv_bf16 = pv_bf16_avx2;
+    k->pv_i8 = pv_i8_avx2;
+}

@@ -1,13 +1,12 @@
-/* AVX512-BF16 kernels of the bf16 backward (attn/half_bwd.c; contract:
- * attn/half_kernels.h). The tile products reuse the forward's kernels
- * (half_avx512bf16.c); these are what only the backward needs: an
- * accumulating form of the 8 x 32 product (dQ^T += K^T dS), the softmax
- * gradient of a key-major tile in float, and the packing of pairs of tile
- * rows into the VNNI pair layout. */
+/* AVX512-BF16 kernels of the bf16 forward and backward (contract:
+ * kernels/half.h).
+ * vdpbf16ps multiplies 16 pairs of bf16 and adds both products into 16
+ * float lanes: one instruction is a 16 x 2 slice of a matrix product, so the
+ * reduction dimension is consumed two at a time (the VNNI pair layout). */
 #include <immintrin.h>
 #include <string.h>
 
-#include "attn/half_kernels.h"
+#include "kernels/half.h"
 
 static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
@@ -17,10 +16,127 @@ static inline __m512bh bcast_pair(const uint32_t *x) {
     return as_bh(_mm512_set1_epi32((int)w));
 }
 
-/* As qkv_bf16_qk_avx512bf16, but s += the product (8 rows x 32 columns per
+/* 8 rows x 32 keys: 16 accumulators, the K pairs loaded once per t for all
+ * eight rows. */
+static void qk_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *kp, size_t dp2,
+                          size_t rows, size_t npanels, float *s, size_t lds) {
+    for (size_t p = 0; p < npanels; p++) {
+        const uint32_t *kpp = kp + p * dp2 * 32;
+        for (size_t r0 = 0; r0 < rows; r0 += 8) {
+            const uint32_t *q = qp + r0 * ldq;
+            __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps(),
+                   c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps(),
+                   c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps(), c40 = _mm512_setzero_ps(),
+                   c41 = _mm512_setzero_ps(), c50 = _mm512_setzero_ps(), c51 = _mm512_setzero_ps(),
+                   c60 = _mm512_setzero_ps(), c61 = _mm512_setzero_ps(), c70 = _mm512_setzero_ps(),
+                   c71 = _mm512_setzero_ps();
+            for (size_t t = 0; t < dp2; t++) {
+                __m512bh k0 = as_bh(_mm512_loadu_si512((const void *)(kpp + t * 32)));
+                __m512bh k1 = as_bh(_mm512_loadu_si512((const void *)(kpp + t * 32 + 16)));
+                __m512bh a;
+                a = bcast_pair(q + t);
+                c00 = _mm512_dpbf16_ps(c00, a, k0); c01 = _mm512_dpbf16_ps(c01, a, k1);
+                a = bcast_pair(q + ldq + t);
+                c10 = _mm512_dpbf16_ps(c10, a, k0); c11 = _mm512_dpbf16_ps(c11, a, k1);
+                a = bcast_pair(q + 2 * ldq + t);
+                c20 = _mm512_dpbf16_ps(c20, a, k0); c21 = _mm512_dpbf16_ps(c21, a, k1);
+                a = bcast_pair(q + 3 * ldq + t);
+                c30 = _mm512_dpbf16_ps(c30, a, k0); c31 = _mm512_dpbf16_ps(c31, a, k1);
+                a = bcast_pair(q + 4 * ldq + t);
+                c40 = _mm512_dpbf16_ps(c40, a, k0); c41 = _mm512_dpbf16_ps(c41, a, k1);
+                a = bcast_pair(q + 5 * ldq + t);
+                c50 = _mm512_dpbf16_ps(c50, a, k0); c51 = _mm512_dpbf16_ps(c51, a, k1);
+                a = bcast_pair(q + 6 * ldq + t);
+                c60 = _mm512_dpbf16_ps(c60, a, k0); c61 = _mm512_dpbf16_ps(c61, a, k1);
+                a = bcast_pair(q + 7 * ldq + t);
+                c70 = _mm512_dpbf16_ps(c70, a, k0); c71 = _mm512_dpbf16_ps(c71, a, k1);
+            }
+            float *d = s + r0 * lds + p * 32;
+            _mm512_storeu_ps(d, c00); _mm512_storeu_ps(d + 16, c01); d += lds;
+            _mm512_storeu_ps(d, c10); _mm512_storeu_ps(d + 16, c11); d += lds;
+            _mm512_storeu_ps(d, c20); _mm512_storeu_ps(d + 16, c21); d += lds;
+            _mm512_storeu_ps(d, c30); _mm512_storeu_ps(d + 16, c31); d += lds;
+            _mm512_storeu_ps(d, c40); _mm512_storeu_ps(d + 16, c41); d += lds;
+            _mm512_storeu_ps(d, c50); _mm512_storeu_ps(d + 16, c51); d += lds;
+            _mm512_storeu_ps(d, c60); _mm512_storeu_ps(d + 16, c61); d += lds;
+            _mm512_storeu_ps(d, c70); _mm512_storeu_ps(d + 16, c71);
+        }
+    }
+}
+
+/* Up to 4 rows x 64 columns per pass (16 accumulators), the P pairs
+ * broadcast, the V pairs loaded once per u for all rows. */
+static void pv_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp,
+                          size_t ldv, size_t u0, size_t u1, size_t dvp, size_t rows) {
+    for (size_t c0 = 0; c0 < dvp; c0 += 64) {
+        size_t nv = (dvp - c0) / 16;
+        if (nv > 4) nv = 4;
+        __m512 acc[4][4];
+        for (size_t r = 0; r < 4; r++)
+            for (size_t j = 0; j < 4; j++)
+                acc[r][j] = (r < rows && j < nv) ? _mm512_loadu_ps(o + r * ldo + c0 + 16 * j)
+                                                 : _mm512_setzero_ps();
+        if (rows == 4 && nv == 4) {
+            for (size_t u = u0; u < u1; u++) {
+                const uint32_t *vr = vp + u * ldv + c0;
+                __m512bh v0 = as_bh(_mm512_loadu_si512((const void *)vr));
+                __m512bh v1 = as_bh(_mm512_loadu_si512((const void *)(vr + 16)));
+                __m512bh v2 = as_bh(_mm512_loadu_si512((const void *)(vr + 32)));
+                __m512bh v3 = as_bh(_mm512_loadu_si512((const void *)(vr + 48)));
+                for (size_t r = 0; r < 4; r++) {
+                    __m512bh a = bcast_pair(pp + r * ldp + u);
+                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, v0);
+                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, v1);
+                    acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, v2);
+                    acc[r][3] = _mm512_dpbf16_ps(acc[r][3], a, v3);
+                }
+            }
+        } else {
+            for (size_t u = u0; u < u1; u++) {
+                const uint32_t *vr = vp + u * ldv + c0;
+                for (size_t j = 0; j < nv; j++) {
+                    __m512bh vj = as_bh(_mm512_loadu_si512((const void *)(vr + 16 * j)));
+                    for (size_t r = 0; r < rows; r++)
+                        acc[r][j] = _mm512_dpbf16_ps(acc[r][j], bcast_pair(pp + r * ldp + u), vj);
+                }
+            }
+        }
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = 0; j < nv; j++) _mm512_storeu_ps(o + r * ldo + c0 + 16 * j, acc[r][j]);
+    }
+}
+
+static void pack_p_avx512bf16(uint32_t *pp, size_t ldp, const float *p, size_t lds, size_t rows,
+                              size_t npairs) {
+    for (size_t r = 0; r < rows; r++) {
+        const float *src = p + r * lds;
+        uint32_t *dst = pp + r * ldp;
+        size_t u = 0;
+        for (; u + 16 <= npairs; u += 16) {
+            __m512 lo = _mm512_loadu_ps(src + 2 * u), hi = _mm512_loadu_ps(src + 2 * u + 16);
+            __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);
+            _mm512_storeu_si512((void *)(dst + u), (__m512i)b);
+        }
+        if (u < npairs) {
+            size_t left = 2 * (npairs - u); /* floats, 2..30 */
+            __mmask16 m0 = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1u);
+            __mmask16 m1 = (__mmask16)(left > 16 ? (1u << (left - 16)) - 1u : 0);
+            __m512 lo = _mm512_maskz_loadu_ps(m0, src + 2 * u);
+            __m512 hi = _mm512_maskz_loadu_ps(m1, src + 2 * u + 16);
+            __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);
+            _mm512_mask_storeu_epi32(dst + u, (__mmask16)((1u << (npairs - u)) - 1u), (__m512i)b);
+        }
+    }
+}
+
+/* The backward's own kernels: an accumulating form of the 8 x 32 product
+ * (dQ^T += K^T dS), the softmax gradient of a key-major tile in float, and
+ * the packing of pairs of tile rows into the VNNI pair layout. */
+
+/* As qk_avx512bf16, but s += the product (8 rows x 32 columns per
  * pass, 16 accumulators loaded from s and stored back). */
-void qkv_bf16_qk_acc_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *kp, size_t dp2,
-                                size_t rows, size_t npanels, float *s, size_t lds) {
+static void qk_acc_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *kp, size_t dp2,
+                              size_t rows, size_t npanels, float *s, size_t lds) {
     for (size_t p = 0; p < npanels; p++) {
         const uint32_t *kpp = kp + p * dp2 * 32;
         for (size_t r0 = 0; r0 < rows; r0 += 8) {
@@ -52,8 +168,8 @@ void qkv_bf16_qk_acc_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *
  * c < dvp (a multiple of 16): blocks of 4 rows x 64 columns with their 16
  * accumulators in registers (loaded from o and stored back once per block),
  * the V pairs loaded once per u for the 4 rows. */
-void qkv_bf16_pv_acc_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp,
-                                size_t ldv, size_t nu, size_t dvp, size_t rows) {
+static void pv_acc_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp,
+                              size_t ldv, size_t nu, size_t dvp, size_t rows) {
     for (size_t r0 = 0; r0 < rows; r0 += 4) {
         const size_t rn = rows - r0 < 4 ? rows - r0 : 4;
         const uint32_t *p0 = pp + r0 * ldp;
@@ -136,8 +252,8 @@ static inline __m512 exp2_nonpos(__m512 x) {
     return _mm512_maskz_mov_ps((__mmask16)~under, y);
 }
 
-void qkv_bf16_bwd_softmax_avx512bf16(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
-                                     const float *L2, const float *Dd) {
+static void bwd_softmax_avx512bf16(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
+                                   const float *L2, const float *Dd) {
     const __m512 vc = _mm512_set1_ps(cm), zero = _mm512_setzero_ps();
     for (size_t r = 0; r < rows; r++) {
         float *sr = s + r * ld, *dr = dp + r * ld;
@@ -158,8 +274,8 @@ void qkv_bf16_bwd_softmax_avx512bf16(float *s, float *dp, size_t ld, size_t rows
 /* Rows 2u and 2u+1, 16 columns at a time: both rounded to bf16 by one
  * vcvtne2ps2bf16 (row 2u in the low half), then interleaved so that each
  * 32-bit word holds (row 2u, row 2u+1) of one column. */
-void qkv_bf16_pack_rowpairs_avx512bf16(uint32_t *kp, const float *x, size_t ldx, size_t npairs,
-                                       size_t npanels) {
+static void pack_rowpairs_avx512bf16(uint32_t *kp, const float *x, size_t ldx, size_t npairs,
+                                     size_t npanels) {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                          22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (size_t p = 0; p < npanels; p++)
@@ -171,4 +287,16 @@ void qkv_bf16_pack_rowpairs_avx512bf16(uint32_t *kp, const float *x, size_t ldx,
                 _mm512_storeu_si512((void *)(dst + 16 * h), _mm512_permutexvar_epi16(idx, (__m512i)ab));
             }
         }
+}
+
+void qkv_half_init_avx512bf16(qkv_half_kernels *k) {
+    k->name = "avx512bf16";
+    k->native = 1;
+    k->qk = qk_avx512bf16;
+    k->pv = pv_avx512bf16;
+    k->pack_p = pack_p_avx512bf16;
+    k->qk_acc = qk_acc_avx512bf16;
+    k->pv_acc = pv_acc_avx512bf16;
+    k->bwd_softmax = bwd_softmax_avx512bf16;
+    k->pack_rowpairs = pack_rowpairs_avx512bf16;
 }

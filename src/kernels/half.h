@@ -1,0 +1,66 @@
+/* The bf16 kernels' contract (internal), for the bf16 fast forward and
+ * backward (attn/half_fwd.c, attn/half_bwd.c). Data are bf16 pairs in 32-bit
+ * words (low half = the even index), the layout of the VNNI-style dot
+ * products (AVX512-BF16 vdpbf16ps, and AMX's TDPBF16PS):
+ *   Q block   qp[r * ldq + t]                 = (Q[r][2t], Q[r][2t+1])
+ *   K panels  kp[(p * dp2 + t) * 32 + c]      = (K[32p+c][2t], K[32p+c][2t+1])
+ *   V pairs   vp[u * ldv + c]                 = (V[2u][c], V[2u+1][c])
+ *   P pairs   pp[r * ldp + u]                 = (P[r][2u], P[r][2u+1])
+ * with zeros past the last key, dimension or value column. A pair product
+ * a . b is a.lo * b.lo + a.hi * b.hi; accumulation is float32. Kernels never
+ * allocate.
+ *
+ * The generic table (kernels/generic/half.c) states the contract in plain C;
+ * the AVX512-BF16 init (kernels/avx512bf16/half.c) overrides every slot and
+ * sets `native`. The fast bf16 paths run only on a native table (elsewhere
+ * the portable path through the float kernels is faster); the generic slots
+ * serve the kernel tests. */
+#ifndef QKV_KERNELS_HALF_H
+#define QKV_KERNELS_HALF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct qkv_half_kernels {
+    const char *name;
+    int native; /* 1: bf16 dot-product instructions (the fast paths apply) */
+    /* s[r*lds + c] = sum_{t<dp2} qp[r*ldq+t] . kp[((c/32)*dp2 + t)*32 + c%32]
+     * for r < rows (a multiple of 8), c < 32 * npanels. */
+    void (*qk)(const uint32_t *qp, size_t ldq, const uint32_t *kp, size_t dp2, size_t rows,
+               size_t npanels, float *s, size_t lds);
+    /* o[r*ldo + c] += sum_{u0<=u<u1} pp[r*ldp+u] . vp[u*ldv + c] for r < rows
+     * (1..4), c < dvp (a multiple of 16). */
+    void (*pv)(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp, size_t ldv,
+               size_t u0, size_t u1, size_t dvp, size_t rows);
+    /* pp[r*ldp + u] = bf16 pairs of p[r*lds + 2u], p[r*lds + 2u+1] (nearest
+     * even) for r < rows, u < npairs (reads 2*npairs floats per row). */
+    void (*pack_p)(uint32_t *pp, size_t ldp, const float *p, size_t lds, size_t rows, size_t npairs);
+
+    /* The backward's own kernels. */
+
+    /* As qk but s += the product (rows a multiple of 8). */
+    void (*qk_acc)(const uint32_t *qp, size_t ldq, const uint32_t *kp, size_t dp2, size_t rows,
+                   size_t npanels, float *s, size_t lds);
+    /* o[r*ldo + c] += sum_{u<nu} pp[r*ldp + u] . vp[u*ldv + c] for r < rows
+     * (any count), c < dvp (a multiple of 16). */
+    void (*pv_acc)(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp, size_t ldv,
+                   size_t nu, size_t dvp, size_t rows);
+    /* Softmax gradient of a key-major tile (rows = keys, columns = queries),
+     * in float: for r < rows, c < cols, p = 2^min(cm s - L2[c], 0) (the
+     * product and difference rounded once, as an fma; 0 for s = -inf or
+     * L2[c] = +inf; exactly 0 below 2^-126; NaN stays NaN), ds = (p == 0 ?
+     * 0 : p (dp - Dd[c])); s <- p, dp <- ds. Rows have stride ld in both. */
+    void (*bwd_softmax)(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
+                        const float *L2, const float *Dd);
+    /* Pairs of rows of a float tile into panels of the K-panel layout:
+     * kp[(p * npairs + u) * 32 + c] = (x[2u][32p + c], x[2u+1][32p + c])
+     * rounded to bf16 (nearest even), for u < npairs, p < npanels (row
+     * stride ldx; reads 32 * npanels floats of rows 0 .. 2 npairs - 1). */
+    void (*pack_rowpairs)(uint32_t *kp, const float *x, size_t ldx, size_t npairs, size_t npanels);
+} qkv_half_kernels;
+
+/* The generic table; the AVX512-BF16 init overrides every slot. */
+void qkv_half_init_generic(qkv_half_kernels *k);
+void qkv_half_init_avx512bf16(qkv_half_kernels *k);
+
+#endif

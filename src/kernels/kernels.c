@@ -1,0 +1,50 @@
+/* The kernel sets, filled once with pthread_once (kernels/kernels.h). */
+#include <pthread.h>
+
+#include "core/cpu.h"
+#include "kernels/kernels.h"
+
+static qkv_kernel_set g_set[QKV_ARCH_COUNT];
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void fill(int arch, qkv_kernel_set *s) {
+    qkv_attn_init_generic(&s->attn);
+    qkv_gemm_init_generic(&s->gemm);
+    qkv_kv_init_generic(&s->kv);
+    qkv_half_init_generic(&s->half);
+#ifdef QKV_HAVE_X86 /* the ISA folders are built on x86-64 only */
+    if (arch == QKV_ARCH_AVX2) {
+        qkv_attn_init_avx2(&s->attn);
+        qkv_gemm_init_avx2(&s->gemm);
+        qkv_kv_init_avx2(&s->kv);
+    } else if (arch == QKV_ARCH_AVX512) {
+        qkv_attn_init_avx512(&s->attn);
+        qkv_gemm_init_avx512(&s->gemm);
+        qkv_kv_init_avx512(&s->kv);
+        if (qkv_cpu_has_avx512bf16()) qkv_half_init_avx512bf16(&s->half);
+    }
+#else
+    (void)arch;
+#endif
+}
+
+static void init_once(void) {
+    for (int a = 0; a < QKV_ARCH_COUNT; a++)
+        if (qkv_cpu_has((qkv_arch)a)) fill(a, &g_set[a]);
+}
+
+const qkv_kernel_set *qkv_kernel_set_of(int arch) {
+    if (arch < 0 || arch >= QKV_ARCH_COUNT || !qkv_cpu_has((qkv_arch)arch)) return NULL;
+    pthread_once(&g_once, init_once);
+    return &g_set[arch];
+}
+
+const qkv_kernel_set *qkv_kernel_set_active(void) {
+    pthread_once(&g_once, init_once);
+    return &g_set[qkv_cpu_arch()];
+}
+
+const qkv_kernels *qkv_kernels_active(void) { return &qkv_kernel_set_active()->attn; }
+const qkv_gemm_kernel *qkv_gemm_kernel_active(void) { return &qkv_kernel_set_active()->gemm; }
+const kv_kernels *qkv_kv_kernels_active(void) { return &qkv_kernel_set_active()->kv; }
+const qkv_half_kernels *qkv_half_kernels_active(void) { return &qkv_kernel_set_active()->half; }

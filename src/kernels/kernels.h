@@ -1,0 +1,41 @@
+/* The kernels in use (internal): one set per ISA holding a table of every
+ * kernel family, filled once at first use, BLIS-style: start from the
+ * generic tables, then the ISA's inits override the slots it implements
+ * (AVX-512 also takes the AVX512-BF16 kernels when the CPU has them). The
+ * ISA comes from core/cpu.h (CPU detection, QKV_ARCH, a test's forcing).
+ *
+ *   family            contract            kernels
+ *   attention tiles   kernels/attn.h      kernels/<isa>/attn.c
+ *   matmul            kernels/gemm.h      kernels/<isa>/gemm.c
+ *   KV decode         kernels/kv.h        kernels/<isa>/kv.c
+ *   bf16 tiles        kernels/half.h      kernels/<isa>/half.c
+ * with <isa> one of generic, avx2, avx512, avx512bf16, each folder compiled
+ * with that ISA's flags only. */
+#ifndef QKV_KERNELS_KERNELS_H
+#define QKV_KERNELS_KERNELS_H
+
+#include "kernels/attn.h"
+#include "kernels/gemm.h"
+#include "kernels/half.h"
+#include "kernels/kv.h"
+
+typedef struct qkv_kernel_set {
+    qkv_kernels attn;
+    qkv_gemm_kernel gemm;
+    kv_kernels kv;
+    qkv_half_kernels half;
+} qkv_kernel_set;
+
+/* The set of an arch (qkv_arch of core/cpu.h), or NULL when the CPU or
+ * this build does not have it. Thread-safe. */
+const qkv_kernel_set *qkv_kernel_set_of(int arch);
+
+/* The set of the arch in use (qkv_cpu_arch), and its tables. Thread-safe;
+ * never NULL. */
+const qkv_kernel_set *qkv_kernel_set_active(void);
+const qkv_kernels *qkv_kernels_active(void);
+const qkv_gemm_kernel *qkv_gemm_kernel_active(void);
+const kv_kernels *qkv_kv_kernels_active(void);
+const qkv_half_kernels *qkv_half_kernels_active(void);
+
+#endif

@@ -1,0 +1,623 @@
+/* Every kernel of every ISA this machine has against the generic kernel
+ * (kernels/kernels.h), in the spirit of ggml's test-backend-ops: the same
+ * inputs through both, on awkward sizes (1, 2, 7, 15, 16, 17, 31, 33, 63,
+ * 65, 129), pointers one element off alignment, row strides apart from the
+ * widths, guards around every output (nothing written outside the contract's
+ * ranges), with stated tolerances:
+ *   - moves and roundings (pack_panel, scale_stream, all_finite, the bf16
+ *     packings, m of the softmax): exact;
+ *   - sums of n products (qk, pv, the gemm, KV decode, bf16 products): both
+ *     within 2 (n + 2) u sum |terms| of each other (u = 2^-24: any order of
+ *     a float sum, fused or not, is within (n + 1) u sum |terms| of exact);
+ *   - exp2 and what uses it (softmax, backward softmax): 4e-6 relative (the
+ *     polynomials are within 2e-7 of 2^x), the sums of weights as above on
+ *     top; exp2's special values exactly (0 -> 1, -inf and x < -126 -> +0,
+ *     overflow and +inf -> +inf, NaN -> NaN, never a subnormal).
+ * The generic set is compared with itself too (a check of the harness). */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu.h"
+#include "core/half.h"
+#include "kernels/kernels.h"
+#include "test_util.h"
+
+static const size_t SIZES[] = {1, 2, 7, 15, 16, 17, 31, 33, 63, 65, 129};
+#define NSIZES (sizeof SIZES / sizeof SIZES[0])
+#define U 0x1p-24
+#define EXP_REL 4e-6
+
+static const char *g_isa; /* the set under test, for messages */
+
+/* ---- guarded buffers: 64 bytes of 0xA5 on both sides, `off` bytes off a
+ * 64-byte boundary ---------------------------------------------------------- */
+
+#define GUARD 64
+typedef struct gbuf {
+    unsigned char *base;
+    size_t bytes, off, total;
+} gbuf;
+
+static void *gb_new(gbuf *g, size_t bytes, size_t off) {
+    g->bytes = bytes;
+    g->off = off;
+    g->total = (2 * GUARD + off + bytes + 63) / 64 * 64;
+    g->base = aligned_alloc(64, g->total);
+    if (!g->base) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    memset(g->base, 0xA5, g->total);
+    return g->base + GUARD + off;
+}
+
+static int gb_ok(const gbuf *g) {
+    for (size_t i = 0; i < g->total; i++)
+        if ((i < GUARD + g->off || i >= GUARD + g->off + g->bytes) && g->base[i] != 0xA5) return 0;
+    return 1;
+}
+
+static void gb_free(gbuf *g) { free(g->base); }
+
+static float *fnew(gbuf *g, size_t n, int mis) { return gb_new(g, n * sizeof(float), mis ? 4 : 0); }
+
+static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+/* got within tol of want; NaN matches NaN, infinities match exactly. */
+static int near(double got, double want, double tol) {
+    if (isnan(want) || isnan(got)) return isnan(want) && isnan(got);
+    if (isinf(want) || isinf(got)) return got == want;
+    return fabs(got - want) <= tol;
+}
+
+static tu_rng g_rng;
+static float rnd(double sd) { return (float)(tu_rng_normal(&g_rng) * sd); }
+
+/* ---- attention tiles ----------------------------------------------------- */
+
+static void test_pack_panel(const qkv_kernels *K, const qkv_kernels *G) {
+    for (size_t di = 0; di < NSIZES; di++)
+        for (size_t nr = 1; nr <= QKV_PANEL; nr += nr < 3 ? 1 : 7)
+            for (int stream = 0; stream <= 1; stream++) {
+                const size_t D = SIZES[di], ld = D + (nr % 2) * 3, n = (nr - 1) * ld + D;
+                gbuf gs, g1, g2;
+                float *src = fnew(&gs, n, 1), *a = fnew(&g1, D * QKV_PANEL, !stream), *b = fnew(&g2, D * QKV_PANEL, 0);
+                for (size_t i = 0; i < n; i++) src[i] = rnd(1.0);
+                K->pack_panel(a, src, ld, nr, D, stream);
+                K->stream_fence();
+                G->pack_panel(b, src, ld, nr, D, 0);
+                CHECK(memcmp(a, b, D * QKV_PANEL * sizeof(float)) == 0 && gb_ok(&g1),
+                      "pack_panel [%s] D %zu rows %zu stream %d", g_isa, D, nr, stream);
+                gb_free(&gs); gb_free(&g1); gb_free(&g2);
+            }
+}
+
+static void test_qk(const qkv_kernels *K, const qkv_kernels *G) {
+    static const size_t rowc[] = {8, 16, 64};
+    for (size_t di = 0; di < NSIZES; di++)
+        for (size_t ci = 0; ci < NSIZES; ci++)
+            for (size_t ri = 0; ri < 3; ri++) {
+                const size_t D = SIZES[di], nc = SIZES[ci], rows = rowc[ri], ldq = D + ri;
+                const size_t np = (nc + QKV_PANEL - 1) / QKV_PANEL, lds = np * QKV_PANEL + 5;
+                gbuf gq, gk, g1, g2;
+                float *q = fnew(&gq, rows * ldq, 1), *kp = fnew(&gk, np * QKV_PANEL * D, 0);
+                float *s1 = fnew(&g1, rows * lds, 1), *s2 = fnew(&g2, rows * lds, 1);
+                for (size_t i = 0; i < rows * ldq; i++) q[i] = rnd(1.0);
+                for (size_t i = 0; i < np * QKV_PANEL * D; i++) kp[i] = rnd(1.0);
+                memset(s1, 0, rows * lds * sizeof(float));
+                memset(s2, 0, rows * lds * sizeof(float));
+                K->qk(q, ldq, kp, D, rows, nc, s1, lds);
+                G->qk(q, ldq, kp, D, rows, nc, s2, lds);
+                int bad = !gb_ok(&g1);
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t c = 0; c < lds; c++) {
+                        double mag = 0.0;
+                        for (size_t d = 0; d < D && c < np * QKV_PANEL; d++)
+                            mag += fabs((double)q[r * ldq + d] * kp[((c / 32) * D + d) * 32 + c % 32]);
+                        if (c >= QKV_QK_COLS(nc)) bad |= s1[r * lds + c] != 0.0f; /* not written */
+                        else bad |= !near(s1[r * lds + c], s2[r * lds + c], 2.0 * (D + 2) * U * mag);
+                    }
+                CHECK(!bad, "qk [%s] D %zu rows %zu ncols %zu", g_isa, D, rows, nc);
+                gb_free(&gq); gb_free(&gk); gb_free(&g1); gb_free(&g2);
+            }
+}
+
+static void test_pv(const qkv_kernels *K, const qkv_kernels *G) {
+    static const size_t rowc[] = {1, 2, 3, 5, 7, 8, 17, 64};
+    for (size_t ni = 0; ni < NSIZES; ni++)
+        for (size_t vi = 0; vi < NSIZES; vi++)
+            for (size_t ri = 0; ri < 8; ri++)
+                for (int mode = 0; mode < 3; mode++) { /* 0: alpha, 1: no alpha, 2: transposed p */
+                    const size_t nk = SIZES[ni], dv = SIZES[vi], rows = rowc[ri];
+                    const size_t ldo = dv + 3, ldv = dv + 1, ldp = mode == 2 ? 1 : nk + 2, pcs = mode == 2 ? rows + 1 : 1;
+                    const size_t np = mode == 2 ? nk * pcs : rows * ldp;
+                    gbuf gp, gv, ga, g1, g2;
+                    float *p = fnew(&gp, np, 1), *v = fnew(&gv, nk * ldv, 1), *al = fnew(&ga, rows, 0);
+                    float *o1 = fnew(&g1, rows * ldo, 1), *o2 = fnew(&g2, rows * ldo, 1);
+                    for (size_t i = 0; i < np; i++) p[i] = (float)tu_rng_uniform(&g_rng);
+                    for (size_t i = 0; i < nk * ldv; i++) v[i] = rnd(1.0);
+                    for (size_t r = 0; r < rows; r++) al[r] = (float)tu_rng_uniform(&g_rng);
+                    for (size_t i = 0; i < rows * ldo; i++) o1[i] = o2[i] = rnd(1.0);
+                    const float *alpha = mode == 0 ? al : NULL;
+                    K->pv(o1, ldo, alpha, p, ldp, pcs, v, ldv, nk, dv, rows);
+                    G->pv(o2, ldo, alpha, p, ldp, pcs, v, ldv, nk, dv, rows);
+                    int bad = !gb_ok(&g1);
+                    for (size_t r = 0; r < rows; r++)
+                        for (size_t c = 0; c < ldo; c++) {
+                            if (c >= dv) {
+                                bad |= !same_bits(o1[r * ldo + c], o2[r * ldo + c]); /* untouched */
+                                continue;
+                            }
+                            double mag = fabs((double)o2[r * ldo + c]);
+                            for (size_t j = 0; j < nk; j++) mag += fabs((double)p[r * ldp + j * pcs] * v[j * ldv + c]);
+                            bad |= !near(o1[r * ldo + c], o2[r * ldo + c], 2.0 * (nk + 3) * U * mag + 1e-30);
+                        }
+                    CHECK(!bad, "pv [%s] nk %zu dv %zu rows %zu mode %d", g_isa, nk, dv, rows, mode);
+                    gb_free(&gp); gb_free(&gv); gb_free(&ga); gb_free(&g1); gb_free(&g2);
+                }
+}
+
+static void test_softmax(const qkv_kernels *K, const qkv_kernels *G) {
+    static const size_t rowc[] = {1, 2, 7, 8, 15, 16, 17};
+    for (size_t ci = 0; ci < NSIZES; ci++)
+        for (size_t ri = 0; ri < 7; ri++)
+            for (int online = 0; online <= 1; online++) {
+                const size_t cols = SIZES[ci], rows = rowc[ri], lds = cols + 1;
+                const float cm = 1.4426950f * 0.125f;
+                gbuf g1, g2;
+                float *s1 = fnew(&g1, rows * lds, 1), *s2 = fnew(&g2, rows * lds, 1);
+                float m1[17], m2[17], l1[17], l2[17], a1[17], a2[17];
+                for (size_t r = 0; r < rows; r++) {
+                    for (size_t c = 0; c < lds; c++) {
+                        float x = rnd(30.0);
+                        if (r % 5 == 3 || tu_rng_uniform(&g_rng) < 0.2) x = -INFINITY; /* masked; some rows all */
+                        s1[r * lds + c] = s2[r * lds + c] = x;
+                    }
+                    m1[r] = m2[r] = online && r % 3 ? rnd(30.0) : -INFINITY;
+                    l1[r] = l2[r] = m1[r] == -INFINITY ? 0.0f : 1.0f + (float)tu_rng_uniform(&g_rng);
+                }
+                K->softmax(s1, lds, rows, cols, cm, m1, l1, a1);
+                G->softmax(s2, lds, rows, cols, cm, m2, l2, a2);
+                int bad = !gb_ok(&g1);
+                for (size_t r = 0; r < rows; r++) {
+                    bad |= !same_bits(m1[r], m2[r]) || !near(a1[r], a2[r], EXP_REL * fabsf(a2[r]));
+                    bad |= !near(l1[r], l2[r], (EXP_REL + 2.0 * (cols + 3) * U) * fabsf(l2[r]));
+                    for (size_t c = 0; c < lds; c++)
+                        bad |= c < cols ? !near(s1[r * lds + c], s2[r * lds + c], EXP_REL * fabsf(s2[r * lds + c]))
+                                        : !same_bits(s1[r * lds + c], s2[r * lds + c]);
+                }
+                CHECK(!bad, "softmax [%s] rows %zu cols %zu online %d", g_isa, rows, cols, online);
+                gb_free(&g1); gb_free(&g2);
+            }
+}
+
+static void test_bwd_softmax(const qkv_kernels *K, const qkv_kernels *G) {
+    static const size_t rowc[] = {1, 2, 7, 8, 16, 17, 33};
+    for (size_t ci = 0; ci < NSIZES; ci++)
+        for (size_t ri = 0; ri < 7; ri++)
+            for (int mode = 0; mode < 4; mode++) { /* percol = mode & 1, M given = mode & 2 */
+                const size_t cols = SIZES[ci], rows = rowc[ri], ld = cols + 2, nv = mode & 1 ? cols : rows;
+                const float cm = 1.4426950f * 0.125f;
+                gbuf g1, g2, h1, h2;
+                float *s1 = fnew(&g1, rows * ld, 1), *s2 = fnew(&g2, rows * ld, 1);
+                float *d1 = fnew(&h1, rows * ld, 1), *d2 = fnew(&h2, rows * ld, 1);
+                float M[129], L[129], Dd[129];
+                for (size_t i = 0; i < nv; i++) {
+                    M[i] = rnd(10.0);
+                    L[i] = i % 11 == 5 ? INFINITY : (float)(5.0 * tu_rng_uniform(&g_rng));
+                    Dd[i] = rnd(1.0);
+                }
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t c = 0; c < ld; c++) {
+                        float mu = mode & 2 ? M[mode & 1 ? c % nv : r] : 0.0f;
+                        float x = mu - (float)(1000.0 * tu_rng_uniform(&g_rng)); /* exponents 0 .. -180: some underflow */
+                        if ((r + c) % 13 == 4) x = -INFINITY;
+                        s1[r * ld + c] = s2[r * ld + c] = x;
+                        d1[r * ld + c] = d2[r * ld + c] = rnd(1.0);
+                    }
+                const float *Mp = mode & 2 ? M : NULL;
+                K->bwd_softmax(s1, d1, ld, rows, cols, cm, Mp, L, Dd, mode & 1);
+                G->bwd_softmax(s2, d2, ld, rows, cols, cm, Mp, L, Dd, mode & 1);
+                int bad = !gb_ok(&g1) || !gb_ok(&h1);
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t c = 0; c < ld; c++) {
+                        size_t at = r * ld + c;
+                        if (c >= cols) {
+                            bad |= !same_bits(s1[at], s2[at]) || !same_bits(d1[at], d2[at]);
+                            continue;
+                        }
+                        bad |= !near(s1[at], s2[at], EXP_REL * fabsf(s2[at])) || (s1[at] == 0.0f) != (s2[at] == 0.0f);
+                        bad |= !near(d1[at], d2[at], (EXP_REL + 4 * U) * fabsf(d2[at]) + 1e-37);
+                    }
+                CHECK(!bad, "bwd_softmax [%s] rows %zu cols %zu percol %d M %d", g_isa, rows, cols, mode & 1,
+                      !!(mode & 2));
+                gb_free(&g1); gb_free(&g2); gb_free(&h1); gb_free(&h2);
+            }
+}
+
+static void test_exp2(const qkv_kernels *K, const qkv_kernels *G) {
+    static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -126.0f, -126.5f, -127.0f,
+                                    -149.0f, -1000.0f, 127.0f, 128.0f, 200.0f, 1e30f, -1e30f, 0.5f};
+    static const float want[] = {1.0f, 1.0f, INFINITY, 0.0f, NAN, 0x1p-126f, 0.0f, 0.0f,
+                                 0.0f, 0.0f, 0x1p127f, INFINITY, INFINITY, INFINITY, 0.0f, 1.41421356f};
+    for (size_t ni = 0; ni < NSIZES; ni++)
+        for (int mis = 0; mis <= 1; mis++) {
+            const size_t n = SIZES[ni];
+            gbuf g1;
+            float *x = fnew(&g1, n, mis), *y = malloc(n * sizeof(float));
+            if (!y) exit(2);
+            for (size_t i = 0; i < n; i++) x[i] = y[i] = (float)(-150.0 + 277.0 * tu_rng_uniform(&g_rng));
+            for (size_t i = 0; i < n && i < sizeof special / sizeof special[0]; i++) x[(i * 7) % n] = y[(i * 7) % n] = special[i];
+            K->exp2(x, n);
+            G->exp2(y, n);
+            int bad = !gb_ok(&g1);
+            for (size_t i = 0; i < n; i++) {
+                bad |= !near(x[i], y[i], EXP_REL * fabsf(y[i]));
+                bad |= x[i] != 0.0f && fabsf(x[i]) < FLT_MIN; /* never a subnormal */
+                bad |= x[i] == 0.0f && signbit(x[i]);         /* underflow gives +0 */
+            }
+            CHECK(!bad, "exp2 [%s] n %zu misaligned %d", g_isa, n, mis);
+            gb_free(&g1);
+            free(y);
+        }
+    float x[sizeof special / sizeof special[0]];
+    memcpy(x, special, sizeof x);
+    K->exp2(x, sizeof x / sizeof x[0]);
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) {
+        int ok = isnan(want[i]) ? isnan(x[i]) : (want[i] == 0.0f || isinf(want[i]) || want[i] == 1.0f || want[i] == 0x1p-126f || want[i] == 0x1p127f)
+                                                    ? same_bits(x[i], want[i])
+                                                    : near(x[i], want[i], EXP_REL * want[i]);
+        CHECK(ok, "exp2 [%s] of %g: %g, want %g", g_isa, (double)special[i], (double)x[i], (double)want[i]);
+    }
+}
+
+static void test_scale_stream(const qkv_kernels *K, const qkv_kernels *G) {
+    for (size_t off = 0; off < 16; off += 3)
+        for (size_t ni = 0; ni < NSIZES; ni++) {
+            const size_t n = SIZES[ni];
+            gbuf gx, g1, g2;
+            float *x = fnew(&gx, n, 1);
+            float *o1 = gb_new(&g1, n * sizeof(float), off * 4), *o2 = gb_new(&g2, n * sizeof(float), off * 4);
+            for (size_t i = 0; i < n; i++) x[i] = rnd(3.0);
+            K->scale_stream(o1, x, 0.7310586f, n);
+            K->stream_fence();
+            G->scale_stream(o2, x, 0.7310586f, n);
+            CHECK(memcmp(o1, o2, n * sizeof(float)) == 0 && gb_ok(&g1), "scale_stream [%s] offset %zu n %zu", g_isa,
+                  off, n);
+            gb_free(&gx); gb_free(&g1); gb_free(&g2);
+        }
+}
+
+static void test_all_finite(const qkv_kernels *K, const qkv_kernels *G) {
+    const float bad[] = {INFINITY, -INFINITY, NAN};
+    for (size_t ni = 0; ni < NSIZES; ni++)
+        for (int mis = 0; mis <= 1; mis++) {
+            const size_t n = SIZES[ni];
+            float buf[129 + 34];
+            for (size_t i = 0; i < sizeof buf / sizeof buf[0]; i++) buf[i] = NAN; /* guards */
+            float *x = buf + 16 + mis;
+            for (size_t i = 0; i < n; i++) x[i] = i % 3 ? rnd(1.0) : i % 2 ? FLT_MAX : 1e-40f;
+            CHECK(K->all_finite(x, n) == 1 && G->all_finite(x, n) == 1, "all_finite [%s] n %zu: finite", g_isa, n);
+            for (size_t i = 0; i < n; i += 1 + n / 9) {
+                float keep = x[i];
+                x[i] = bad[i % 3];
+                CHECK(K->all_finite(x, n) == G->all_finite(x, n), "all_finite [%s] n %zu: %g at %zu", g_isa, n,
+                      (double)x[i], i);
+                x[i] = keep;
+            }
+        }
+}
+
+/* ---- gemm micro-kernels: the ISA's MR x NR tile against the generic 4 x 8
+ * kernel run over it, tile by tile, on the same (repacked) panels ---------- */
+
+static void generic_tile(const qkv_gemm_kernel *G, int64_t kc, const float *ap, int mr, const float *bp, int nr,
+                         float *c, int64_t ldc, float alpha, float beta, int m, int n) {
+    float *a = calloc((size_t)(kc * G->mr), sizeof(float)), *b = calloc((size_t)(kc * G->nr), sizeof(float));
+    if (!a || !b) exit(2);
+    for (int i0 = 0; i0 < m; i0 += G->mr)
+        for (int j0 = 0; j0 < n; j0 += G->nr) {
+            for (int64_t p = 0; p < kc; p++) {
+                for (int i = 0; i < G->mr; i++) a[p * G->mr + i] = i0 + i < mr ? ap[p * mr + i0 + i] : 0.0f;
+                for (int j = 0; j < G->nr; j++) b[p * G->nr + j] = j0 + j < nr ? bp[p * nr + j0 + j] : 0.0f;
+            }
+            int mm = m - i0 < G->mr ? m - i0 : G->mr, nn = n - j0 < G->nr ? n - j0 : G->nr;
+            G->ukr(kc, a, b, c + i0 * ldc + j0, ldc, alpha, beta, mm, nn);
+        }
+    free(a);
+    free(b);
+}
+
+static void test_gemm(const qkv_gemm_kernel *K, const qkv_gemm_kernel *G) {
+    static const float alphas[] = {1.0f, -0.75f}, betas[] = {0.0f, 1.0f, 0.5f};
+    const int ms[] = {1, 2, 3, K->mr - 1, K->mr}, ns[] = {1, 2, 3, 7, K->nr - 1, K->nr};
+    for (size_t ki = 0; ki < NSIZES; ki++)
+        for (int mi = 0; mi < 5; mi++)
+            for (int ni = 0; ni < 6; ni++)
+                for (int ab = 0; ab < 6; ab++) {
+                    const int m = ms[mi], n = ns[ni];
+                    const int64_t kc = (int64_t)SIZES[ki], ldc = K->nr + 3;
+                    const float alpha = alphas[ab % 2], beta = betas[ab / 2];
+                    gbuf ga, gb, g1, g2;
+                    float *ap = fnew(&ga, (size_t)(kc * K->mr), 0), *bp = fnew(&gb, (size_t)(kc * K->nr), 0);
+                    float *c1 = fnew(&g1, (size_t)(K->mr * ldc), 1), *c2 = fnew(&g2, (size_t)(K->mr * ldc), 1);
+                    for (int64_t i = 0; i < kc * K->mr; i++) ap[i] = rnd(1.0);
+                    for (int64_t i = 0; i < kc * K->nr; i++) bp[i] = rnd(1.0);
+                    for (int64_t i = 0; i < K->mr * ldc; i++) c1[i] = c2[i] = beta == 0.0f && i % 5 == 0 ? NAN : rnd(1.0);
+                    K->ukr(kc, ap, bp, c1, ldc, alpha, beta, m, n);
+                    generic_tile(G, kc, ap, K->mr, bp, K->nr, c2, ldc, alpha, beta, m, n);
+                    int bad = !gb_ok(&g1);
+                    for (int i = 0; i < K->mr; i++)
+                        for (int j = 0; j < ldc; j++) {
+                            float x = c1[i * ldc + j], y = c2[i * ldc + j];
+                            if (i >= m || j >= n) {
+                                bad |= !same_bits(x, y);
+                                continue;
+                            }
+                            double mag = 0.0;
+                            for (int64_t p = 0; p < kc; p++) mag += fabs((double)ap[p * K->mr + i] * bp[p * K->nr + j]);
+                            bad |= isnan(x) || !near(x, y, 2.0 * (double)(kc + 3) * U * (mag + fabs(y)));
+                        }
+                    CHECK(!bad, "gemm ukr [%s] kc %lld m %d n %d alpha %g beta %g", K->name, (long long)kc, m, n,
+                          (double)alpha, (double)beta);
+                    gb_free(&ga); gb_free(&gb); gb_free(&g1); gb_free(&g2);
+                }
+    if (!K->pack_t) return;
+    for (size_t ki = 0; ki < NSIZES; ki++)
+        for (int wi = 0; wi < 2; wi++) {
+            const int w = wi ? K->nr : K->mr;
+            const int64_t kc = (int64_t)SIZES[ki], ld = kc + 3;
+            gbuf gs, gd;
+            float *src = fnew(&gs, (size_t)(w * ld), 1), *dst = fnew(&gd, (size_t)(kc * w), 0);
+            for (int64_t i = 0; i < w * ld; i++) src[i] = rnd(1.0);
+            K->pack_t(src, ld, kc, w, dst);
+            int bad = !gb_ok(&gd);
+            for (int64_t p = 0; p < kc; p++)
+                for (int i = 0; i < w; i++) bad |= !same_bits(dst[p * w + i], src[i * ld + p]);
+            CHECK(!bad, "gemm pack_t [%s] kc %lld w %d", K->name, (long long)kc, w);
+            gb_free(&gs); gb_free(&gd);
+        }
+}
+
+/* ---- KV decode ----------------------------------------------------------- */
+
+static void test_kv(const kv_kernels *K, const kv_kernels *G) {
+    for (size_t di = 0; di < NSIZES; di++)
+        for (size_t ni = 0; ni < NSIZES; ni++)
+            for (int st = 0; st < 3; st++) { /* f32, bf16, int8 */
+                const size_t D = SIZES[di], n = SIZES[ni], ld = D + 3, nb = (D + KV_BLOCK - 1) / KV_BLOCK, lds = nb + 1;
+                gbuf gq, gk, gs, g1, g2, go1, go2, gp;
+                float *q = fnew(&gq, D, 1), *sc = fnew(&gs, n * lds, 1), *p = fnew(&gp, n, 1);
+                void *k = gb_new(&gk, n * ld * 4, st == 0 ? 4 : st == 1 ? 2 : 1); /* off alignment */
+                float *s1 = fnew(&g1, n, 1), *s2 = fnew(&g2, n, 1), *o1 = fnew(&go1, D, 1), *o2 = fnew(&go2, D, 1);
+                float *kf = k;
+                uint16_t *kb = k;
+                int8_t *k8 = k;
+                /* the values each element stands for, for the magnitudes */
+                double *val = malloc(n * D * sizeof(double));
+                if (!val) exit(2);
+                for (size_t i = 0; i < n * lds; i++) sc[i] = (float)(0.01 + 0.02 * tu_rng_uniform(&g_rng));
+                for (size_t j = 0; j < n; j++)
+                    for (size_t d = 0; d < D; d++) {
+                        float x = rnd(1.0);
+                        if (st == 0) val[j * D + d] = kf[j * ld + d] = x;
+                        else if (st == 1) val[j * D + d] = qkv_bf16_to_f32(kb[j * ld + d] = qkv_f32_to_bf16(x));
+                        else val[j * D + d] = (k8[j * ld + d] = (int8_t)((int)(tu_rng_u64(&g_rng) % 255) - 127)) * (double)sc[j * lds + d / KV_BLOCK];
+                    }
+                for (size_t d = 0; d < D; d++) q[d] = rnd(1.0);
+                for (size_t j = 0; j < n; j++) p[j] = (float)tu_rng_uniform(&g_rng);
+                for (size_t d = 0; d < D; d++) o1[d] = o2[d] = rnd(1.0);
+                if (st == 0) {
+                    K->qk_f32(q, kf, ld, D, n, s1); G->qk_f32(q, kf, ld, D, n, s2);
+                    K->pv_f32(o1, p, kf, ld, D, n); G->pv_f32(o2, p, kf, ld, D, n);
+                } else if (st == 1) {
+                    K->qk_bf16(q, kb, ld, D, n, s1); G->qk_bf16(q, kb, ld, D, n, s2);
+                    K->pv_bf16(o1, p, kb, ld, D, n); G->pv_bf16(o2, p, kb, ld, D, n);
+                } else {
+                    K->qk_i8(q, k8, ld, sc, lds, D, n, s1); G->qk_i8(q, k8, ld, sc, lds, D, n, s2);
+                    K->pv_i8(o1, p, k8, ld, sc, lds, D, n); G->pv_i8(o2, p, k8, ld, sc, lds, D, n);
+                }
+                int bad = !gb_ok(&g1) || !gb_ok(&go1);
+                for (size_t j = 0; j < n; j++) {
+                    double mag = 0.0;
+                    for (size_t d = 0; d < D; d++) mag += fabs(q[d] * val[j * D + d]);
+                    bad |= !near(s1[j], s2[j], 2.0 * (D + 3) * U * mag);
+                }
+                for (size_t d = 0; d < D; d++) {
+                    double mag = fabs((double)o2[d]);
+                    for (size_t j = 0; j < n; j++) mag += fabs(p[j] * val[j * D + d]);
+                    bad |= !near(o1[d], o2[d], 2.0 * (n + KV_BLOCK + 3) * U * mag);
+                }
+                CHECK(!bad, "kv %s [%s] D %zu n %zu", st == 0 ? "f32" : st == 1 ? "bf16" : "int8", K->name, D, n);
+                free(val);
+                gb_free(&gq); gb_free(&gk); gb_free(&gs); gb_free(&g1); gb_free(&g2);
+                gb_free(&go1); gb_free(&go2); gb_free(&gp);
+            }
+}
+
+/* ---- bf16 kernels -------------------------------------------------------- */
+
+static uint32_t rnd_pair(double sd) {
+    return (uint32_t)qkv_f32_to_bf16(rnd(sd)) | ((uint32_t)qkv_f32_to_bf16(rnd(sd)) << 16);
+}
+
+static double pair_mag(uint32_t a, uint32_t b) {
+    return fabs((double)qkv_bf16_to_f32((uint16_t)a) * qkv_bf16_to_f32((uint16_t)b)) +
+           fabs((double)qkv_bf16_to_f32((uint16_t)(a >> 16)) * qkv_bf16_to_f32((uint16_t)(b >> 16)));
+}
+
+static void test_half_qk(const qkv_half_kernels *K, const qkv_half_kernels *G) {
+    for (size_t di = 0; di < NSIZES; di++)
+        for (size_t npan = 1; npan <= 5; npan += 2)
+            for (int acc = 0; acc <= 1; acc++) {
+                const size_t dp2 = (SIZES[di] + 1) / 2, rows = 8 * (1 + di % 3), ldq = dp2 + 1, lds = 32 * npan + 3;
+                gbuf gq, gk, g1, g2;
+                uint32_t *qp = gb_new(&gq, rows * ldq * 4, 4), *kp = gb_new(&gk, npan * dp2 * 32 * 4, 0);
+                float *s1 = fnew(&g1, rows * lds, 1), *s2 = fnew(&g2, rows * lds, 1);
+                for (size_t i = 0; i < rows * ldq; i++) qp[i] = rnd_pair(1.0);
+                for (size_t i = 0; i < npan * dp2 * 32; i++) kp[i] = rnd_pair(1.0);
+                for (size_t i = 0; i < rows * lds; i++) s1[i] = s2[i] = rnd(1.0);
+                (acc ? K->qk_acc : K->qk)(qp, ldq, kp, dp2, rows, npan, s1, lds);
+                (acc ? G->qk_acc : G->qk)(qp, ldq, kp, dp2, rows, npan, s2, lds);
+                int bad = !gb_ok(&g1);
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t c = 0; c < lds; c++) {
+                        if (c >= 32 * npan) {
+                            bad |= !same_bits(s1[r * lds + c], s2[r * lds + c]);
+                            continue;
+                        }
+                        double mag = acc ? fabs((double)s2[r * lds + c]) : 0.0;
+                        for (size_t t = 0; t < dp2; t++) mag += pair_mag(qp[r * ldq + t], kp[((c / 32) * dp2 + t) * 32 + c % 32]);
+                        bad |= !near(s1[r * lds + c], s2[r * lds + c], 2.0 * (2 * dp2 + 3) * U * mag + 1e-37);
+                    }
+                CHECK(!bad, "bf16 qk%s [%s] dp2 %zu rows %zu panels %zu", acc ? "_acc" : "", g_isa, dp2, rows, npan);
+                gb_free(&gq); gb_free(&gk); gb_free(&g1); gb_free(&g2);
+            }
+}
+
+static void test_half_pv(const qkv_half_kernels *K, const qkv_half_kernels *G) {
+    for (size_t ni = 0; ni < NSIZES; ni++)
+        for (size_t dvp = 16; dvp <= 144; dvp += 64)
+            for (size_t rows = 1; rows <= 6; rows++)
+                for (int acc = 0; acc <= 1; acc++) {
+                    if (!acc && rows > 4) continue; /* pv: 1..4 rows */
+                    const size_t nu = SIZES[ni], u0 = acc ? 0 : nu / 3, ldp = nu + 1, ldv = dvp + 16, ldo = dvp + 5;
+                    gbuf gp, gv, g1, g2;
+                    uint32_t *pp = gb_new(&gp, rows * ldp * 4, 4), *vp = gb_new(&gv, nu * ldv * 4, 0);
+                    float *o1 = fnew(&g1, rows * ldo, 1), *o2 = fnew(&g2, rows * ldo, 1);
+                    for (size_t i = 0; i < rows * ldp; i++) pp[i] = rnd_pair(1.0);
+                    for (size_t i = 0; i < nu * ldv; i++) vp[i] = rnd_pair(1.0);
+                    for (size_t i = 0; i < rows * ldo; i++) o1[i] = o2[i] = rnd(1.0);
+                    if (acc) {
+                        K->pv_acc(o1, ldo, pp, ldp, vp, ldv, nu, dvp, rows);
+                        G->pv_acc(o2, ldo, pp, ldp, vp, ldv, nu, dvp, rows);
+                    } else {
+                        K->pv(o1, ldo, pp, ldp, vp, ldv, u0, nu, dvp, rows);
+                        G->pv(o2, ldo, pp, ldp, vp, ldv, u0, nu, dvp, rows);
+                    }
+                    int bad = !gb_ok(&g1);
+                    for (size_t r = 0; r < rows; r++)
+                        for (size_t c = 0; c < ldo; c++) {
+                            if (c >= dvp) {
+                                bad |= !same_bits(o1[r * ldo + c], o2[r * ldo + c]);
+                                continue;
+                            }
+                            double mag = fabs((double)o2[r * ldo + c]);
+                            for (size_t u = u0; u < nu; u++) mag += pair_mag(pp[r * ldp + u], vp[u * ldv + c]);
+                            bad |= !near(o1[r * ldo + c], o2[r * ldo + c], 2.0 * (2 * nu + 3) * U * mag);
+                        }
+                    CHECK(!bad, "bf16 pv%s [%s] pairs %zu dvp %zu rows %zu", acc ? "_acc" : "", g_isa, nu, dvp, rows);
+                    gb_free(&gp); gb_free(&gv); gb_free(&g1); gb_free(&g2);
+                }
+}
+
+static void test_half_packs(const qkv_half_kernels *K, const qkv_half_kernels *G) {
+    for (size_t ni = 0; ni < NSIZES; ni++)
+        for (size_t rows = 1; rows <= 9; rows += 4) {
+            const size_t npairs = SIZES[ni], lds = 2 * npairs + 3, ldp = npairs + 2;
+            gbuf gs, g1, g2;
+            float *p = fnew(&gs, rows * lds, 1);
+            uint32_t *a = gb_new(&g1, rows * ldp * 4, 4), *b = gb_new(&g2, rows * ldp * 4, 4);
+            for (size_t i = 0; i < rows * lds; i++) p[i] = i % 17 == 3 ? -INFINITY : rnd(2.0);
+            K->pack_p(a, ldp, p, lds, rows, npairs);
+            G->pack_p(b, ldp, p, lds, rows, npairs);
+            CHECK(memcmp(a, b, rows * ldp * 4) == 0 && gb_ok(&g1), "bf16 pack_p [%s] pairs %zu rows %zu", g_isa, npairs,
+                  rows);
+            gb_free(&gs); gb_free(&g1); gb_free(&g2);
+        }
+    for (size_t ni = 0; ni < NSIZES; ni++)
+        for (size_t npan = 1; npan <= 3; npan++) {
+            const size_t npairs = SIZES[ni], ldx = 32 * npan + 5;
+            gbuf gs, g1, g2;
+            float *x = fnew(&gs, 2 * npairs * ldx, 1);
+            uint32_t *a = gb_new(&g1, npan * npairs * 32 * 4, 0), *b = gb_new(&g2, npan * npairs * 32 * 4, 0);
+            for (size_t i = 0; i < 2 * npairs * ldx; i++) x[i] = rnd(2.0);
+            K->pack_rowpairs(a, x, ldx, npairs, npan);
+            G->pack_rowpairs(b, x, ldx, npairs, npan);
+            CHECK(memcmp(a, b, npan * npairs * 32 * 4) == 0 && gb_ok(&g1), "bf16 pack_rowpairs [%s] pairs %zu panels %zu",
+                  g_isa, npairs, npan);
+            gb_free(&gs); gb_free(&g1); gb_free(&g2);
+        }
+}
+
+static void test_half_bwd_softmax(const qkv_half_kernels *K, const qkv_half_kernels *G) {
+    for (size_t ci = 0; ci < NSIZES; ci++)
+        for (size_t rows = 1; rows <= 17; rows += 8) {
+            const size_t cols = SIZES[ci], ld = cols + 2;
+            const float cm = 1.4426950f * 0.125f;
+            gbuf g1, g2, h1, h2;
+            float *s1 = fnew(&g1, rows * ld, 1), *s2 = fnew(&g2, rows * ld, 1);
+            float *d1 = fnew(&h1, rows * ld, 1), *d2 = fnew(&h2, rows * ld, 1);
+            float L2[129], Dd[129];
+            for (size_t c = 0; c < cols; c++) {
+                L2[c] = c % 11 == 5 ? INFINITY : (float)(5.0 * tu_rng_uniform(&g_rng));
+                Dd[c] = rnd(1.0);
+            }
+            for (size_t i = 0; i < rows * ld; i++) {
+                s1[i] = s2[i] = i % 13 == 4 ? -INFINITY : (float)(-1400.0 * tu_rng_uniform(&g_rng) + 40.0);
+                d1[i] = d2[i] = rnd(1.0);
+            }
+            K->bwd_softmax(s1, d1, ld, rows, cols, cm, L2, Dd);
+            G->bwd_softmax(s2, d2, ld, rows, cols, cm, L2, Dd);
+            int bad = !gb_ok(&g1) || !gb_ok(&h1);
+            for (size_t r = 0; r < rows; r++)
+                for (size_t c = 0; c < ld; c++) {
+                    size_t at = r * ld + c;
+                    if (c >= cols) {
+                        bad |= !same_bits(s1[at], s2[at]) || !same_bits(d1[at], d2[at]);
+                        continue;
+                    }
+                    bad |= !near(s1[at], s2[at], EXP_REL * fabsf(s2[at])) || (s1[at] == 0.0f) != (s2[at] == 0.0f);
+                    bad |= !near(d1[at], d2[at], (EXP_REL + 4 * U) * fabsf(d2[at]) + 1e-37);
+                }
+            CHECK(!bad, "bf16 bwd_softmax [%s] rows %zu cols %zu", g_isa, rows, cols);
+            gb_free(&g1); gb_free(&g2); gb_free(&h1); gb_free(&h2);
+        }
+}
+
+int main(void) {
+    const qkv_kernel_set *gen = qkv_kernel_set_of(QKV_ARCH_GENERIC);
+    CHECK(gen != NULL && qkv_kernel_set_active() != NULL, "the generic set exists");
+    if (!gen) return tu_finish();
+    tu_rng_seed(&g_rng, 2024);
+    for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
+        const qkv_kernel_set *s = qkv_kernel_set_of(arch);
+        if (!s) {
+            printf("%s: not available here, skipped\n", qkv_arch_name(arch));
+            continue;
+        }
+        const int before = tu_failed;
+        g_isa = s->attn.name;
+        CHECK(strcmp(s->attn.name, qkv_arch_name(arch)) == 0, "set %s holds the %s table", qkv_arch_name(arch),
+              s->attn.name);
+        test_pack_panel(&s->attn, &gen->attn);
+        test_qk(&s->attn, &gen->attn);
+        test_pv(&s->attn, &gen->attn);
+        test_softmax(&s->attn, &gen->attn);
+        test_bwd_softmax(&s->attn, &gen->attn);
+        test_exp2(&s->attn, &gen->attn);
+        test_scale_stream(&s->attn, &gen->attn);
+        test_all_finite(&s->attn, &gen->attn);
+        test_gemm(&s->gemm, &gen->gemm);
+        test_kv(&s->kv, &gen->kv);
+        printf("%s (gemm %s, kv %s): %s\n", qkv_arch_name(arch), s->gemm.name, s->kv.name,
+               tu_failed == before ? "ok" : "FAILED");
+        /* the bf16 kernels: native ones where the CPU has them, else the generic ones against themselves */
+        if (arch == QKV_ARCH_GENERIC || s->half.native) {
+            const int b2 = tu_failed;
+            g_isa = s->half.name;
+            CHECK(s->half.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512bf16()), "bf16 table %s", g_isa);
+            test_half_qk(&s->half, &gen->half);
+            test_half_pv(&s->half, &gen->half);
+            test_half_packs(&s->half, &gen->half);
+            test_half_bwd_softmax(&s->half, &gen->half);
+            printf("%s bf16 kernels: %s\n", s->half.name, tu_failed == b2 ? "ok" : "FAILED");
+        }
+    }
+    if (!qkv_cpu_has_avx512bf16()) printf("avx512bf16: not available here, skipped\n");
+    return tu_finish();
+}
