@@ -1,13 +1,13 @@
-/* bench_attention - speed and memory of qkv's attention, against this
- * machine's measured FP32 FMA peak, the reference and a plain
+/* bench_attention - speed and memory of qkv's attention, against the CPU's
+ * FP32 FMA peak measured in the same run, the reference and a plain
  * materialise-the-matrix version, all in the same run.
  *
  * What it prints, as Markdown (paste into docs/BENCHMARKS.md):
  *   1. the machine and the measured FMA peak (1 thread and every thread count
  *      used; AVX2 too on an AVX-512 machine);
  *   2. the error of every implementation against the reference run in double
- *      on a small case, forward and backward (STYLE.md: the error first, then
- *      the timings);
+ *      on a small case, forward and backward (the error first, then the
+ *      timings);
  *   3. for every n, mask, pass and thread count: median time over the
  *      repetitions, GFLOP/s, the fraction of the measured peak of the threads
  *      used, the speed-up over the naive version and the resident memory the
@@ -15,7 +15,7 @@
  *   4. optionally (--long) the exact forward at n = 131072, one head, D = 64,
  *      and (--window) sliding-window attention from n = 65536 to 1048576;
  *   5. the peak measured again at the end (how noisy the run was) and the
- *      issue 3 targets beside the measured values.
+ *      speed, causal-cost and memory targets beside the measured values.
  *
  * FLOPs are counted as FlashAttention reports them: forward 4*B*H*n_q*n_k*D
  * (two matrix products), halved for causal; backward 2.5x the forward.
@@ -382,7 +382,7 @@ static void *alloc_touched(size_t bytes) {
  * n x n float matrix, a row-wise softmax, then O = P V. Float throughout,
  * plain loops in the cache-friendly i-d-j order (K packed transposed once per
  * head so the inner loop runs over contiguous keys), the project's default
- * flags: the "standard float implementation" of TESTING.md, not a strawman.
+ * flags: a standard float implementation, not a strawman.
  * Threads (pthreads) take whole heads. Causal rows stop at the diagonal
  * (n_q = n_k here, so bottom-right alignment is j <= i). */
 
