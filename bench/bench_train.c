@@ -1,8 +1,8 @@
-/* bench_train: training throughput of a transformer, tokens per second, for
- * the configuration issue 5 names: L = 4, E = 128, H = 4, n = 128, batch 16
- * (vocab 64, causal, sinusoidal positions, AdamW). Median over steps after a
- * warm-up; PyTorch's equivalent model is timed by the command written in
- * docs/BENCHMARKS.md, in the same session.
+/* bench_train: training throughput of a transformer, tokens per second, by
+ * default L = 4, E = 128, H = 4, n = 128, batch 16 (vocab 64, causal,
+ * sinusoidal positions, AdamW). Median over steps after a warm-up; PyTorch's
+ * equivalent model (bench/torch_train.py) is timed alternating with it, as
+ * docs/BENCHMARKS.md shows.
  *
  *   bench_train [--steps 20] [--threads 2] [--layers 4] [--dim 128] [--heads 4]
  *               [--seq 128] [--batch 16]

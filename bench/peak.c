@@ -1,4 +1,4 @@
-/* The FP32 FMA peak of this machine, measured (see peak.h for why). */
+/* The FP32 FMA peak of the CPU running the benchmark, measured (see peak.h for why). */
 #define _POSIX_C_SOURCE 200809L
 
 #include "peak.h"

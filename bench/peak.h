@@ -1,4 +1,4 @@
-/* peak.h - this machine's FP32 FMA peak, measured, for the benchmarks.
+/* peak.h - the FP32 FMA peak of the CPU running a benchmark, measured.
  *
  * The benchmarks quote every GFLOP/s as a fraction of the peak measured in the
  * same run (the development machines are shared and noisy, so a datasheet

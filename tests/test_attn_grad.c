@@ -228,7 +228,7 @@ static void grad_case(const qkv_attn_desc *d, uint64_t seed0, const char *label)
                   TENSOR_NAMES[t], w, grad_of(&g32, t)[w], grad_of(&g64, t)[w], desc);
         }
         /* AUTO in F32 (a float fast path where there is one): no naive
-         * float backward exists here to size TESTING.md's k * naive32 rule,
+         * float backward exists here to size the fast-path k * naive32 rule,
          * so a fixed bound: 2e-5 of the tensor's largest magnitude (>= 1).
          * A float row of <= 13 terms errs by ~1e-6 relative; a wrong term
          * is off by far more. */

@@ -82,7 +82,7 @@ static void run_known(const known *c) {
             CHECK(s == QKV_OK, "%s (%s): status %d (%s)", c->name, who, (int)s, qkv_status_string(s));
             CHECK(guards, "%s (%s): write outside an output buffer", c->name, who);
             if (s != QKV_OK) continue;
-            /* AUTO may pick a float fast path: TESTING.md's 1e-5 term. */
+            /* AUTO may pick a float fast path: the fast-path rule's 1e-5 term. */
             double tol = dt ? (impl ? 1e-5 : 1e-6) : (impl ? 1e-12 : 1e-14);
             cmp_report(c->name, "out", who, out, c->want_out, p.n[AO_O], tol, tol);
             if (c->want_lse) cmp_report(c->name, "lse", who, lse, c->want_lse, p.n[AO_LSE], tol, tol);

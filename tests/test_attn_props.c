@@ -1,7 +1,7 @@
 /* The attention forward pass against the tests' own dense oracle
  * (tests/util/attn_oracle.c), over every score x normaliser x mask with
  * awkward shapes, in F64 and F32; then the properties of the numerical
- * contract (docs: /shared/TESTING.md): rows sum to 1, permutation invariance,
+ * contract: rows sum to 1, permutation invariance,
  * causality, fully masked rows, NaN planted in masked positions, NaN
  * propagation, huge logits, determinism across thread counts.
  *
@@ -13,7 +13,7 @@
  *    float inputs and rounds each output once (<= 6e-8 relative); the oracle
  *    runs on the same float-rounded inputs.
  *  - AUTO (whatever fast path the build picks): F64 1e-10 / 1e-10; F32
- *    TESTING.md's rule |fast - ref64| <= 2 max|naive32 - ref64| + 1e-5 per
+ *    the fast-path rule |fast - ref64| <= 2 max|naive32 - ref64| + 1e-5 per
  *    tensor (the 1e-5 scaled by the tensor's largest magnitude when > 1),
  *    naive32 being the plain algorithm in float (ao_forward_naive32).
  * Seeds are fixed; every failure prints the problem and the worst index. */
@@ -67,7 +67,7 @@ static int masked_entries_zero(const ao_prob *p, const double *attn) {
     return 1;
 }
 
-/* TESTING.md's rule for a float fast path: the absolute tolerance of a
+/* The rule for a float fast path: the absolute tolerance of a
  * tensor is 2 max|naive32 - ref64| + 1e-5. Outputs of ao_forward_naive32
  * for p's inputs (out, attn, lse). */
 typedef struct naive32 {
@@ -101,7 +101,7 @@ static double fast_atol(const naive32 *nv, const ao_prob *p, int which) {
 }
 
 /* One library run against the oracle results held in p; with nv, the
- * tolerance is TESTING.md's fast-path rule instead of atol / rtol. */
+ * tolerance is the fast-path rule instead of atol / rtol. */
 static void check_against_oracle(const ao_prob *p, qkv_dtype dt, qkv_impl impl, int threads,
                                  double atol, double rtol, const naive32 *nv, const char *what) {
     char buf[400];
@@ -808,7 +808,7 @@ static void test_huge_logits(void) {
                      * scales with it (cancellation between terms). */
                     if (norm4 == 1 || norm4 == 2) at *= target;
                     naive32 nv;
-                    int fast = dt && !impl; /* F32 AUTO: TESTING.md's rule */
+                    int fast = dt && !impl; /* F32 AUTO: the fast-path rule */
                     if (fast) naive32_make(&nv, &p);
                     size_t w;
                     double e = ao_cmp(out, p.x[AO_O], p.n[AO_O], fast ? fast_atol(&nv, &p, 0) : at, fast ? 0.0 : rt, &w);
@@ -843,7 +843,7 @@ static void test_huge_logits(void) {
                              QKV_OK);
                 double at = dt ? 1e-7 : 1e-12, rt = dt ? 1e-6 : 1e-12;
                 naive32 nv;
-                int fast = dt && impl; /* F32 AUTO: TESTING.md's rule */
+                int fast = dt && impl; /* F32 AUTO: the fast-path rule */
                 if (fast) naive32_make(&nv, &p);
                 size_t w;
                 double e = ao_cmp(out, p.x[AO_O], p.n[AO_O], fast ? fast_atol(&nv, &p, 0) : at, fast ? 0.0 : rt, &w);

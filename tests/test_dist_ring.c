@@ -872,7 +872,7 @@ int main(int argc, char **argv) {
         {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},              /* n_q != n_k */
         {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},       /* n < 2p: empty pieces */
         {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},       /* cosine, softcap */
-        /* masks, normalisers and biases beyond plain causal (the "same masks, scores as one process") */
+        /* masks, normalisers and biases beyond plain causal: the same as one process */
         {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 0},
         {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
         {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0, 0},

@@ -1,5 +1,5 @@
 /* The fast backward path against the double reference on every ISA path
- * this machine has: dQ, dK, dV and dbias for every score x normaliser x
+ * the CPU has: dQ, dK, dV and dbias for every score x normaliser x
  * mask, soft-cap, bias, GQA, n_q != n_k, D_v != D, packed sequences, key
  * lengths; with the forward's out/lse given and recomputed; fully masked
  * rows give zero gradients; guard bytes; bitwise identical for threads 1, 2,
@@ -294,9 +294,9 @@ static void test_threads(void) {
 /* Logits of +-1e4 and +-1e30 (dot score, unscaled): half of the queries are
  * (+-sqrt(L), 0, ..., 0) and every key has +-sqrt(L) in dimension 0, so
  * those queries' logits are exactly +-L (ties are exact in float too); the
- * other queries are ordinary (0 in dimension 0). The backward used to
- * recompute P = 2^(sc s - lse2) with lse rounded to float, whose error at
- * |lse| ~ 1e30 is ~1e22, so P overflowed (NaN gradients). It must now match
+ * other queries are ordinary (0 in dimension 0). Recomputing
+ * P = 2^(sc s - lse2) with lse rounded to float, whose error at
+ * |lse| ~ 1e30 is ~1e22, would overflow P (NaN gradients). It must match
  * the reference, with the forward's out/lse given (a caller's float lse that
  * large cannot pin P down: the backward recomputes the statistics) and
  * without, for threads 1, 2 and 3 bitwise alike, causal and not. Gradients

@@ -2,7 +2,8 @@
  * float inputs and double copies of them, the library's reference in double
  * (the oracle), and "naive32": the plain algorithm in float (two-pass softmax,
  * dot products summed left to right) that sets the error scale of the
- * tolerance rule of /work/shared/TESTING.md:
+ * tolerance rule every float fast path is tested against (as FlashAttention's
+ * tests do):
  *
  *     max|fast - ref64| <= k * max|naive32 - ref64| + 1e-5
  *

@@ -1,5 +1,5 @@
 /* The fast forward path against the double reference, on every ISA path
- * this machine has: shape sweeps, every score x normaliser x mask, soft-cap,
+ * the CPU has: shape sweeps, every score x normaliser x mask, soft-cap,
  * bias, GQA, n_q != n_k, D_v != D, packed sequences, key lengths, fully
  * masked rows, huge logits, NaN planted in masked keys, the attention matrix
  * and log-sum-exp outputs, guard bytes, and bitwise identity across thread

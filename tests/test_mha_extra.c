@@ -504,7 +504,7 @@ static void test_save_load(void) {
     qkv_mha_free(b);
 }
 
-/* Bitwise the same results for 1 and 2 threads (TESTING.md), and NaN in the
+/* Bitwise the same results for 1 and 2 threads, and NaN in the
  * inputs of padded keys never reaches the output, with the extra key and
  * the additive score. */
 static void test_threads_and_nan(void) {

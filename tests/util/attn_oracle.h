@@ -42,11 +42,11 @@ void ao_logits(const qkv_attn_desc *d, double *const x[AO_NT], int64_t b, int64_
  * they are not NULL. */
 void ao_forward(const qkv_attn_desc *d, double *const x[AO_NT]);
 
-/* The same plain algorithm computed in float (TESTING.md's "naive32"
- * baseline): logits, max, exp, sums and the output accumulated in float, in
- * a plain order. Fills x[AO_O] and, when not NULL, x[AO_ATTN], x[AO_LSE]
- * (as double). Used to size the tolerance of float fast paths:
- * |fast - ref64| <= 2 |naive32 - ref64| + 1e-5. */
+/* The same plain algorithm computed in float (the "naive32" baseline of the
+ * fast-path rule, tests/test_fast_common.h): logits, max, exp, sums and the
+ * output accumulated in float, in a plain order. Fills x[AO_O] and, when not
+ * NULL, x[AO_ATTN], x[AO_LSE] (as double). Used to size the tolerance of
+ * float fast paths: |fast - ref64| <= 2 |naive32 - ref64| + 1e-5. */
 void ao_forward_naive32(const qkv_attn_desc *d, double *const x[AO_NT]);
 
 /* A problem: the descriptor (pointer fields of d are NOT used; the tensors
