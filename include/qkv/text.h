@@ -92,8 +92,8 @@ typedef enum qkv_special_token {
  *
  * vocab.txt: UTF-8, one token per line, id = line number (from 0); the last
  * line may lack its newline. A line may be empty (a token no text matches).
- * [UNK], [CLS] and [SEP] (or their configured names) must be in it;
- * [PAD] and [MASK] may be missing (their id is then -1).
+ * The five special tokens [UNK] [SEP] [PAD] [CLS] [MASK] (or the names
+ * tokenizer_config.json gives them) must all be in it.
  *
  * On success *out owns the tokenizer (free it with qkv_tokenizer_free).
  * Errors (*out = NULL, why = a sentence naming the file and the line or
@@ -132,8 +132,8 @@ void qkv_tokenizer_free(qkv_tokenizer *tok);
  * truncation=True, max_length=max_len does: a single sentence loses its last
  * tokens; a pair loses tokens from the end of the longer sentence until both
  * are as long, then from both (longest_first; when an odd count is left the
- * first sentence keeps the extra token if it was the longer or as long,
- * else the second). max_len = 0: no truncation.
+ * first sentence keeps the extra token, as BertTokenizer does;
+ * BertTokenizerFast gives it to the longer one). max_len = 0: no truncation.
  *
  * *count is set to the number of ids (whenever the text is valid); ids and
  * type_ids (may be NULL: not wanted) receive them when capacity >= *count.
@@ -164,8 +164,8 @@ const char *qkv_tokenizer_token(const qkv_tokenizer *tok, int32_t id, size_t *le
  * "##"), or -1 when it is not in the vocab (or tok / token is NULL). */
 int32_t qkv_tokenizer_token_id(const qkv_tokenizer *tok, const char *token, size_t len);
 
-/* The id of a special token, or -1 when the vocab lacks it (only [PAD]
- * and [MASK] may be missing) or tok is NULL or which is out of range. */
+/* The id of a special token, or -1 when tok is NULL or which is out of
+ * range. */
 int32_t qkv_tokenizer_special_id(const qkv_tokenizer *tok, qkv_special_token which);
 
 /* The Unicode version of the character tables, e.g. "14.0.0". Never fails. */

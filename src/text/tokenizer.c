@@ -306,6 +306,7 @@ static qkv_status sentence(const qkv_tokenizer *t, const char *text, size_t len,
     }
     const uint32_t *s = cps->p;
     size_t n = cps->n;
+    if (n == 0) return QKV_OK;
     cpvec lowered = {0};
     if (t->lowercase) {
         /* Everything but the special tokens, one character at a time. */
