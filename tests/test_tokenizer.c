@@ -160,20 +160,25 @@ static void check_config(const char *name, const char *dir, int lower, int strip
 
 static void test_corpus(void) {
     char path[1400];
-    lines corpus, cases;
+    lines corpus, random, cases;
     CHECK(read_lines(data_path(path, sizeof path, "corpus.txt"), &corpus), "read %s", path);
+    CHECK(read_lines(data_path(path, sizeof path, "random.txt"), &random), "read %s", path);
     CHECK(read_lines(data_path(path, sizeof path, "cases.txt"), &cases), "read %s", path);
-    CHECK(cases.n >= 8, "%zu configurations", cases.n);
+    CHECK(cases.n >= 14, "%zu configurations", cases.n);
     for (size_t c = 0; c < cases.n; c++) {
-        char name[64], dir[64];
+        char name[64], dir[64], text[64];
         int lower, strip, pair;
         long long max_len;
-        if (sscanf(cases.line[c], "%63s %63s %d %d %lld %d", name, dir, &lower, &strip, &max_len, &pair) != 6) {
+        if (sscanf(cases.line[c], "%63s %63s %d %d %lld %d %63s", name, dir, &lower, &strip, &max_len, &pair,
+                   text) != 7 ||
+            (strcmp(text, "corpus.txt") != 0 && strcmp(text, "random.txt") != 0)) {
             CHECK(0, "cases.txt line %zu: %s", c + 1, cases.line[c]);
             continue;
         }
-        check_config(name, dir, lower, strip, max_len, pair, &corpus, NULL);
+        check_config(name, dir, lower, strip, max_len, pair, strcmp(text, "corpus.txt") == 0 ? &corpus : &random,
+                     NULL);
     }
+    free_lines(&random);
     /* The uncased model's own tokenizer_config.json gives the same settings
      * (do_lower_case true, strip_accents null), and so do the defaults. */
     qkv_tokenizer_options from_config = {QKV_TOKENIZER_FROM_CONFIG, QKV_TOKENIZER_FROM_CONFIG};

@@ -15,8 +15,10 @@ Inputs (committed beside this script):
 Outputs:
   cased/vocab.txt   a small cased vocab made here from the corpus
                     (deterministic), with cased/tokenizer_config.json
+  random.txt        random lines made here (a fixed seed) from every
+                    character class and the whole code point range
   cases.txt         one configuration per line:
-                    name dir lowercase strip_accents max_length pair
+                    name dir lowercase strip_accents max_length pair corpus
                     (strip_accents -1: None; max_length 0: no truncation;
                     pair 1: line i with line i + 1, wrapping)
   expected/NAME.txt one line per corpus line: the ids, '|', the type ids
@@ -28,6 +30,7 @@ src/text/unicode_tables.c (its tables come from the same unicodedata).
 """
 import json
 import os
+import random
 import re
 import sys
 import unicodedata
@@ -42,22 +45,72 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 PINNED = {"transformers": "4.46.3", "tokenizers": "0.20.3"}
 
 CONFIGS = [
-    # name, vocab dir, lowercase, strip_accents (None, False, True), max_length, pair
-    ("uncased", "uncased", True, None, 0, False),
-    ("uncased_max16", "uncased", True, None, 16, False),
-    ("uncased_pair_max24", "uncased", True, None, 24, True),
-    ("uncased_pair_max9", "uncased", True, None, 9, True),
-    ("uncased_pair", "uncased", True, None, 0, True),
-    ("uncased_keep_accents", "uncased", True, False, 0, False),
-    ("cased", "cased", False, None, 0, False),
-    ("cased_max16", "cased", False, None, 16, False),
-    ("cased_pair_max24", "cased", False, None, 24, True),
-    ("cased_strip_accents", "cased", False, True, 0, False),
+    # name, vocab dir, lowercase, strip_accents (None, False, True), max_length, pair, corpus
+    ("uncased", "uncased", True, None, 0, False, "corpus.txt"),
+    ("uncased_max16", "uncased", True, None, 16, False, "corpus.txt"),
+    ("uncased_pair_max24", "uncased", True, None, 24, True, "corpus.txt"),
+    ("uncased_pair_max9", "uncased", True, None, 9, True, "corpus.txt"),
+    ("uncased_pair", "uncased", True, None, 0, True, "corpus.txt"),
+    ("uncased_keep_accents", "uncased", True, False, 0, False, "corpus.txt"),
+    ("cased", "cased", False, None, 0, False, "corpus.txt"),
+    ("cased_max16", "cased", False, None, 16, False, "corpus.txt"),
+    ("cased_pair_max24", "cased", False, None, 24, True, "corpus.txt"),
+    ("cased_strip_accents", "cased", False, True, 0, False, "corpus.txt"),
+    ("random_uncased", "uncased", True, None, 0, False, "random.txt"),
+    ("random_uncased_pair_max32", "uncased", True, None, 32, True, "random.txt"),
+    ("random_cased", "cased", False, None, 0, False, "random.txt"),
+    ("random_cased_strip_accents", "cased", False, True, 0, False, "random.txt"),
 ]
 
 
-def read_corpus():
-    with open(os.path.join(HERE, "corpus.txt"), "rb") as f:
+def make_random_corpus(path, count=800, seed=20261201):
+    """Lines of random pieces from every class the tokenizer treats
+    differently, plus code points drawn from the whole range: a check of
+    the character tables beyond the hand-written cases."""
+    rng = random.Random(seed)
+    ranges = {
+        "ascii": [(0x21, 0x7E)], "latin": [(0xC0, 0x24F)], "marks": [(0x300, 0x36F), (0x1AB0, 0x1AFF), (0x20D0, 0x20FF)],
+        "greek": [(0x370, 0x3FF), (0x1F00, 0x1FFF)], "cyrillic": [(0x400, 0x52F)], "arabic": [(0x600, 0x6FF)],
+        "hebrew": [(0x591, 0x5F4)], "indic": [(0x900, 0xDFF)], "cjk": [(0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0xF900, 0xFAFF)],
+        "kana": [(0x3040, 0x30FF), (0xFF61, 0xFF9F)], "hangul": [(0xAC00, 0xD7A3), (0x1100, 0x11FF)],
+        "fullwidth": [(0xFF01, 0xFF5E)], "punct": [(0x2010, 0x205E), (0x3000, 0x303F), (0xFE10, 0xFE6B)],
+        "emoji": [(0x1F300, 0x1FAFF), (0x2600, 0x27BF)], "letterlike": [(0x2100, 0x218F)],
+        "math": [(0x1D400, 0x1D7FF)], "anything": [(0, 0x10FFFF)], "bmp": [(0, 0xFFFF)],
+    }
+    singles = ["\u200d", "\u200b", "\u200c", "\ufeff", "\u00ad", "\u2060", "\u061c", "\ufe0f", "\u00a0", "\u3000",
+               "\u2028", "\u2029", "\x85", "\x00", "\t", "\r", "\x0b", "\x0c", "\x1f", "\x7f", "\ufffd", "\u0130",
+               "\u03a3", " ", "  ", "[CLS]", "[SEP]", "[MASK]", "[UNK]", "[PAD]", "[cls]", "##", "'", "-", "."]
+    words = ["hello", "world", "the", "attention", "unaffable", "running", "naïve", "Café", "ΣΟΦΙΑ", "Москва",
+             "東京", "https://x.org/a?b=c", "3.14", "1,000", "don't", "e-mail"]
+    names = sorted(ranges)
+
+    def piece():
+        k = rng.random()
+        if k < 0.25:
+            return rng.choice(singles)
+        if k < 0.4:
+            return rng.choice(words)
+        lo, hi = rng.choice(ranges[rng.choice(names)])
+        out = []
+        for _ in range(rng.randint(1, 6)):
+            cp = rng.randint(lo, hi)
+            if 0xD800 <= cp <= 0xDFFF or cp == 0x0A:
+                cp = 0x41
+            out.append(chr(cp))
+        return "".join(out)
+
+    lines = []
+    for i in range(count):
+        n = rng.choice([0, 1, 2, 3, 5, 8, 13, 21, 34])
+        lines.append("".join(piece() for _ in range(n)))
+    with open(path, "wb") as f:
+        for line in lines:
+            assert "\n" not in line
+            f.write(line.encode("utf-8") + b"\n")
+
+
+def read_corpus(name="corpus.txt"):
+    with open(os.path.join(HERE, name), "rb") as f:
         data = f.read()
     assert data.endswith(b"\n")
     return [x.decode("utf-8") for x in data[:-1].split(b"\n")]
@@ -122,7 +175,9 @@ def main():
     if unicodedata.unidata_version != unicode_version_of_tables():
         sys.exit("Python's Unicode %s differs from the tables' %s (src/text/gen_unicode.py)"
                  % (unicodedata.unidata_version, unicode_version_of_tables()))
+    make_random_corpus(os.path.join(HERE, "random.txt"))
     lines = read_corpus()
+    corpora = {"corpus.txt": lines, "random.txt": read_corpus("random.txt")}
 
     cased_dir = os.path.join(HERE, "cased")
     os.makedirs(cased_dir, exist_ok=True)
@@ -139,7 +194,8 @@ def main():
     os.makedirs(os.path.join(HERE, "expected"), exist_ok=True)
     manifest = []
     disagreements = 0
-    for name, vdir, lower, strip, max_len, pair in CONFIGS:
+    for name, vdir, lower, strip, max_len, pair, corpus in CONFIGS:
+        lines = corpora[corpus]
         vocab = os.path.join(HERE, vdir, "vocab.txt")
         slow = BertTokenizer(vocab, do_lower_case=lower, strip_accents=strip)
         fast = BertTokenizerFast(vocab, do_lower_case=lower, strip_accents=strip)
@@ -156,7 +212,7 @@ def main():
         with open(os.path.join(HERE, "expected", name + ".txt"), "w", encoding="utf-8", newline="\n") as f:
             f.writelines(out)
         st = -1 if strip is None else int(strip)
-        manifest.append("%s %s %d %d %d %d\n" % (name, vdir, int(lower), st, max_len, int(pair)))
+        manifest.append("%s %s %d %d %d %d %s\n" % (name, vdir, int(lower), st, max_len, int(pair), corpus))
         disagreements += len(differ)
         print("%-22s %3d lines; BertTokenizerFast differs on %d%s" %
               (name, len(lines), len(differ), (": lines " + " ".join(map(str, differ))) if differ else ""))
