@@ -31,6 +31,7 @@
 #include "cli.h"
 #include "cli_util.h"
 #include "qkv.h"
+#include "support/baselines.h"
 
 #define CMD "complexity"
 

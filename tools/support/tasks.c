@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "support/tasks.h"
 
 static const char *const NAMES[] = {"copy", "reverse", "sort", "recall", "text", "label", "mlm"};
 
