@@ -2,7 +2,8 @@
  * expected pixels from its formula), round trips through PNG and PGM/PPM,
  * and malformed input (bad magic, zero and huge dimensions, truncation at
  * every length, corrupt bytes, lying headers): always an error, never a
- * crash or an allocation the file cannot justify. */
+ * crash or an allocation the file cannot justify. In a build without
+ * libpng: the PGM/PPM parts, and every PNG refused. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@ static char g_dir[1024];
 
 static int val(int y, int x, int c, int maxval) { return (y * 7 + x * 13 + c * 29) % (maxval + 1); }
 
+#if QKV_WITH_PNG
 static unsigned char *read_all(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -31,6 +33,7 @@ static unsigned char *read_all(const char *path, size_t *len) {
     *len = (size_t)n;
     return b;
 }
+#endif
 
 static void fixture_path(char *buf, size_t len, const char *name) {
     snprintf(buf, len, "%s/%s", g_dir, name);
@@ -61,6 +64,9 @@ static void check_fixture(const char *name, int w, int h, int ch, int maxval) {
 }
 
 static void test_fixtures(void) {
+    check_fixture("rgb.ppm", 5, 3, 3, 255);
+    check_fixture("gray16.pgm", 5, 3, 1, 65535);
+#if QKV_WITH_PNG
     check_fixture("rgb8.png", 5, 3, 3, 255);
     check_fixture("gray8.png", 5, 3, 1, 255);
     check_fixture("graya8.png", 5, 3, 2, 255);
@@ -69,8 +75,6 @@ static void test_fixtures(void) {
     check_fixture("gray1.png", 5, 3, 1, 1);
     check_fixture("gray4.png", 5, 3, 1, 15);
     check_fixture("interlaced.png", 9, 10, 3, 255);
-    check_fixture("rgb.ppm", 5, 3, 3, 255);
-    check_fixture("gray16.pgm", 5, 3, 1, 65535);
 
     /* Palette with a transparent entry: RGBA. */
     char path[1200], why[256];
@@ -89,6 +93,7 @@ static void test_fixtures(void) {
         CHECK(bad == 0, "palette: %d wrong samples", bad);
     }
     qkv_image_free(&img);
+#endif
 }
 
 static void test_round_trips(void) {
@@ -101,12 +106,14 @@ static void test_round_trips(void) {
         CHECK_STATUS(qkv_image_alloc(&a, h, w, ch), QKV_OK);
         int64_t n = qkv_image_count(&a);
         for (int64_t i = 0; i < n; i++) a.data[i] = (float)(tu_rng_u64(&r) % 256) / 255.0f;
+#if QKV_WITH_PNG
         tu_tmp_path(path, sizeof path, "img_rt.png");
         CHECK_STATUS(qkv_image_save_png(path, &a), QKV_OK);
         CHECK_STATUS(qkv_image_load(path, &b, NULL, 0), QKV_OK);
         CHECK(b.data && b.height == h && b.width == w && b.channels == ch, "png round trip shape, C %d", ch);
         if (b.data) CHECK(memcmp(a.data, b.data, (size_t)n * sizeof(float)) == 0, "png round trip C %d", ch);
         qkv_image_free(&b);
+#endif
         if (ch == 1 || ch == 3) {
             tu_tmp_path(path, sizeof path, "img_rt.pnm");
             CHECK_STATUS(qkv_image_save_pnm(path, &a), QKV_OK);
@@ -121,6 +128,7 @@ static void test_round_trips(void) {
         }
         qkv_image_free(&a);
     }
+#if QKV_WITH_PNG
     /* Clamping on write: out-of-range and NaN. */
     qkv_image a, b;
     CHECK_STATUS(qkv_image_alloc(&a, 1, 4, 1), QKV_OK);
@@ -142,6 +150,7 @@ static void test_round_trips(void) {
     a.channels = 1;
     qkv_image_free(&a);
     CHECK_STATUS(qkv_image_save_png(path, &a), QKV_ERR_NULL_POINTER);
+#endif
 }
 
 static void expect_parse(const void *bytes, size_t len, qkv_status want, const char *label) {
@@ -177,6 +186,7 @@ static void test_malformed(void) {
     CHECK_STATUS(qkv_image_load("/nonexistent/x.png", &img, NULL, 0), QKV_ERR_IO);
     CHECK_STATUS(qkv_image_load(g_dir, &img, NULL, 0), QKV_ERR_IO); /* a folder */
 
+#if QKV_WITH_PNG
     /* Every truncation of every PNG fixture is an error (never a crash), and
      * every single corrupted byte either still decodes or is an error. */
     const char *names[] = {"rgb8.png", "palette.png", "rgb16.png", "interlaced.png", "gray1.png", "rgb.ppm",
@@ -242,7 +252,30 @@ static void test_malformed(void) {
         expect_parse(b, len, QKV_ERR_FORMAT, "png claiming 1e10 pixels");
         free(b);
     }
+#endif
 }
+
+#if !QKV_WITH_PNG
+/* Without libpng: a PNG is refused as unsupported (with a reason), reading
+ * and writing, and no file is written. */
+static void test_without_png(void) {
+    char path[1200], why[256] = "";
+    fixture_path(path, sizeof path, "rgb8.png");
+    qkv_image img;
+    CHECK_STATUS(qkv_image_load(path, &img, why, sizeof why), QKV_ERR_UNSUPPORTED);
+    CHECK(img.data == NULL && why[0] != '\0', "refused PNG: no data, a reason");
+    CHECK_STATUS(qkv_image_alloc(&img, 2, 3, 3), QKV_OK);
+    tu_tmp_path(path, sizeof path, "img_nopng.png");
+    remove(path);
+    CHECK_STATUS(qkv_image_save_png(path, &img), QKV_ERR_UNSUPPORTED);
+    struct stat st;
+    CHECK(stat(path, &st) != 0, "no PNG written");
+    img.channels = 5;
+    CHECK_STATUS(qkv_image_save_png(path, &img), QKV_ERR_SHAPE);
+    img.channels = 3;
+    qkv_image_free(&img);
+}
+#endif
 
 static void test_alloc(void) {
     qkv_image img;
@@ -260,5 +293,8 @@ int main(void) {
     test_round_trips();
     test_malformed();
     test_alloc();
+#if !QKV_WITH_PNG
+    test_without_png();
+#endif
     return tu_finish();
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/baselines.h"
 #include "test_util.h"
 
 enum { RNN, LSTM, CONV };

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/tasks.h"
 #include "test_util.h"
 
 static void check_task(qkv_task task, int64_t L, int64_t S) {

@@ -1,11 +1,11 @@
 /* Pictures: heatmaps, line plots and matrix images written as PNG and read
  * back with libpng (size, pixel colours), the terminal heatmap's text, the
  * font, and every error path (bad arguments, unwritable paths, failed
- * allocations), with no file left behind by a failure. */
+ * allocations), with no file left behind by a failure. In a build without
+ * libpng: the font, the terminal heatmap, and every PNG refused. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <math.h>
-#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +14,19 @@
 
 #include "test_util.h"
 #include "viz/viz_internal.h"
+#if QKV_WITH_PNG
+#include <png.h>
+#endif
+
+static const char *const words[] = {"Hello", ",", "I"};
+static const char *const keys[] = {"Hello", ",", "I", "love"};
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+#if QKV_WITH_PNG
 
 typedef struct picture {
     int64_t w, h;
@@ -70,11 +83,6 @@ static int find_block(const picture *p, viz_rgb c, int64_t side, int64_t *fx, in
     return 0;
 }
 
-static int file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
 /* No temporary file "<base>.tmp..." left in dir. */
 static int no_temp_left(const char *dir, const char *base) {
     DIR *d = opendir(dir);
@@ -87,9 +95,6 @@ static int no_temp_left(const char *dir, const char *base) {
     closedir(d);
     return ok;
 }
-
-static const char *const words[] = {"Hello", ",", "I"};
-static const char *const keys[] = {"Hello", ",", "I", "love"};
 
 static void test_heatmap_png(void) {
     char path[512];
@@ -261,6 +266,8 @@ static void test_out_of_memory(void) {
     unlink(path);
 }
 
+#endif /* QKV_WITH_PNG */
+
 static void test_ansi(void) {
     float v[12];
     for (int i = 0; i < 12; i++) v[i] = (float)i / 11.0f;
@@ -302,6 +309,7 @@ static void test_ansi(void) {
     CHECK_STATUS(qkv_heatmap_format_ansi(&h, QKV_ANSI_24BIT, NULL, 0, &len), QKV_ERR_BAD_SIZE);
 }
 
+#if QKV_WITH_PNG
 static void test_plot(void) {
     char path[512];
     tu_tmp_path(path, sizeof path, "viz_plot.png");
@@ -396,6 +404,32 @@ static void test_matrix(void) {
     unlink(path);
 }
 
+#else
+/* Without libpng every picture is refused as unsupported, after its
+ * arguments are checked, and no file is written. */
+static void test_without_png(void) {
+    char path[1024];
+    tu_tmp_path(path, sizeof path, "viz_nopng.png");
+    remove(path);
+    float v[12] = {0};
+    qkv_heatmap h;
+    qkv_heatmap_init(&h, v, 3, 4);
+    CHECK_STATUS(qkv_heatmap_save_png(path, &h), QKV_ERR_UNSUPPORTED);
+    CHECK_STATUS(qkv_heatmap_save_png(NULL, &h), QKV_ERR_NULL_POINTER);
+    double y[3] = {1, 2, 3};
+    qkv_plot_series ser = {"loss", NULL, y, 3};
+    qkv_plot p;
+    qkv_plot_init(&p);
+    p.series = &ser;
+    p.n_series = 1;
+    CHECK_STATUS(qkv_plot_save_png(path, &p), QKV_ERR_UNSUPPORTED);
+    CHECK_STATUS(qkv_loss_curve_save_png(path, NULL, y, 3, NULL), QKV_ERR_UNSUPPORTED);
+    CHECK_STATUS(qkv_matrix_save_png(path, v, 3, 4, NULL, NULL, NULL), QKV_ERR_UNSUPPORTED);
+    CHECK_STATUS(qkv_matrix_save_png(path, v, 0, 4, NULL, NULL, NULL), QKV_ERR_BAD_SIZE);
+    CHECK(!file_exists(path), "no file written without PNG");
+}
+#endif /* QKV_WITH_PNG */
+
 static void test_font(void) {
     unsigned char a[7], q[7], hi[7], sp[7];
     viz_glyph_rows('A', a);
@@ -423,11 +457,15 @@ static void test_font(void) {
 
 int main(void) {
     test_font();
+    test_ansi();
+#if QKV_WITH_PNG
     test_heatmap_png();
     test_heatmap_errors();
     test_out_of_memory();
-    test_ansi();
     test_plot();
     test_matrix();
+#else
+    test_without_png();
+#endif
     return tu_finish();
 }

@@ -32,6 +32,7 @@
 #include "cli_util.h"
 #include "core/rng.h"
 #include "qkv.h"
+#include "support/baselines.h"
 
 #define CMD "complexity"
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "qkv.h"
+#include "support/tasks.h"
 
 /* The file of a checkpoint inside its folder. */
 #define TRAIN_CKPT_FILE "model.safetensors"

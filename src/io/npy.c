@@ -12,13 +12,12 @@
  * for overflow, and the data size is checked against what the file holds
  * before the array is allocated. Bytes after the data are ignored, as
  * numpy.load ignores them. */
-#define _POSIX_C_SOURCE 200809L /* open/O_EXCL, fstat, fsync, getpid, strerror_r */
+#define _POSIX_C_SOURCE 200809L /* open, fstat, pread, strerror_r */
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -26,6 +25,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "io/atomic_write.h"
 
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
@@ -694,35 +694,6 @@ static size_t build_header(const qkv_array *a, unsigned char *out, size_t cap) {
     return total;
 }
 
-static int write_full(int fd, const unsigned char *p, size_t n) {
-    while (n > 0) {
-        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* The elements, little-endian whatever the host. */
-static int write_data(int fd, const unsigned char *p, size_t nbytes, size_t elem) {
-    if (host_is_little_endian()) return write_full(fd, p, nbytes);
-    unsigned char buf[4096];
-    while (nbytes > 0) {
-        size_t chunk = nbytes < sizeof buf ? nbytes : sizeof buf;
-        memcpy(buf, p, chunk);
-        swap_bytes(buf, chunk / elem, elem);
-        if (write_full(fd, buf, chunk) != 0) return -1;
-        p += chunk;
-        nbytes -= chunk;
-    }
-    return 0;
-}
-
-static atomic_uint g_tmp_seq;
-
 qkv_status qkv_npy_save(const char *path, const qkv_array *a) {
     if (!path || !a) return QKV_ERR_NULL_POINTER;
     if (a->ndim < 0 || a->ndim > QKV_NPY_MAX_DIMS) return QKV_ERR_BAD_SIZE;
@@ -738,26 +709,10 @@ qkv_status qkv_npy_save(const char *path, const qkv_array *a) {
     size_t hn = build_header(a, head, sizeof head);
     if (hn == 0) return QKV_ERR_UNSUPPORTED; /* cannot happen with <= 8 dims */
 
-    /* A fresh file next to path (O_EXCL: never an existing file or link),
-     * created 0666 less the umask like any new file, then renamed over path. */
-    size_t tcap = strlen(path) + 48;
-    char *tmp = qkv_alloc(tcap);
-    if (!tmp) return QKV_ERR_OUT_OF_MEMORY;
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, tcap, "%s.tmp%ld.%u", path, (long)getpid(), atomic_fetch_add(&g_tmp_seq, 1u));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        qkv_free(tmp);
-        return QKV_ERR_IO;
-    }
-    int ok = write_full(fd, head, hn) == 0 && write_data(fd, a->data, (size_t)count * elem, elem) == 0 &&
-             fsync(fd) == 0;
-    if (close(fd) != 0) ok = 0;
-    if (ok && rename(tmp, path) != 0) ok = 0;
-    if (!ok) unlink(tmp);
-    qkv_free(tmp);
-    return ok ? QKV_OK : QKV_ERR_IO;
+    atomic_file f;
+    qkv_status s = atomic_file_open(&f, path);
+    if (s != QKV_OK) return s;
+    atomic_file_write(&f, head, hn);
+    atomic_file_write_le(&f, a->data, (size_t)count, elem);
+    return atomic_file_close(&f, 1);
 }

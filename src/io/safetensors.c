@@ -29,7 +29,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +37,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "io/atomic_write.h"
 #include "io/json.h"
 
 #define ST_MAX_HEADER 100000000u /* the reference implementation's limit */
@@ -889,8 +889,6 @@ qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *w
 
 /* ---- writing ----------------------------------------------------------- */
 
-static atomic_uint g_tmp_seq; /* makes temporary names unique within the process */
-
 typedef struct sbuf {
     char *p;
     size_t len, cap;
@@ -948,33 +946,6 @@ static void sb_json(sbuf *b, const char *s) {
     sb_put(b, "\"", 1);
 }
 
-static int write_all(int fd, const void *data, size_t n) {
-    const unsigned char *p = data;
-    while (n > 0) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return 0;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 1;
-}
-
-static int write_le(int fd, const void *data, size_t count, size_t elem) {
-    if (host_is_le()) return write_all(fd, data, count * elem);
-    unsigned char buf[4096];
-    const unsigned char *p = data;
-    size_t per = sizeof buf / elem;
-    for (size_t i = 0; i < count; i += per) {
-        size_t n = count - i < per ? count - i : per;
-        memcpy(buf, p + i * elem, n * elem);
-        swap_bytes(buf, n, elem);
-        if (!write_all(fd, buf, n * elem)) return 0;
-    }
-    return 1;
-}
-
 qkv_status qkv_safetensors_save(const qkv_safetensors *st, const char *path) {
     if (!st || !path) return QKV_ERR_NULL_POINTER;
     if (!*path) return QKV_ERR_IO;
@@ -1014,40 +985,25 @@ qkv_status qkv_safetensors_save(const qkv_safetensors *st, const char *path) {
     }
     sb_str(&h, "}");
     while (!h.oom && (8 + h.len) % 8 != 0) sb_str(&h, " "); /* data starts 8-aligned */
-    /* A fresh file next to path, renamed over it when complete. Like
-     * qkv_npy_save (and unlike mkstemp, which forces mode 0600) it is created
-     * with O_EXCL, so never an existing file or link, and mode 0666 less the
-     * umask like any new file. */
-    size_t tcap = strlen(path) + 48;
-    char *tmp = h.oom ? NULL : qkv_alloc(tcap);
-    if (!tmp) {
+    /* A fresh file next to path, renamed over it when complete. */
+    if (h.oom) {
         qkv_free(h.p);
         return QKV_ERR_OUT_OF_MEMORY;
     }
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, tcap, "%s.tmp%ld.%u", path, (long)getpid(), atomic_fetch_add(&g_tmp_seq, 1u));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    qkv_status s = QKV_ERR_IO;
-    if (fd >= 0) {
+    atomic_file f;
+    qkv_status s = atomic_file_open(&f, path);
+    if (s == QKV_OK) {
         unsigned char lenbuf[8];
         for (int i = 0; i < 8; i++) lenbuf[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
-        int ok = write_all(fd, lenbuf, 8) && write_all(fd, h.p, h.len);
-        for (int64_t i = 0; ok && i < st->n; i++) {
+        atomic_file_write(&f, lenbuf, 8);
+        atomic_file_write(&f, h.p, h.len);
+        for (int64_t i = 0; i < st->n; i++) {
             const qkv_array *a = &st->t[i].arr;
             size_t count = (size_t)qkv_array_count(a);
-            if (count) ok = write_le(fd, a->data, count, qkv_dtype_size(a->dtype));
+            if (count) atomic_file_write_le(&f, a->data, count, qkv_dtype_size(a->dtype));
         }
-        ok = ok && fsync(fd) == 0;
-        ok = close(fd) == 0 && ok;
-        if (ok && rename(tmp, path) == 0)
-            s = QKV_OK;
-        else
-            unlink(tmp);
+        s = atomic_file_close(&f, 1);
     }
-    qkv_free(tmp);
     qkv_free(h.p);
     return s;
 }

@@ -1,17 +1,12 @@
 /* The RGB canvas the pictures are drawn on: rectangles, thick lines, text in
- * the built-in font, colour maps, and the atomic PNG writer. */
-#define _POSIX_C_SOURCE 200809L /* open/O_EXCL, fdopen, fsync, getpid */
-#include <errno.h>
-#include <fcntl.h>
+ * the built-in font, colour maps, and its PNG file (through the library's
+ * one PNG writer, image/png_io.h). */
 #include <math.h>
-#include <png.h>
-#include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/internal.h"
+#include "image/png_io.h"
 #include "viz/viz_internal.h"
 
 qkv_status viz_canvas_init(viz_canvas *c, int64_t width, int64_t height, viz_rgb bg) {
@@ -141,92 +136,13 @@ void viz_format_number(char *buf, size_t cap, double v, int digits) {
 
 /* ---- PNG ------------------------------------------------------------------ */
 
-/* libpng reports errors through these: no printing, a longjmp back. */
-static void png_error_cb(png_structp png, png_const_charp msg) {
-    (void)msg;
-    png_longjmp(png, 1);
+static const unsigned char *canvas_row(void *user, int64_t y, unsigned char *buf) {
+    (void)buf;
+    const viz_canvas *c = user;
+    return c->rgb + 3 * y * c->width;
 }
-static void png_warning_cb(png_structp png, png_const_charp msg) {
-    (void)png;
-    (void)msg;
-}
-#ifdef PNG_USER_MEM_SUPPORTED
-/* A failed allocation is remembered (in the caller's flag that libpng
- * hands back as mem_ptr) so that it is reported as such, not as an I/O error. */
-static png_voidp png_alloc_cb(png_structp png, png_alloc_size_t size) {
-    void *p = qkv_alloc(size);
-    if (!p) *(int *)png_get_mem_ptr(png) = 1;
-    return p;
-}
-static void png_free_cb(png_structp png, png_voidp p) {
-    (void)png;
-    qkv_free(p);
-}
-#endif
-
-/* png and info are not changed after setjmp, so they need not be volatile;
- * *oom lives in the caller's frame, which the longjmp does not unwind. */
-static qkv_status write_png(FILE *f, const viz_canvas *c, int *oom) {
-#ifdef PNG_USER_MEM_SUPPORTED
-    png_structp png = png_create_write_struct_2(PNG_LIBPNG_VER_STRING, NULL, png_error_cb, png_warning_cb, oom,
-                                                png_alloc_cb, png_free_cb);
-#else
-    (void)oom;
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, png_error_cb, png_warning_cb);
-#endif
-    if (!png) return QKV_ERR_OUT_OF_MEMORY;
-    png_infop info = png_create_info_struct(png);
-    if (!info) {
-        png_destroy_write_struct(&png, NULL);
-        return QKV_ERR_OUT_OF_MEMORY;
-    }
-    if (setjmp(png_jmpbuf(png))) {
-        png_destroy_write_struct(&png, &info);
-        return *oom ? QKV_ERR_OUT_OF_MEMORY : QKV_ERR_IO;
-    }
-    png_init_io(png, f);
-    png_set_IHDR(png, info, (png_uint_32)c->width, (png_uint_32)c->height, 8, PNG_COLOR_TYPE_RGB,
-                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-    png_write_info(png, info);
-    for (int64_t y = 0; y < c->height; y++) png_write_row(png, c->rgb + 3 * y * c->width);
-    png_write_end(png, NULL);
-    png_destroy_write_struct(&png, &info);
-    return QKV_OK;
-}
-
-static atomic_uint g_tmp_seq;
 
 qkv_status viz_png_save(const char *path, const viz_canvas *c) {
     if (!path || !c || !c->rgb) return QKV_ERR_NULL_POINTER;
-    if (!path[0]) return QKV_ERR_IO;
-    size_t tcap = strlen(path) + 48;
-    char *tmp = qkv_alloc(tcap);
-    if (!tmp) return QKV_ERR_OUT_OF_MEMORY;
-    /* A fresh file next to path (O_EXCL: never an existing file or link),
-     * renamed over path once complete and synced. */
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, tcap, "%s.tmp%ld.%u", path, (long)getpid(), atomic_fetch_add(&g_tmp_seq, 1u));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        qkv_free(tmp);
-        return QKV_ERR_IO;
-    }
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        close(fd);
-        unlink(tmp);
-        qkv_free(tmp);
-        return QKV_ERR_IO;
-    }
-    int oom = 0;
-    qkv_status s = write_png(f, c, &oom);
-    if (s == QKV_OK && (fflush(f) != 0 || fsync(fd) != 0)) s = QKV_ERR_IO;
-    if (fclose(f) != 0 && s == QKV_OK) s = QKV_ERR_IO;
-    if (s == QKV_OK && rename(tmp, path) != 0) s = QKV_ERR_IO;
-    if (s != QKV_OK) unlink(tmp);
-    qkv_free(tmp);
-    return s;
+    return image_png_save(path, c->width, c->height, 3, canvas_row, (void *)c);
 }

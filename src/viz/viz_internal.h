@@ -1,6 +1,6 @@
 /* The pictures' private toolbox: an RGB canvas with rectangles, lines and
- * text in a built-in 5x7 bitmap font, colour maps, and the atomic PNG
- * writer (libpng). Shared by the files of src/viz only. */
+ * text in a built-in 5x7 bitmap font, colour maps, and the canvas as a PNG
+ * file. Shared by the files of src/viz only. */
 #ifndef QKV_VIZ_INTERNAL_H
 #define QKV_VIZ_INTERNAL_H
 
@@ -49,7 +49,8 @@ viz_rgb viz_colormap_diverging(double t);    /* blue (0) .. white (0.5) .. red (
 viz_rgb viz_contrast(viz_rgb bg);
 
 /* Write the canvas as an 8-bit RGB PNG: a temporary file next to path,
- * renamed over it when complete (no partial file on any failure). */
+ * renamed over it when complete (no partial file on any failure).
+ * QKV_ERR_UNSUPPORTED in a build without libpng. */
 qkv_status viz_png_save(const char *path, const viz_canvas *c);
 
 /* "%.*g" into buf, with "-0" written as "0". */

@@ -1,7 +1,8 @@
 /* A program outside the qkv tree that uses an installed qkv: the articles'
  * four-word example through qkv_attention_forward, checked against a few
  * lines of plain C. Built by tests/consumer/CMakeLists.txt (find_package)
- * and tests/consumer/Makefile (pkg-config); .ci/run builds and runs both. */
+ * and tests/consumer/Makefile (pkg-config); .ci/run builds and runs both.
+ * It also checks that qkv/config.h tells the truth about PNG. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +28,17 @@ int main(void) {
         fprintf(stderr, "consumer: library %s, header %s\n", qkv_version(), QKV_VERSION_STRING);
         return 1;
     }
+    /* A PNG into a folder that does not exist: an I/O error with libpng,
+     * unsupported without it (nothing is written either way). */
+    qkv_image img;
+    if (qkv_image_alloc(&img, 1, 1, 3) != QKV_OK) return 1;
+    s = qkv_image_save_png("/nonexistent-qkv-dir/x.png", &img);
+    qkv_image_free(&img);
+    if (s != (QKV_WITH_PNG ? QKV_ERR_IO : QKV_ERR_UNSUPPORTED)) {
+        fprintf(stderr, "consumer: QKV_WITH_PNG %d but qkv_image_save_png: %s\n", QKV_WITH_PNG,
+                qkv_status_string(s));
+        return 1;
+    }
     double worst = 0.0;
     for (int i = 0; i < 4; i++) {
         double sc[4], m = -INFINITY, sum = 0.0;
@@ -43,7 +55,7 @@ int main(void) {
             if (fabs(o - out[i][t]) > worst) worst = fabs(o - out[i][t]);
         }
     }
-    printf("consumer: qkv %s, attention row 0: %.4f %.4f %.4f %.4f, max error %.2g\n",
-           qkv_version(), attn[0][0], attn[0][1], attn[0][2], attn[0][3], worst);
+    printf("consumer: qkv %s (PNG %s), attention row 0: %.4f %.4f %.4f %.4f, max error %.2g\n",
+           qkv_version(), QKV_WITH_PNG ? "on" : "off", attn[0][0], attn[0][1], attn[0][2], attn[0][3], worst);
     return worst < 1e-5 ? 0 : 1;
 }

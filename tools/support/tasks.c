@@ -5,6 +5,7 @@
 
 #include "core/internal.h"
 #include "core/rng.h"
+#include "support/tasks.h"
 
 static const char *const NAMES[] = {"copy", "reverse", "sort", "recall", "text", "label", "mlm"};
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "support/baselines.h"
 
 static qkv_status c1_check(int64_t n, int64_t c_in, int64_t c_out, int64_t kernel, int64_t dilation) {
     if (n <= 0 || c_in <= 0 || c_out <= 0 || kernel <= 0 || kernel % 2 == 0 || dilation <= 0)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "support/baselines.h"
 
 static qkv_status rnn_check(int64_t n, int64_t d_in, int64_t d, int64_t gates) {
     if (n <= 0 || d_in <= 0 || d <= 0) return QKV_ERR_BAD_SIZE;
