@@ -42,7 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qkv.h" /* qkv_status */
+#include "qkv/core.h" /* qkv_status, QKV_API */
 
 #ifdef __cplusplus
 extern "C" {
@@ -109,7 +109,7 @@ typedef enum qkv_special_token {
  *   QKV_ERR_BAD_ENUM      an option not in {-1, 0, 1}
  *   QKV_ERR_SIZE_OVERFLOW a vocab of 2^31 tokens or more
  *   QKV_ERR_OUT_OF_MEMORY, QKV_ERR_MEMORY_LIMIT */
-qkv_status qkv_tokenizer_load(const char *path, const qkv_tokenizer_options *opt, qkv_tokenizer **out,
+QKV_API qkv_status qkv_tokenizer_load(const char *path, const qkv_tokenizer_options *opt, qkv_tokenizer **out,
                               char *why, size_t why_len);
 
 /* The same from a vocab held in memory (the bytes of a vocab.txt; no
@@ -117,11 +117,11 @@ qkv_status qkv_tokenizer_load(const char *path, const qkv_tokenizer_options *opt
  * The bytes are copied: the caller keeps ownership. vocab may be NULL when
  * len is 0 (then QKV_ERR_FORMAT: an empty vocab). Errors as
  * qkv_tokenizer_load, without QKV_ERR_IO. */
-qkv_status qkv_tokenizer_from_vocab(const void *vocab, size_t len, const qkv_tokenizer_options *opt,
+QKV_API qkv_status qkv_tokenizer_from_vocab(const void *vocab, size_t len, const qkv_tokenizer_options *opt,
                                     qkv_tokenizer **out, char *why, size_t why_len);
 
 /* Free a tokenizer; NULL is a no-op. */
-void qkv_tokenizer_free(qkv_tokenizer *tok);
+QKV_API void qkv_tokenizer_free(qkv_tokenizer *tok);
 
 /* Tokenize text (len bytes of UTF-8; may hold NUL bytes, which cleaning
  * removes; text may be NULL when len is 0) and, when pair is not NULL, the
@@ -148,28 +148,28 @@ void qkv_tokenizer_free(qkv_tokenizer *tok);
  *                         capacity < *count (then *count is the size needed)
  *   QKV_ERR_SIZE_OVERFLOW more than 2^31 - 1 ids
  *   QKV_ERR_OUT_OF_MEMORY, QKV_ERR_MEMORY_LIMIT */
-qkv_status qkv_tokenizer_encode(const qkv_tokenizer *tok, const char *text, size_t len, const char *pair,
+QKV_API qkv_status qkv_tokenizer_encode(const qkv_tokenizer *tok, const char *text, size_t len, const char *pair,
                                 size_t pair_len, int64_t max_len, int32_t *ids, int32_t *type_ids,
                                 int64_t capacity, int64_t *count, char *why, size_t why_len);
 
 /* The resolved settings (info may not be NULL; tok NULL gives all zeros). */
-void qkv_tokenizer_get_info(const qkv_tokenizer *tok, qkv_tokenizer_info *info);
+QKV_API void qkv_tokenizer_get_info(const qkv_tokenizer *tok, qkv_tokenizer_info *info);
 
 /* The token (word piece) of an id, NUL-terminated, owned by the tokenizer
  * and valid until it is freed; *len (may be NULL) gets its length in bytes.
  * NULL when tok is NULL or id is not in [0, vocab_size). */
-const char *qkv_tokenizer_token(const qkv_tokenizer *tok, int32_t id, size_t *len);
+QKV_API const char *qkv_tokenizer_token(const qkv_tokenizer *tok, int32_t id, size_t *len);
 
 /* The id of a token (len bytes, exact match, continuations with their
  * "##"), or -1 when it is not in the vocab (or tok / token is NULL). */
-int32_t qkv_tokenizer_token_id(const qkv_tokenizer *tok, const char *token, size_t len);
+QKV_API int32_t qkv_tokenizer_token_id(const qkv_tokenizer *tok, const char *token, size_t len);
 
 /* The id of a special token, or -1 when tok is NULL or which is out of
  * range. */
-int32_t qkv_tokenizer_special_id(const qkv_tokenizer *tok, qkv_special_token which);
+QKV_API int32_t qkv_tokenizer_special_id(const qkv_tokenizer *tok, qkv_special_token which);
 
 /* The Unicode version of the character tables, e.g. "14.0.0". Never fails. */
-const char *qkv_tokenizer_unicode_version(void);
+QKV_API const char *qkv_tokenizer_unicode_version(void);
 
 #ifdef __cplusplus
 }
