@@ -305,6 +305,11 @@ void mha_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, const i
     }
 }
 
+void mha_decode_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, qkv_attn_desc *d) {
+    mha_desc(m, batch, n_q, n_k, NULL, d);
+    if (d->mask != QKV_MASK_CAUSAL_WINDOW) d->mask = QKV_MASK_CAUSAL;
+}
+
 /* add_bias_kv: [B n, w] rows -> [B, n + 1, w] with the extra row first in
  * every batch, in place (x holds B (n + 1) w floats). Batches move from the
  * last down, so no source is overwritten before it is read. */
