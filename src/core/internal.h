@@ -42,6 +42,14 @@ static inline size_t qkv_round64(size_t bytes) { return (bytes + 63) & ~(size_t)
         at += qkv_round64((size_t)(count) * sizeof(type));          \
     } while (0)
 
+/* fn(ctx, begin, end) over [0, total) split into whole chunks on up to
+ * `threads` threads (serial below a size where threads cannot pay off;
+ * work_per_item sizes that cut-off); each item must be computed
+ * independently of the chunking, so the result is bitwise the same for any
+ * thread count (core/par_range.c). */
+typedef void (*qkv_range_fn)(void *ctx, int64_t begin, int64_t end);
+void qkv_par_range(int threads, int64_t total, int64_t work_per_item, qkv_range_fn fn, void *ctx);
+
 /* Product of n non-negative factors, with overflow check against both int64
  * and size_t of `elem` bytes each. Returns 0 on overflow. */
 int qkv_count_ok(int64_t *out, size_t elem, int n, const int64_t *factors);

@@ -9,6 +9,7 @@
 #include "attn/attention.h"
 #include "core/internal.h"
 #include "layers/kv_typed.h"
+#include "layers/linear.h"
 #include "layers/mha_internal.h"
 
 struct qkv_kv_cache {
@@ -83,9 +84,9 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
     float *om = o + B * t * Dq;
     const float *P = m->params, *bin = c->bias ? P + m->off[MHA_BIN] : NULL;
     qkv_status s;
-    if ((s = mha_linear(x, B * t, E, P + m->off[MHA_WQ], bin, Dq, q, (int)thr)) != QKV_OK ||
-        (s = mha_linear(x, B * t, E, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, k, (int)thr)) != QKV_OK ||
-        (s = mha_linear(x, B * t, E, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv, v, (int)thr)) !=
+    if ((s = nn_linear(x, B * t, E, P + m->off[MHA_WQ], bin, Dq, q, (int)thr)) != QKV_OK ||
+        (s = nn_linear(x, B * t, E, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, k, (int)thr)) != QKV_OK ||
+        (s = nn_linear(x, B * t, E, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv, v, (int)thr)) !=
             QKV_OK)
         return s;
     if (c->pos == QKV_POS_ROPE) {
@@ -131,9 +132,9 @@ join_heads:;
                 for (int64_t h = 0; h < H; h++) acc += o[(r * H + h) * Dh + j];
                 om[r * Dh + j] = (float)(acc / (double)H);
             }
-        s = mha_linear(om, B * t, Dh, P + m->off[MHA_WO], bo, E, y, (int)thr);
+        s = nn_linear(om, B * t, Dh, P + m->off[MHA_WO], bo, E, y, (int)thr);
     } else {
-        s = mha_linear(o, B * t, Dq, P + m->off[MHA_WO], bo, E, y, (int)thr);
+        s = nn_linear(o, B * t, Dq, P + m->off[MHA_WO], bo, E, y, (int)thr);
     }
     if (s != QKV_OK) return s;
     kc->len = L + t;

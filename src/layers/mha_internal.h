@@ -44,8 +44,6 @@ enum { MHA_HQ, MHA_HK, MHA_HV, MHA_HO, MHA_HDO, MHA_HDQ, MHA_HDK, MHA_HDV };
  * appends them last and pads attn_mask / key_padding_mask with a visible
  * column); see mha.c. */
 
-qkv_status mha_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b,
-                      int64_t outd, float *y, int threads);
 void mha_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, const int64_t *key_lengths,
               qkv_attn_desc *d);
 /* The descriptor of a decoding call (kv_cache.c): n_q new tokens over n_k
