@@ -82,7 +82,12 @@ static double run_attend(qkv_kv_storage st, const acase *c, int threads, uint64_
     d.window_left = c->wl >= 0 ? c->wl : 0;
     d.alibi_slopes = c->alibi ? slopes : NULL;
     d.threads = threads;
-    CHECK_STATUS(kv_typed_attend(kt, &d, 1, c->t, c->L, q, out), QKV_OK);
+    d.batch = 1;
+    d.n_q = c->t;
+    d.n_k = n;
+    qkv_plan pl;
+    CHECK_STATUS(qkv_plan_make(&d, &pl), QKV_OK);
+    CHECK_STATUS(kv_typed_attend(kt, &pl, q, out), QKV_OK);
     const double scale = 1.0 / sqrt((double)Dh);
     for (int64_t i = 0; i < c->t; i++)
         for (int64_t h = 0; h < H; h++) {
@@ -189,7 +194,11 @@ static void test_nan(void) {
         d.dim = Dh;
         d.mask = QKV_MASK_CAUSAL_WINDOW;
         d.window_left = wl;
-        CHECK_STATUS(kv_typed_attend(kt, &d, 1, n, 0, q, o), QKV_OK);
+        d.batch = 1;
+        d.n_q = d.n_k = n;
+        qkv_plan pl;
+        CHECK_STATUS(qkv_plan_make(&d, &pl), QKV_OK);
+        CHECK_STATUS(kv_typed_attend(kt, &pl, q, o), QKV_OK);
         for (int64_t i = 0; i < n; i++)
             for (int64_t h = 0; h < H; h++) {
                 int sees = h == 1 && i >= j0 && i - wl <= j0;

@@ -1,9 +1,11 @@
-/* The public attention entry points: validate once, then hand the plan to an
- * implementation. Every implementation sees the same validated plan, so
- * argument checking lives here and nowhere else. */
+/* The public attention entry points: make the plan (validate once), then
+ * hand it to an implementation. Every implementation sees the same
+ * validated plan, so argument checking lives in core/plan.c and nowhere
+ * else; the half-precision path runs the float32 dispatch below on float
+ * copies under the same plan (dtype F32), it does not enter the API again. */
+#include "attn/attention.h"
 #include "attn/fast.h"
 #include "attn/half.h"
-#include "core/internal.h"
 #include "ref/ref.h"
 
 /* The fast kernels do not compute the in-kernel position biases (ALiBi,
@@ -13,60 +15,119 @@ static int fast_ok(const qkv_plan *p) {
     return !p->d.alibi_slopes && !p->d.rel_table && p->d.dropout == 0.0 && qkv_fast_supported(p);
 }
 
-static qkv_status attention_forward(const qkv_attn_desc *desc, const void *q, const void *k,
-                                   const void *v, void *out, void *attn, void *lse) {
-    qkv_plan p;
-    qkv_status s = qkv_plan_make(desc, &p);
-    if (s != QKV_OK) return s;
+/* F32 / F64: the optional scan for non-finite inputs (check_finite) before
+ * anything is written, the NULL checks, then an implementation. AUTO: the
+ * fast path for F32 when it supports the request (F64 and the additive
+ * score: the reference). */
+static qkv_status forward_float(const qkv_plan *p, const void *q, const void *k, const void *v, void *out,
+                                void *attn, void *lse) {
+    qkv_status s;
+    if (p->d.check_finite && q && k && v && (s = qkv_plan_check_finite(p, q, k, v, NULL, NULL, NULL)) != QKV_OK)
+        return s;
     if (!q || !k || !v || !out) return QKV_ERR_NULL_POINTER;
-    if (attn && p.n_attn_elems < 0) return QKV_ERR_SIZE_OVERFLOW;
-    /* AUTO: the fast path for F32 when it supports the request (F64 and the
-     * additive score: the reference). */
-    if (p.d.impl != QKV_IMPL_REFERENCE) {
-        if (fast_ok(&p)) return qkv_fast_forward(&p, q, k, v, out, attn, lse);
-        if (p.d.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
+    if (attn && p->n_attn_elems < 0) return QKV_ERR_SIZE_OVERFLOW;
+    if (p->d.impl != QKV_IMPL_REFERENCE) {
+        if (fast_ok(p)) return qkv_fast_forward(p, q, k, v, out, attn, lse);
+        if (p->d.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
     }
-    return qkv_ref_forward(&p, q, k, v, out, attn, lse);
+    return qkv_ref_forward(p, q, k, v, out, attn, lse);
 }
 
-static qkv_status attention_backward(const qkv_attn_desc *desc, const void *q, const void *k,
-                                    const void *v, const void *out, const void *lse,
-                                    const void *dout, const qkv_attn_grads *grads) {
-    qkv_plan p;
-    qkv_status s = qkv_plan_make(desc, &p);
-    if (s != QKV_OK) return s;
+static qkv_status backward_float(const qkv_plan *p, const void *q, const void *k, const void *v,
+                                 const void *out, const void *lse, const void *dout,
+                                 const qkv_attn_grads *grads) {
+    qkv_status s;
+    if (p->d.check_finite && q && k && v && (s = qkv_plan_check_finite(p, q, k, v, dout, out, lse)) != QKV_OK)
+        return s;
     if (!q || !k || !v || !dout || !grads || !grads->dq || !grads->dk || !grads->dv)
         return QKV_ERR_NULL_POINTER;
-    if (p.d.impl != QKV_IMPL_REFERENCE) {
-        if (fast_ok(&p)) return qkv_fast_backward(&p, q, k, v, out, lse, dout, grads);
-        if (p.d.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
+    if (p->d.impl != QKV_IMPL_REFERENCE) {
+        if (fast_ok(p)) return qkv_fast_backward(p, q, k, v, out, lse, dout, grads);
+        if (p->d.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
     }
-    (void)out; /* the reference recomputes the forward in double */
-    (void)lse;
-    return qkv_ref_backward(&p, q, k, v, dout, grads);
+    /* the reference recomputes the forward in double: out and lse unused */
+    return qkv_ref_backward(p, q, k, v, dout, grads);
 }
 
-/* The public entry points: the optional scan for non-finite inputs
- * (check_finite) before anything is written, and an allocation refused by
- * qkv_set_memory_limit reported as such (see core/alloc.c, core/finite.c). */
+/* BF16 / F16: the bf16 fast path when it applies (check_finite needs the
+ * scan of the float copies), else the float32 dispatch on float copies. */
+static qkv_status forward_half(const qkv_plan *p, const void *q, const void *k, const void *v, void *out,
+                               void *attn, void *lse) {
+    if (!q || !k || !v || !out) return QKV_ERR_NULL_POINTER;
+    qkv_status s;
+    if (p->d.dtype == QKV_BF16 && !p->d.check_finite && p->d.impl != QKV_IMPL_REFERENCE && !attn &&
+        (s = qkv_half_fast_forward(p, q, k, v, out, lse)) != QKV_ERR_UNSUPPORTED)
+        return s;
+    qkv_half_copy c;
+    if ((s = qkv_half_widen(p, q, k, v, NULL, NULL, 0, &c)) != QKV_OK) return s;
+    qkv_plan p32 = *p;
+    p32.d.dtype = QKV_F32;
+    s = forward_float(&p32, c.q, c.k, c.v, c.out, attn, lse);
+    if (s == QKV_OK) qkv_half_narrow(p, out, c.out, p->n_o_elems);
+    qkv_half_copy_free(&c);
+    return s;
+}
+
+static qkv_status backward_half(const qkv_plan *p, const void *q, const void *k, const void *v,
+                                const void *out, const void *lse, const void *dout,
+                                const qkv_attn_grads *grads) {
+    if (!q || !k || !v || !dout || !grads || !grads->dq || !grads->dk || !grads->dv)
+        return QKV_ERR_NULL_POINTER;
+    qkv_status s;
+    if (p->d.dtype == QKV_BF16 && !p->d.check_finite && p->d.impl != QKV_IMPL_REFERENCE &&
+        (s = qkv_half_fast_backward(p, q, k, v, out, lse, dout, grads->dq, grads->dk, grads->dv)) !=
+            QKV_ERR_UNSUPPORTED)
+        return s;
+    qkv_half_copy c;
+    if ((s = qkv_half_widen(p, q, k, v, out, dout, 1, &c)) != QKV_OK) return s;
+    qkv_plan p32 = *p;
+    p32.d.dtype = QKV_F32;
+    qkv_attn_grads g = *grads;
+    g.dq = c.dq;
+    g.dk = c.dk;
+    g.dv = c.dv;
+    s = backward_float(&p32, c.q, c.k, c.v, c.out, lse, c.dout, &g);
+    if (s == QKV_OK) {
+        qkv_half_narrow(p, grads->dq, c.dq, p->n_q_elems);
+        qkv_half_narrow(p, grads->dk, c.dk, p->n_k_elems);
+        qkv_half_narrow(p, grads->dv, c.dv, p->n_v_elems);
+    }
+    qkv_half_copy_free(&c);
+    return s;
+}
+
+/* An allocation refused by qkv_set_memory_limit is reported as such (see
+ * core/alloc.c): the refusals of earlier calls are forgotten first. */
+qkv_status qkv_attn_forward_plan(const qkv_plan *p, const void *q, const void *k, const void *v, void *out,
+                                 void *attn, void *lse) {
+    (void)qkv_alloc_take_refusal();
+    qkv_status s = qkv_half_dtype(p->d.dtype) ? forward_half(p, q, k, v, out, attn, lse)
+                                              : forward_float(p, q, k, v, out, attn, lse);
+    return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
+}
+
+qkv_status qkv_attn_backward_plan(const qkv_plan *p, const void *q, const void *k, const void *v,
+                                  const void *out, const void *lse, const void *dout,
+                                  const qkv_attn_grads *grads) {
+    (void)qkv_alloc_take_refusal();
+    qkv_status s = qkv_half_dtype(p->d.dtype) ? backward_half(p, q, k, v, out, lse, dout, grads)
+                                              : backward_float(p, q, k, v, out, lse, dout, grads);
+    return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
+}
+
 qkv_status qkv_attention_forward(const qkv_attn_desc *desc, const void *q, const void *k,
                                  const void *v, void *out, void *attn, void *lse) {
-    (void)qkv_alloc_take_refusal();
-    if (desc && qkv_half_dtype(desc->dtype)) return qkv_half_forward(desc, q, k, v, out, attn, lse);
-    qkv_status s = qkv_attn_check_finite(desc, q, k, v, NULL, NULL, NULL);
-    if (s == QKV_OK) s = attention_forward(desc, q, k, v, out, attn, lse);
-    return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
+    qkv_plan p;
+    qkv_status s = qkv_plan_make(desc, &p);
+    return s != QKV_OK ? s : qkv_attn_forward_plan(&p, q, k, v, out, attn, lse);
 }
 
 qkv_status qkv_attention_backward(const qkv_attn_desc *desc, const void *q, const void *k,
                                   const void *v, const void *out, const void *lse,
                                   const void *dout, const qkv_attn_grads *grads) {
-    (void)qkv_alloc_take_refusal();
-    if (desc && qkv_half_dtype(desc->dtype))
-        return qkv_half_backward(desc, q, k, v, out, lse, dout, grads);
-    qkv_status s = qkv_attn_check_finite(desc, q, k, v, dout, out, lse);
-    if (s == QKV_OK) s = attention_backward(desc, q, k, v, out, lse, dout, grads);
-    return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
+    qkv_plan p;
+    qkv_status s = qkv_plan_make(desc, &p);
+    return s != QKV_OK ? s : qkv_attn_backward_plan(&p, q, k, v, out, lse, dout, grads);
 }
 
 qkv_status qkv_attention_rows(const qkv_attn_desc *desc, const void *q, const void *k, int64_t row0,

@@ -1,5 +1,5 @@
 /* Half-precision storage (QKV_BF16, QKV_F16) for the attention entry points
- * (docs/HALF.md). Internal; called by attention.c before anything else. */
+ * (docs/HALF.md). Internal; attention.c makes the plan and calls these. */
 #ifndef QKV_ATTN_HALF_H
 #define QKV_ATTN_HALF_H
 
@@ -7,13 +7,19 @@
 
 static inline int qkv_half_dtype(qkv_dtype t) { return t == QKV_BF16 || t == QKV_F16; }
 
-/* qkv_attention_forward / _backward for a descriptor of dtype BF16 or F16:
- * the same contract, with the half tensors and float32 others of qkv.h. */
-qkv_status qkv_half_forward(const qkv_attn_desc *desc, const void *q, const void *k, const void *v,
-                            void *out, void *attn, void *lse);
-qkv_status qkv_half_backward(const qkv_attn_desc *desc, const void *q, const void *k,
-                             const void *v, const void *out, const void *lse, const void *dout,
-                             const qkv_attn_grads *grads);
+/* The portable path (half_attn.c): float copies of a call's half tensors,
+ * for the float32 attention under the same plan (dtype F32). Forward
+ * (backward = 0): q, k, v widened and a scratch out; backward: q, k, v, out
+ * (NULL stays NULL) and dout widened, scratch dq, dk, dv. Returns
+ * QKV_ERR_OUT_OF_MEMORY (nothing held) when an allocation fails. */
+typedef struct qkv_half_copy {
+    float *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+} qkv_half_copy;
+qkv_status qkv_half_widen(const qkv_plan *p, const void *q, const void *k, const void *v, const void *out,
+                          const void *dout, int backward, qkv_half_copy *c);
+/* n floats rounded to the plan's half dtype (nearest even). */
+void qkv_half_narrow(const qkv_plan *p, void *dst, const float *src, int64_t n);
+void qkv_half_copy_free(qkv_half_copy *c);
 
 /* The bf16 fast forward (half_fwd.c): tiles multiplied from bf16 by the
  * AVX512-BF16 kernels, softmax in float. Returns QKV_ERR_UNSUPPORTED, having

@@ -20,13 +20,6 @@ void qkv_free(void *p);
 size_t qkv_alloc_take_refusal(void);
 qkv_status qkv_alloc_failure_status(void);
 
-/* check_finite (qkv_attn_desc): QKV_OK when the descriptor is invalid or a
- * tensor is missing (the call reports those), QKV_ERR_NOT_FINITE when an
- * input holds NaN or +-inf (see qkv.h). dout, out, lse: backward only, or NULL. */
-qkv_status qkv_attn_check_finite(const qkv_attn_desc *desc, const void *q, const void *k,
-                                 const void *v, const void *dout, const void *out,
-                                 const void *lse);
-
 /* *out = a * b; returns 0 on overflow (a, b >= 0). */
 static inline int qkv_mul_ok(int64_t a, int64_t b, int64_t *out) {
     if (a < 0 || b < 0) return 0;
@@ -49,14 +42,29 @@ static inline size_t qkv_round64(size_t bytes) { return (bytes + 63) & ~(size_t)
         at += qkv_round64((size_t)(count) * sizeof(type));          \
     } while (0)
 
+/* fn(ctx, begin, end) over [0, total) split into whole chunks on up to
+ * `threads` threads (serial below a size where threads cannot pay off;
+ * work_per_item sizes that cut-off); each item must be computed
+ * independently of the chunking, so the result is bitwise the same for any
+ * thread count (core/par_range.c). */
+typedef void (*qkv_range_fn)(void *ctx, int64_t begin, int64_t end);
+void qkv_par_range(int threads, int64_t total, int64_t work_per_item, qkv_range_fn fn, void *ctx);
+
 /* Product of n non-negative factors, with overflow check against both int64
  * and size_t of `elem` bytes each. Returns 0 on overflow. */
 int qkv_count_ok(int64_t *out, size_t elem, int n, const int64_t *factors);
 
 /* A descriptor after validation: defaults resolved, every element count
  * computed once (overflow-checked), and the mask reduced to a window
- * [p - left, p + right] where "unbounded" is QKV_UNBOUNDED. */
+ * [p - left, p + right] where "unbounded" is QKV_UNBOUNDED. The public entry
+ * points make one plan per call and hand it on; nothing after them looks at
+ * the descriptor's mask fields again (the window lives in left and right;
+ * d's key lengths and sequence offsets are read through the plan's key
+ * ranges), and nothing validates again. */
 #define QKV_UNBOUNDED INT64_MAX
+/* A window side at least this wide is wider than any sequence: unbounded
+ * (a shifted side, see qkv_plan_block, stays unbounded). */
+#define QKV_SIDE_WIDE ((int64_t)1 << 62)
 
 typedef struct qkv_plan {
     qkv_attn_desc d;      /* copy with heads_kv, dim_v, scale resolved */
@@ -69,6 +77,39 @@ typedef struct qkv_plan {
 
 /* Validate a descriptor and build its plan. */
 qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan);
+
+/* One block of a validated problem, as ring attention (src/dist) computes
+ * it: n_q queries against n_k keys whose aligned positions are the whole
+ * problem's shifted by `shift` (pos_global - first key = pos_block + shift),
+ * so the block sees the window [pos - (left - shift), pos + right + shift]
+ * of the whole problem's plan, sides that may be negative (the window lies
+ * wholly to one side of the block's diagonal), which no descriptor can say.
+ * key_lengths [batch] as seen from the block (or NULL); num_seqs > 0: the
+ * block's packed sequences (both offset arrays given, validated by the
+ * caller); bias_kind and bias: the block's own bias. Nothing else of the
+ * whole plan changes. */
+typedef struct qkv_plan_block_desc {
+    int64_t n_q, n_k, shift;
+    const int64_t *key_lengths;
+    int64_t num_seqs;
+    const int64_t *seq_offsets_q, *seq_offsets_k;
+    qkv_bias_kind bias_kind;
+    const void *bias;
+} qkv_plan_block_desc;
+
+/* The plan of such a block (no validation: the whole plan was validated and
+ * a block is no larger). QKV_ERR_SIZE_OVERFLOW only for a block bias whose
+ * size overflows. */
+qkv_status qkv_plan_block(const qkv_plan *whole, const qkv_plan_block_desc *blk, qkv_plan *out);
+
+/* check_finite (qkv_attn_desc) for a plan: QKV_ERR_NOT_FINITE when an input
+ * of the call holds NaN or +-inf (see qkv.h), else QKV_OK; whether the
+ * descriptor asked for the scan is the caller's test. q, k, v: not NULL;
+ * dout, out, lse: backward only, or NULL. Tensors of the plan's dtype are
+ * scanned only when it is F32 or F64 (half tensors are scanned as float
+ * copies, with a plan of dtype F32). */
+qkv_status qkv_plan_check_finite(const qkv_plan *p, const void *q, const void *k, const void *v,
+                                 const void *dout, const void *out, const void *lse);
 
 /* The contiguous range [*lo, *hi) of keys visible to query i (0-based within
  * the batch's n_q, or the packed position) of batch b. Empty when *lo >= *hi.

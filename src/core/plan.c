@@ -27,28 +27,11 @@ static qkv_status check_offsets(const int64_t *off, int64_t num_seqs, int64_t to
     return QKV_OK;
 }
 
-qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
-    if (!desc || !plan) return QKV_ERR_NULL_POINTER;
-    qkv_attn_desc d = *desc;
-    memset(plan, 0, sizeof *plan);
-
-    if (d.dtype == QKV_I32 || d.dtype == QKV_I64) return QKV_ERR_DTYPE; /* a dtype, not for attention */
-    if (d.dtype != QKV_F32 && d.dtype != QKV_F64 && d.dtype != QKV_BF16 && d.dtype != QKV_F16)
-        return QKV_ERR_BAD_ENUM; /* BF16/F16: attention/half_attn.c converts, then F32 */
-    if ((unsigned)d.score > QKV_SCORE_ADDITIVE || (unsigned)d.norm > QKV_NORM_SIGMOID ||
-        (unsigned)d.mask > QKV_MASK_CAUSAL_WINDOW || (unsigned)d.bias_kind > QKV_BIAS_PER_HEAD ||
-        (unsigned)d.impl > QKV_IMPL_FAST)
-        return QKV_ERR_BAD_ENUM;
-
-    if (d.heads_kv == 0) d.heads_kv = d.heads;
-    if (d.dim_v == 0) d.dim_v = d.dim;
-    if (d.batch <= 0 || d.n_q <= 0 || d.n_k <= 0 || d.heads <= 0 || d.heads_kv <= 0 ||
-        d.dim <= 0 || d.dim_v <= 0 || d.threads < 0)
-        return QKV_ERR_BAD_SIZE;
-    if (d.score == QKV_SCORE_ADDITIVE && d.additive_dim <= 0) return QKV_ERR_BAD_SIZE;
-
-    /* Element counts, overflow-checked against int64 and size_t bytes (f64 is
-     * the widest element). */
+/* The element counts of a descriptor's tensors, overflow-checked against
+ * int64 and size_t bytes (f64 is the widest element); d has heads_kv and
+ * dim_v resolved. */
+static qkv_status plan_counts(const qkv_attn_desc *dp, qkv_plan *plan) {
+    const qkv_attn_desc d = *dp;
     const size_t elem = sizeof(double);
     int64_t f_q[4] = {d.batch, d.n_q, d.heads, d.dim};
     int64_t f_k[4] = {d.batch, d.n_k, d.heads_kv, d.dim};
@@ -69,6 +52,31 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
     if (!qkv_count_ok(&plan->n_attn_elems, elem, 4, f_a)) plan->n_attn_elems = -1;
     if (!qkv_count_ok(&plan->n_bias_elems, elem, 3, f_b)) plan->n_bias_elems = -1;
     if (d.bias_kind != QKV_BIAS_NONE && plan->n_bias_elems < 0) return QKV_ERR_SIZE_OVERFLOW;
+    return QKV_OK;
+}
+
+qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
+    if (!desc || !plan) return QKV_ERR_NULL_POINTER;
+    qkv_attn_desc d = *desc;
+    memset(plan, 0, sizeof *plan);
+
+    if (d.dtype == QKV_I32 || d.dtype == QKV_I64) return QKV_ERR_DTYPE; /* a dtype, not for attention */
+    if (d.dtype != QKV_F32 && d.dtype != QKV_F64 && d.dtype != QKV_BF16 && d.dtype != QKV_F16)
+        return QKV_ERR_BAD_ENUM; /* BF16/F16: attention/half_attn.c converts, then F32 */
+    if ((unsigned)d.score > QKV_SCORE_ADDITIVE || (unsigned)d.norm > QKV_NORM_SIGMOID ||
+        (unsigned)d.mask > QKV_MASK_CAUSAL_WINDOW || (unsigned)d.bias_kind > QKV_BIAS_PER_HEAD ||
+        (unsigned)d.impl > QKV_IMPL_FAST)
+        return QKV_ERR_BAD_ENUM;
+
+    if (d.heads_kv == 0) d.heads_kv = d.heads;
+    if (d.dim_v == 0) d.dim_v = d.dim;
+    if (d.batch <= 0 || d.n_q <= 0 || d.n_k <= 0 || d.heads <= 0 || d.heads_kv <= 0 ||
+        d.dim <= 0 || d.dim_v <= 0 || d.threads < 0)
+        return QKV_ERR_BAD_SIZE;
+    if (d.score == QKV_SCORE_ADDITIVE && d.additive_dim <= 0) return QKV_ERR_BAD_SIZE;
+
+    qkv_status s = plan_counts(&d, plan);
+    if (s != QKV_OK) return s;
 
     if (d.heads % d.heads_kv != 0) return QKV_ERR_HEADS;
 
@@ -111,7 +119,7 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
         if (!d.seq_offsets_q) return QKV_ERR_NULL_POINTER;
         if (d.num_seqs <= 0 || d.batch != 1) return QKV_ERR_SEQ_OFFSETS;
         if (!d.seq_offsets_k && d.n_q != d.n_k) return QKV_ERR_SEQ_OFFSETS;
-        qkv_status s = check_offsets(d.seq_offsets_q, d.num_seqs, d.n_q);
+        s = check_offsets(d.seq_offsets_q, d.num_seqs, d.n_q);
         if (s == QKV_OK && d.seq_offsets_k) s = check_offsets(d.seq_offsets_k, d.num_seqs, d.n_k);
         if (s != QKV_OK) return s;
         if (!d.seq_offsets_k) d.seq_offsets_k = d.seq_offsets_q;
@@ -129,7 +137,7 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
         int64_t f_r[2] = {d.heads, d.rel_buckets};
         if (d.rel2d_width == 0 && (d.rel_buckets < (d.rel_bidirectional ? 4 : 2) || d.rel_max_distance < 1))
             return QKV_ERR_BAD_PARAMETER;
-        if (!qkv_count_ok(&plan->n_rel_elems, elem, 2, f_r)) return QKV_ERR_SIZE_OVERFLOW;
+        if (!qkv_count_ok(&plan->n_rel_elems, sizeof(double), 2, f_r)) return QKV_ERR_SIZE_OVERFLOW;
     }
 
     if (d.bias_kind != QKV_BIAS_NONE && !d.bias) return QKV_ERR_NULL_POINTER;
@@ -139,6 +147,26 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan) {
     plan->d = d;
     plan->group = d.heads / d.heads_kv;
     return QKV_OK;
+}
+
+/* A side shifted by `by`: an unbounded one stays unbounded. */
+static int64_t shift_side(int64_t side, int64_t by) { return side >= QKV_SIDE_WIDE ? QKV_UNBOUNDED : side + by; }
+
+qkv_status qkv_plan_block(const qkv_plan *whole, const qkv_plan_block_desc *blk, qkv_plan *out) {
+    *out = *whole;
+    qkv_attn_desc *d = &out->d;
+    d->n_q = blk->n_q;
+    d->n_k = blk->n_k;
+    d->key_lengths = blk->key_lengths;
+    d->num_seqs = blk->num_seqs > 0 ? blk->num_seqs : 0;
+    d->seq_offsets_q = d->num_seqs ? blk->seq_offsets_q : NULL;
+    d->seq_offsets_k = d->num_seqs ? blk->seq_offsets_k : NULL;
+    d->bias_kind = blk->bias_kind;
+    d->bias = blk->bias;
+    out->packed = d->num_seqs > 0;
+    out->left = shift_side(whole->left, -blk->shift);
+    out->right = shift_side(whole->right, blk->shift);
+    return plan_counts(d, out);
 }
 
 qkv_status qkv_attn_desc_check(const qkv_attn_desc *desc) {

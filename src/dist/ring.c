@@ -178,15 +178,9 @@ static int64_t kv_count(const ring *g, const owned *o) {
  * (the window lies wholly to one side of the block's diagonal), which the
  * public descriptor cannot say but the plan's key ranges compute exactly
  * (qkv_plan_key_range clamps a +- b for any b of sequence size), so each
- * block is computed from a plan made here and passed to the fast path (or
- * the reference) directly: the same kernels qkv_attention_forward runs. */
-
-#define SIDE_BIG ((int64_t)1 << 62) /* wider than any sequence: unbounded */
-
-static int64_t shift_side(int64_t side, int64_t by) {
-    if (side >= SIDE_BIG) return QKV_UNBOUNDED;
-    return side + by;
-}
+ * block's plan is derived from the whole problem's (qkv_plan_block, never
+ * validated again) and passed to the fast path (or the reference)
+ * directly: the same kernels qkv_attention_forward runs. */
 
 /* Whether some query of global rows [q0, q1) sees some key of [k0, k1) in
  * some batch (the global key ranges are contiguous; O(B * (q1 - q0))). */
@@ -261,7 +255,7 @@ static int sub_next(ring *g, const chunk *qc, const chunk *kc, sub_iter *it, sub
         return rows_visible(g, qs, qe, ks, ke);
     }
     const int64_t *oq = g->oq, *ok = g->ok;
-    const int unbounded = g->gplan.left >= SIDE_BIG && g->gplan.right >= SIDE_BIG;
+    const int unbounded = g->gplan.left >= QKV_SIDE_WIDE && g->gplan.right >= QKV_SIDE_WIDE;
     while (!it->done && it->s <= it->s_hi) {
         int64_t first = it->s, t = first, c = 0, kcap = -1;
         int keyed = 0;
@@ -303,34 +297,31 @@ static int sub_next(ring *g, const chunk *qc, const chunk *kc, sub_iter *it, sub
     return 0;
 }
 
-/* The descriptor and window sides of one sub-block. bias_loc: this rank's
- * bias rows [bias_h, nq_loc, n_k] (copied into g->bb for the block). */
-static void sub_desc(ring *g, const chunk *qc, const chunk *kc, const sub *sb, const float *bias_loc,
-                     qkv_attn_desc *bd, int64_t *left, int64_t *right) {
-    *bd = g->d;
-    bd->batch = g->B;
-    bd->n_q = sb->lq;
-    bd->n_k = sb->lk;
-    bd->mask = QKV_MASK_NONE;
-    bd->window_left = bd->window_right = 0;
-    bd->relu_divide_by_count = 0; /* divided once by the global count */
-    bd->key_lengths = NULL;
-    bd->num_seqs = 0;
-    bd->seq_offsets_q = bd->seq_offsets_k = NULL;
+/* The plan of one sub-block, from the whole problem's: its sizes, the
+ * window shifted by sb->c, its key lengths or packed sequences, its bias.
+ * bias_loc: this rank's bias rows [bias_h, nq_loc, n_k] (copied into g->bb
+ * for the block). RELU is divided once, by the global count (relu_scale). */
+static qkv_status sub_plan(ring *g, const chunk *qc, const chunk *kc, const sub *sb, const float *bias_loc,
+                           qkv_plan *bp) {
+    qkv_plan_block_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.n_q = sb->lq;
+    bd.n_k = sb->lk;
+    bd.shift = sb->c;
     if (g->packed) {
-        bd->num_seqs = sb->ns;
-        bd->seq_offsets_q = g->goq;
-        bd->seq_offsets_k = g->gok;
+        bd.num_seqs = sb->ns;
+        bd.seq_offsets_q = g->goq;
+        bd.seq_offsets_k = g->gok;
         if (g->d.key_lengths) {
             g->blk_len[0] = sb->kcap < 0 ? sb->lk : sb->kcap;
-            bd->key_lengths = g->blk_len;
+            bd.key_lengths = g->blk_len;
         }
     } else if (g->d.key_lengths) {
         for (int64_t b = 0; b < g->B; b++) {
             int64_t l = g->d.key_lengths[b] - kc->start;
             g->blk_len[b] = l < 0 ? 0 : (l > kc->len ? kc->len : l);
         }
-        bd->key_lengths = g->blk_len;
+        bd.key_lengths = g->blk_len;
     }
     if (g->bias_h > 0) {
         const int64_t nq_loc = g->mq.local_n, nk = g->d.n_k;
@@ -339,44 +330,34 @@ static void sub_desc(ring *g, const chunk *qc, const chunk *kc, const sub *sb, c
                 memcpy(g->bb + (h * sb->lq + i) * sb->lk,
                        bias_loc + (h * nq_loc + qc->off + sb->qa + i) * nk + kc->start + sb->ka,
                        (size_t)sb->lk * sizeof(float));
-        bd->bias = g->bb;
+        bd.bias_kind = g->d.bias_kind;
+        bd.bias = g->bb;
     }
-    *left = shift_side(g->gplan.left, -sb->c);
-    *right = shift_side(g->gplan.right, sb->c);
-}
-
-/* qkv_attention_forward / backward of one block with the window sides
- * given (see above): the same finite check, dispatch and status. */
-static qkv_status block_plan(const qkv_attn_desc *bd, int64_t left, int64_t right, qkv_plan *p) {
-    qkv_status s = qkv_plan_make(bd, p);
-    p->left = left;
-    p->right = right;
+    qkv_status s = qkv_plan_block(&g->gplan, &bd, bp);
+    bp->d.relu_divide_by_count = 0;
     return s;
 }
 
-static qkv_status block_forward(const qkv_attn_desc *bd, int64_t left, int64_t right, const float *q, const float *k,
-                                const float *v, float *out, float *lse) {
-    qkv_plan p;
+/* One block forward / backward under its plan: the finite check, dispatch
+ * and status of qkv_attention_forward / backward. */
+static qkv_status block_forward(const qkv_plan *p, const float *q, const float *k, const float *v, float *out,
+                                float *lse) {
     (void)qkv_alloc_take_refusal();
-    qkv_status s = qkv_attn_check_finite(bd, q, k, v, NULL, NULL, NULL);
-    if (s == QKV_OK) s = block_plan(bd, left, right, &p);
+    qkv_status s = p->d.check_finite ? qkv_plan_check_finite(p, q, k, v, NULL, NULL, NULL) : QKV_OK;
     if (s == QKV_OK) {
-        if (p.d.impl == QKV_IMPL_REFERENCE) s = qkv_ref_forward(&p, q, k, v, out, NULL, lse);
-        else if (qkv_fast_supported(&p)) s = qkv_fast_forward(&p, q, k, v, out, NULL, lse);
+        if (p->d.impl == QKV_IMPL_REFERENCE) s = qkv_ref_forward(p, q, k, v, out, NULL, lse);
+        else if (qkv_fast_supported(p)) s = qkv_fast_forward(p, q, k, v, out, NULL, lse);
         else s = QKV_ERR_UNSUPPORTED;
     }
     return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
 }
 
-static qkv_status block_backward(const qkv_attn_desc *bd, int64_t left, int64_t right, const float *q,
-                                 const float *k, const float *v, const float *out, const float *lse,
-                                 const float *dout, const qkv_attn_grads *gr) {
-    qkv_plan p;
+static qkv_status block_backward(const qkv_plan *p, const float *q, const float *k, const float *v,
+                                 const float *out, const float *lse, const float *dout, const qkv_attn_grads *gr) {
     (void)qkv_alloc_take_refusal();
-    qkv_status s = qkv_attn_check_finite(bd, q, k, v, dout, out, lse);
-    if (s == QKV_OK) s = block_plan(bd, left, right, &p);
-    if (s == QKV_OK) s = qkv_fast_supported(&p) ? qkv_fast_backward(&p, q, k, v, out, lse, dout, gr)
-                                                : QKV_ERR_UNSUPPORTED;
+    qkv_status s = p->d.check_finite ? qkv_plan_check_finite(p, q, k, v, dout, out, lse) : QKV_OK;
+    if (s == QKV_OK)
+        s = qkv_fast_supported(p) ? qkv_fast_backward(p, q, k, v, out, lse, dout, gr) : QKV_ERR_UNSUPPORTED;
     return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
 }
 
@@ -391,16 +372,18 @@ static int progress(int n, MPI_Request *req) {
     return mpi_ok(MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE));
 }
 
-/* What the library supports on the ring (see qkv.h). The bias is a local
- * tensor (this rank's rows), checked with the others, not here: a rank
- * holding no query may pass NULL. */
-static qkv_status ring_check(const qkv_attn_desc *desc, int backward) {
+/* What the library supports on the ring (see qkv.h), and the whole
+ * problem's plan: the visible key range of every query, the only validation
+ * of the call. The bias is a local tensor (this rank's rows), checked with
+ * the others, not here: a rank holding no query may pass NULL; the plan has
+ * none (each block's plan gets its own). */
+static qkv_status ring_check(const qkv_attn_desc *desc, int backward, qkv_plan *plan) {
     qkv_attn_desc d = *desc;
     if (d.bias_kind != QKV_BIAS_NONE && d.bias_kind != QKV_BIAS_SHARED && d.bias_kind != QKV_BIAS_PER_HEAD)
         return QKV_ERR_BAD_ENUM;
     d.bias_kind = QKV_BIAS_NONE;
     d.bias = NULL;
-    qkv_status s = qkv_attn_desc_check(&d);
+    qkv_status s = qkv_plan_make(&d, plan);
     if (s != QKV_OK) return s;
     if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || d.alibi_slopes || d.rel_table || d.dropout != 0.0)
         return QKV_ERR_UNSUPPORTED;
@@ -422,7 +405,7 @@ static qkv_status ring_begin(ring *g, const qkv_attn_desc *desc, qkv_dist_layout
     MPI_Finalized(&finalized);
     if (!inited || finalized) return QKV_ERR_UNSUPPORTED;
     if (comm == MPI_COMM_NULL) return QKV_ERR_NULL_POINTER;
-    qkv_status s = ring_check(desc, backward);
+    qkv_status s = ring_check(desc, backward, &g->gplan);
     if (s != QKV_OK) return s;
     g->d = *desc;
     g->layout = layout;
@@ -434,12 +417,6 @@ static qkv_status ring_begin(ring *g, const qkv_attn_desc *desc, qkv_dist_layout
     g->softmax = desc->norm == QKV_NORM_SOFTMAX;
     g->relu_div = desc->norm == QKV_NORM_RELU && desc->relu_divide_by_count;
     g->bias_h = desc->bias_kind == QKV_BIAS_SHARED ? 1 : desc->bias_kind == QKV_BIAS_PER_HEAD ? g->H : 0;
-    {
-        qkv_attn_desc gd = *desc;
-        gd.bias_kind = QKV_BIAS_NONE;
-        gd.bias = NULL;
-        (void)qkv_plan_make(&gd, &g->gplan); /* valid: ring_check */
-    }
     if (!mpi_ok(MPI_Comm_dup(comm, &g->comm))) {
         g->comm = MPI_COMM_NULL;
         return QKV_ERR_IO;
@@ -655,17 +632,17 @@ qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout
                     int any = 0;
                     sub_begin(&g, qc, kc, &it);
                     while (cs == QKV_OK && sub_next(&g, qc, kc, &it, &sb)) {
-                        qkv_attn_desc bd;
-                        int64_t left, right;
-                        sub_desc(&g, qc, kc, &sb, bias_loc, &bd, &left, &right);
+                        qkv_plan bp;
+                        cs = sub_plan(&g, qc, kc, &sb, bias_loc, &bp);
+                        if (cs != QKV_OK) break;
                         if (!g.packed) { /* the whole pair */
-                            cs = block_forward(&bd, left, right, qc_p, kp, vp, ob, lb);
+                            cs = block_forward(&bp, qc_p, kp, vp, ob, lb);
                         } else { /* B = 1: rows qa.. of the pair, lse [H, lq] through g.lg */
                             if (!any) {
                                 memset(ob, 0, (size_t)(qc->len * H * Dv) * sizeof(float));
                                 for (int64_t t = 0; t < H * qc->len; t++) lb[t] = -INFINITY;
                             }
-                            cs = block_forward(&bd, left, right, qc_p + sb.qa * H * D, kp + sb.ka * Hkv * D,
+                            cs = block_forward(&bp, qc_p + sb.qa * H * D, kp + sb.ka * Hkv * D,
                                                vp + sb.ka * Hkv * Dv, ob + sb.qa * H * Dv, g.lg);
                             for (int64_t h = 0; h < H && cs == QKV_OK; h++)
                                 memcpy(lb + h * qc->len + sb.qa, g.lg + h * sb.lq, (size_t)sb.lq * sizeof(float));
@@ -866,10 +843,9 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                     int any = 0;
                     sub_begin(&g, qc, kc, &it);
                     while (cs == QKV_OK && sub_next(&g, qc, kc, &it, &sb)) {
-                        qkv_attn_desc bd;
-                        int64_t left, right;
-                        sub_desc(&g, qc, kc, &sb, bias_loc, &bd, &left, &right);
-                        bd.impl = QKV_IMPL_FAST; /* the fast path uses the global O and lse given */
+                        qkv_plan bp; /* the fast path, given the global O and lse */
+                        cs = sub_plan(&g, qc, kc, &sb, bias_loc, &bp);
+                        if (cs != QKV_OK) break;
                         if (g.packed && !any) {
                             memset(dqb, 0, (size_t)(qc->len * H * D) * sizeof(float));
                             if (scratch) memset(scratch, 0, (size_t)(nk_el + nv_el) * sizeof(float));
@@ -887,9 +863,9 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                                 memcpy(g.lg + h * sb.lq, lcp + h * qc->len + sb.qa, (size_t)sb.lq * sizeof(float));
                             lsub = g.lg;
                         }
-                        cs = block_backward(&bd, left, right, qcp + sb.qa * H * D, kp + sb.ka * Hkv * D,
-                                            vp + sb.ka * Hkv * Dv, g.softmax ? ocp + sb.qa * H * Dv : NULL,
-                                            g.softmax ? lsub : NULL, gcp + sb.qa * H * Dv, &gr);
+                        cs = block_backward(&bp, qcp + sb.qa * H * D, kp + sb.ka * Hkv * D, vp + sb.ka * Hkv * Dv,
+                                            g.softmax ? ocp + sb.qa * H * Dv : NULL, g.softmax ? lsub : NULL,
+                                            gcp + sb.qa * H * Dv, &gr);
                         if (cs == QKV_OK && dbias) scatter_dbias(&g, dbias, dbb, qc, kc, &sb);
                     }
                     if (cs == QKV_OK && any) {

@@ -6,8 +6,10 @@
  * them (mha_internal.h). */
 #include <string.h>
 
+#include "attn/attention.h"
 #include "core/internal.h"
 #include "layers/kv_typed.h"
+#include "layers/linear.h"
 #include "layers/mha_internal.h"
 
 struct qkv_kv_cache {
@@ -82,23 +84,26 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
     float *om = o + B * t * Dq;
     const float *P = m->params, *bin = c->bias ? P + m->off[MHA_BIN] : NULL;
     qkv_status s;
-    if ((s = mha_linear(x, B * t, E, P + m->off[MHA_WQ], bin, Dq, q, (int)thr)) != QKV_OK ||
-        (s = mha_linear(x, B * t, E, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, k, (int)thr)) != QKV_OK ||
-        (s = mha_linear(x, B * t, E, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv, v, (int)thr)) !=
+    if ((s = nn_linear(x, B * t, E, P + m->off[MHA_WQ], bin, Dq, q, (int)thr)) != QKV_OK ||
+        (s = nn_linear(x, B * t, E, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, k, (int)thr)) != QKV_OK ||
+        (s = nn_linear(x, B * t, E, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv, v, (int)thr)) !=
             QKV_OK)
         return s;
     if (c->pos == QKV_POS_ROPE) {
         qkv_rope_apply(q, B, t, H, Dh, L, c->rope_base, 0);
         qkv_rope_apply(k, B, t, c->heads_kv, Dh, L, c->rope_base, 0);
     }
+    qkv_attn_desc d;
+    qkv_plan plan;
     if (kc->typed) {
         /* bf16 / int8: store the new keys and values rounded or quantised,
-         * then attend reading the stored ones (never widened in memory). */
-        qkv_attn_desc d;
-        mha_desc(m, B, t, L + t, NULL, &d);
+         * then attend reading the stored ones (never widened in memory),
+         * over the key ranges of the call's plan. */
+        mha_decode_desc(m, B, t, L + t, &d);
         if (d.dropout > 0.0) return QKV_ERR_UNSUPPORTED;
+        if ((s = qkv_plan_make(&d, &plan)) != QKV_OK) return s;
         for (int64_t b = 0; b < B; b++) kv_typed_store(kc->typed, b, L, t, k + b * t * Dkv, v + b * t * Dkv);
-        if ((s = kv_typed_attend(kc->typed, &d, B, t, L, q, o)) != QKV_OK) return s;
+        if ((s = kv_typed_attend(kc->typed, &plan, q, o)) != QKV_OK) return s;
         goto join_heads; /* past the float32 cache's copies and attention calls */
     }
     for (int64_t b = 0; b < B; b++) {
@@ -109,13 +114,12 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
             memcpy(kc->v + b * rowlen * Dkv, P + m->off[MHA_BV], (size_t)Dkv * sizeof(float));
         }
     }
-    /* One attention call per batch row: the cache rows of a batch are
-     * contiguous, [L + t, H_kv, Dh]. */
+    /* One attention call per batch row (the cache rows of a batch are
+     * contiguous, [X + L + t, H_kv, Dh]), all under one plan. */
+    mha_decode_desc(m, 1, t, X + L + t, &d);
+    if ((s = qkv_plan_make(&d, &plan)) != QKV_OK) return s;
     for (int64_t b = 0; b < B; b++) {
-        qkv_attn_desc d;
-        mha_desc(m, 1, t, X + L + t, NULL, &d);
-        if (d.mask != QKV_MASK_CAUSAL && d.mask != QKV_MASK_CAUSAL_WINDOW) d.mask = QKV_MASK_CAUSAL;
-        s = qkv_attention_forward(&d, q + b * t * Dq, kc->k + b * rowlen * Dkv, kc->v + b * rowlen * Dkv,
+        s = qkv_attn_forward_plan(&plan, q + b * t * Dq, kc->k + b * rowlen * Dkv, kc->v + b * rowlen * Dkv,
                                   o + b * t * Dq, NULL, NULL);
         if (s != QKV_OK) return s;
     }
@@ -128,9 +132,9 @@ join_heads:;
                 for (int64_t h = 0; h < H; h++) acc += o[(r * H + h) * Dh + j];
                 om[r * Dh + j] = (float)(acc / (double)H);
             }
-        s = mha_linear(om, B * t, Dh, P + m->off[MHA_WO], bo, E, y, (int)thr);
+        s = nn_linear(om, B * t, Dh, P + m->off[MHA_WO], bo, E, y, (int)thr);
     } else {
-        s = mha_linear(o, B * t, Dq, P + m->off[MHA_WO], bo, E, y, (int)thr);
+        s = nn_linear(o, B * t, Dq, P + m->off[MHA_WO], bo, E, y, (int)thr);
     }
     if (s != QKV_OK) return s;
     kc->len = L + t;

@@ -7,8 +7,8 @@
  * cache is never expanded to float32, and per query row the only workspace
  * is its scores (O(n) floats, never n x n).
  *
- * Per query row (b, i, h) at position p = L + i: keys lo .. p (causal, or a
- * causal window), scores in base 2 (q pre-multiplied by scale * log2 e, or
+ * Per query row (b, i, h) at position p = L + i: keys lo .. p (the call's
+ * plan: causal, or a causal window), scores in base 2 (q pre-multiplied by scale * log2 e, or
  * soft-capped first), ALiBi's -slope |p - j|, one online-softmax step of the
  * attention kernel table over the whole row (the max first: a two-pass
  * softmax, exact at any magnitude of the logits), then O = sum_j p_j v_j / l.
@@ -160,11 +160,12 @@ static const kv_kernels *kv_active(const qkv_kernels *k) {
 
 typedef struct attend_ctx {
     const kv_typed *t;
+    const qkv_plan *p;
     const qkv_kernels *K;
     const kv_kernels *KV;
     const float *q, *slopes;
     float *o;
-    int64_t H, tq, L, wl; /* wl < 0: no window */
+    int64_t H, tq;
     float qmul, softcap;
     float *ws;
     int64_t ws_stride;
@@ -175,7 +176,9 @@ static void attend_row(void *vctx, int64_t u, int thread) {
     const kv_typed *t = c->t;
     const int64_t H = c->H, Dh = t->dh, Hkv = t->hkv;
     const int64_t h = u % H, i = (u / H) % c->tq, b = u / (H * c->tq), g = h / (H / Hkv);
-    const int64_t p = c->L + i, lo = c->wl >= 0 && p - c->wl > 0 ? p - c->wl : 0, n = p - lo + 1;
+    int64_t lo, hi;
+    qkv_plan_key_range(c->p, b, i, &lo, &hi);
+    const int64_t p = qkv_plan_query_position(c->p, i), n = hi - lo; /* the keys lo .. p */
     float *s = c->ws + (int64_t)thread * c->ws_stride, *qs = s + t->max_len, *acc = qs + Dh;
     const float *qr = c->q + ((b * c->tq + i) * H + h) * Dh;
     float *orow = c->o + ((b * c->tq + i) * H + h) * Dh;
@@ -211,9 +214,9 @@ static void attend_row(void *vctx, int64_t u, int thread) {
     for (int64_t d = 0; d < Dh; d++) orow[d] = acc[d] * inv;
 }
 
-qkv_status kv_typed_attend(kv_typed *t, const qkv_attn_desc *d, int64_t B, int64_t tq, int64_t L,
-                           const float *q, float *o) {
-    const int64_t units = B * tq * d->heads;
+qkv_status kv_typed_attend(kv_typed *t, const qkv_plan *p, const float *q, float *o) {
+    const qkv_attn_desc *d = &p->d;
+    const int64_t units = d->batch * d->n_q * d->heads;
     int nthreads = qkv_threads_resolve(d->threads);
     if (nthreads > QKV_MAX_THREADS) nthreads = QKV_MAX_THREADS;
     if ((int64_t)nthreads > units) nthreads = (int)units;
@@ -225,18 +228,17 @@ qkv_status kv_typed_attend(kv_typed *t, const qkv_attn_desc *d, int64_t B, int64
         t->ws = w;
         t->ws_cap = stride * nthreads;
     }
-    double scale = d->score == QKV_SCORE_DOT ? 1.0 : d->scale != 0.0 ? d->scale : 1.0 / sqrt((double)t->dh);
+    const double scale = d->score == QKV_SCORE_DOT ? 1.0 : d->scale; /* resolved by the plan */
     attend_ctx c;
     c.t = t;
+    c.p = p;
     c.K = qkv_kernels_active();
     c.KV = kv_active(c.K);
     c.q = q;
     c.o = o;
     c.slopes = d->alibi_slopes;
     c.H = d->heads;
-    c.tq = tq;
-    c.L = L;
-    c.wl = d->mask == QKV_MASK_CAUSAL_WINDOW ? d->window_left : -1;
+    c.tq = d->n_q;
     c.softcap = (float)d->softcap;
     c.qmul = (float)(d->softcap > 0.0 ? scale : scale * LOG2E);
     c.ws = t->ws;

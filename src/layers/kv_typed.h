@@ -4,7 +4,7 @@
 #ifndef QKV_LAYERS_KV_TYPED_H
 #define QKV_LAYERS_KV_TYPED_H
 
-#include "qkv.h"
+#include "core/internal.h"
 
 typedef struct kv_typed kv_typed;
 
@@ -22,10 +22,10 @@ void kv_typed_store(kv_typed *t, int64_t b, int64_t pos, int64_t n, const float 
 
 /* Attention of t new queries q [B, t, H, Dh] at positions L .. L+t-1 over
  * the cached tokens 0 .. L+t-1 of every batch row (their keys already
- * stored), with the layer's score, soft-cap, ALiBi and causal (window) mask:
- * o [B, t, H, Dh]. d: the layer's descriptor (mha_desc). Errors:
- * QKV_ERR_OUT_OF_MEMORY. */
-qkv_status kv_typed_attend(kv_typed *t, const qkv_attn_desc *d, int64_t B, int64_t tq, int64_t L,
-                           const float *q, float *o);
+ * stored): o [B, t, H, Dh]. p: the plan of the call (mha_decode_desc, B
+ * batch rows, t queries, L + t keys), whose key ranges are the causal
+ * (window) mask and whose scale, soft-cap and ALiBi slopes the scores use.
+ * Errors: QKV_ERR_OUT_OF_MEMORY. */
+qkv_status kv_typed_attend(kv_typed *t, const qkv_plan *p, const float *q, float *o);
 
 #endif

@@ -8,6 +8,7 @@
 #include "core/half.h"
 #include "core/internal.h"
 #include "core/rng.h"
+#include "layers/linear.h"
 #include "layers/mha_internal.h"
 
 void qkv_mha_config_init(qkv_mha_config *cfg, int64_t embed_dim, int64_t heads) {
@@ -253,16 +254,6 @@ static void from_half(const qkv_mha *m, float *dst, const uint16_t *src, int64_t
     else qkv_f16_to_f32_array(dst, src, (size_t)n);
 }
 
-/* y[r, :] = x[r, :] Wᵀ + b for rows r < rows: x [rows, in], W [out, in]. */
-qkv_status mha_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b,
-                      int64_t outd, float *y, int threads) {
-    qkv_status s = qkv_sgemm(0, 1, rows, outd, in, 1.0f, x, in, w, in, 0.0f, y, outd, threads);
-    if (s != QKV_OK || !b) return s;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t o = 0; o < outd; o++) y[r * outd + o] += b[o];
-    return QKV_OK;
-}
-
 /* The attention descriptor of this layer for a call of the given sizes. */
 void mha_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, const int64_t *key_lengths,
               qkv_attn_desc *d) {
@@ -295,6 +286,11 @@ void mha_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, const i
         d->rel_max_distance = c->rel_max_distance;
         d->rel_bidirectional = c->attn.mask != QKV_MASK_CAUSAL && c->attn.mask != QKV_MASK_CAUSAL_WINDOW;
     }
+}
+
+void mha_decode_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, qkv_attn_desc *d) {
+    mha_desc(m, batch, n_q, n_k, NULL, d);
+    if (d->mask != QKV_MASK_CAUSAL_WINDOW) d->mask = QKV_MASK_CAUSAL;
 }
 
 /* add_bias_kv: [B n, w] rows -> [B, n + 1, w] with the extra row first in
@@ -373,10 +369,10 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
     float *Q = m->act[MHA_Q], *K = m->act[MHA_K], *V = m->act[MHA_V], *O = m->act[MHA_O];
 
     /* q, k, v projections */
-    if ((s = mha_linear(x_q, batch * n_q, E, P + m->off[MHA_WQ], bin, Dq, Q, thr)) != QKV_OK ||
-        (s = mha_linear(x_k, batch * n_k, c->kdim, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, K,
+    if ((s = nn_linear(x_q, batch * n_q, E, P + m->off[MHA_WQ], bin, Dq, Q, thr)) != QKV_OK ||
+        (s = nn_linear(x_k, batch * n_k, c->kdim, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, K,
                         thr)) != QKV_OK ||
-        (s = mha_linear(x_v, batch * n_k, c->vdim, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv,
+        (s = nn_linear(x_v, batch * n_k, c->vdim, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv,
                         V, thr)) != QKV_OK)
         return s;
     if (c->pos == QKV_POS_ROPE) {
@@ -440,9 +436,9 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
                 for (int64_t h = 0; h < H; h++) acc += O[(r * H + h) * Dh + t];
                 Om[r * Dh + t] = (float)(acc / (double)H);
             }
-        s = mha_linear(Om, batch * n_q, Dh, P + m->off[MHA_WO], bo, E, y, thr);
+        s = nn_linear(Om, batch * n_q, Dh, P + m->off[MHA_WO], bo, E, y, thr);
     } else {
-        s = mha_linear(O, batch * n_q, Dq, P + m->off[MHA_WO], bo, E, y, thr);
+        s = nn_linear(O, batch * n_q, Dq, P + m->off[MHA_WO], bo, E, y, thr);
     }
     if (s != QKV_OK) return s;
 
@@ -455,23 +451,6 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
     m->kv_same = x_v == x_k;
     m->have_forward = 1;
     return QKV_OK;
-}
-
-/* dW += dYᵀ X (dY [rows, out], X [rows, in], dW [out, in]); db += colsum dY. */
-static qkv_status linear_param_grads(const float *x, const float *dy, int64_t rows, int64_t in,
-                                     int64_t outd, float *dw, float *db, int threads) {
-    qkv_status s = qkv_sgemm(1, 0, outd, in, rows, 1.0f, dy, outd, x, in, 1.0f, dw, in, threads);
-    if (s != QKV_OK || !db) return s;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t o = 0; o < outd; o++) db[o] += dy[r * outd + o];
-    return QKV_OK;
-}
-
-/* dX (+)= dY W (dY [rows, out], W [out, in]). */
-static qkv_status linear_input_grad(const float *dy, int64_t rows, int64_t in, int64_t outd,
-                                    const float *w, float *dx, int accumulate, int threads) {
-    return qkv_sgemm(0, 0, rows, in, outd, 1.0f, dy, outd, w, in, accumulate ? 1.0f : 0.0f, dx, in,
-                     threads);
 }
 
 qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, const float *x_v,
@@ -503,16 +482,14 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
     /* Output projection. */
     float *dbo = c->bias ? G + m->off[MHA_BO] : NULL;
     const float *ojoin = c->join == QKV_JOIN_MEAN ? m->act[MHA_OMEAN] : m->act[MHA_O];
-    if ((s = linear_param_grads(ojoin, dy, B * nq, Do, E, G + m->off[MHA_WO], dbo, thr)) != QKV_OK) return s;
-    if (c->join == QKV_JOIN_MEAN) {
-        float *dOm = m->act[MHA_DOMEAN];
-        if ((s = linear_input_grad(dy, B * nq, Dh, E, P + m->off[MHA_WO], dOm, 0, thr)) != QKV_OK) return s;
+    float *dOm = c->join == QKV_JOIN_MEAN ? m->act[MHA_DOMEAN] : dO;
+    if ((s = nn_linear_backward(ojoin, dy, B * nq, Do, E, P + m->off[MHA_WO], G + m->off[MHA_WO], dbo, dOm, 0,
+                                thr)) != QKV_OK)
+        return s;
+    if (c->join == QKV_JOIN_MEAN)
         for (int64_t r = 0; r < B * nq; r++)
             for (int64_t h = 0; h < H; h++)
                 for (int64_t t = 0; t < Dh; t++) dO[(r * H + h) * Dh + t] = dOm[r * Dh + t] / (float)H;
-    } else if ((s = linear_input_grad(dy, B * nq, Dq, E, P + m->off[MHA_WO], dO, 0, thr)) != QKV_OK) {
-        return s;
-    }
 
     /* Attention core. */
     qkv_attn_desc d;
@@ -580,20 +557,19 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
 
     /* Input projections: parameter gradients, then input gradients. */
     float *dbin = c->bias ? G + m->off[MHA_BIN] : NULL;
-    if ((s = linear_param_grads(x_q, dQ, B * nq, E, Dq, G + m->off[MHA_WQ], dbin, thr)) != QKV_OK ||
-        (s = linear_param_grads(x_k, dK, B * nk, c->kdim, Dkv, G + m->off[MHA_WK], dbin ? dbin + Dq : NULL,
-                                thr)) != QKV_OK ||
-        (s = linear_param_grads(x_v, dV, B * nk, c->vdim, Dkv, G + m->off[MHA_WV],
-                                dbin ? dbin + Dq + Dkv : NULL, thr)) != QKV_OK)
-        return s;
-    if (dx_q && (s = linear_input_grad(dQ, B * nq, E, Dq, P + m->off[MHA_WQ], dx_q, 0, thr)) != QKV_OK)
+    const float *Wq = P + m->off[MHA_WQ], *Wk = P + m->off[MHA_WK], *Wv = P + m->off[MHA_WV];
+    float *dbk = dbin ? dbin + Dq : NULL, *dbv = dbin ? dbin + Dq + Dkv : NULL;
+    if ((s = nn_linear_backward(x_q, dQ, B * nq, E, Dq, Wq, G + m->off[MHA_WQ], dbin, NULL, 0, thr)) != QKV_OK ||
+        (s = nn_linear_backward(x_k, dK, B * nk, c->kdim, Dkv, Wk, G + m->off[MHA_WK], dbk, NULL, 0, thr)) !=
+            QKV_OK ||
+        (s = nn_linear_backward(x_v, dV, B * nk, c->vdim, Dkv, Wv, G + m->off[MHA_WV], dbv, NULL, 0, thr)) != QKV_OK)
         return s;
     float *dxk = m->self ? dx_q : dx_k, *dxv = m->self ? dx_q : (m->kv_same ? dx_k : dx_v);
-    if (dxk && (s = linear_input_grad(dK, B * nk, c->kdim, Dkv, P + m->off[MHA_WK], dxk, m->self, thr)) !=
-                   QKV_OK)
-        return s;
-    if (dxv && (s = linear_input_grad(dV, B * nk, c->vdim, Dkv, P + m->off[MHA_WV], dxv,
-                                      m->self || m->kv_same, thr)) != QKV_OK)
+    if ((dx_q && (s = nn_linear_backward(NULL, dQ, B * nq, E, Dq, Wq, NULL, NULL, dx_q, 0, thr)) != QKV_OK) ||
+        (dxk && (s = nn_linear_backward(NULL, dK, B * nk, c->kdim, Dkv, Wk, NULL, NULL, dxk, m->self, thr)) !=
+                    QKV_OK) ||
+        (dxv && (s = nn_linear_backward(NULL, dV, B * nk, c->vdim, Dkv, Wv, NULL, NULL, dxv, m->self || m->kv_same,
+                                        thr)) != QKV_OK))
         return s;
     return QKV_OK;
 }

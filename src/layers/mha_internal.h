@@ -44,9 +44,11 @@ enum { MHA_HQ, MHA_HK, MHA_HV, MHA_HO, MHA_HDO, MHA_HDQ, MHA_HDK, MHA_HDV };
  * appends them last and pads attn_mask / key_padding_mask with a visible
  * column); see mha.c. */
 
-qkv_status mha_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b,
-                      int64_t outd, float *y, int threads);
 void mha_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, const int64_t *key_lengths,
               qkv_attn_desc *d);
+/* The descriptor of a decoding call (kv_cache.c): n_q new tokens over n_k
+ * cached keys, causal - the layer's causal window kept, any other mask
+ * causal, as a cache holds only the past. */
+void mha_decode_desc(const qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, qkv_attn_desc *d);
 
 #endif

@@ -91,7 +91,7 @@ qkv_status qkv_adamw_step(qkv_adamw *o, double lr, double clip, double *grad_nor
          * them too is harmless at these rates (GPT-2 practice differs). */
         update_job j = {o, sg, at, lr, scale, c1, c2, sg->decay ? o->wd : 0.0};
         /* Elementwise, so split over the threads: the same bits for any count. */
-        model_par_range(m->cfg.threads, sg->count, 16, update_range, &j);
+        qkv_par_range(m->cfg.threads, sg->count, 16, update_range, &j);
         at += sg->count;
     }
     return QKV_OK;

@@ -1,21 +1,14 @@
 /* Incremental decoding: the model's forward for t new tokens at positions
- * L .. L+t-1, each attention layer reading its KV cache (qkv_mha_decode). */
+ * L .. L+t-1, each attention layer reading its KV cache (qkv_mha_decode).
+ * Built on the transformer (transformer.c: the model object, its LayerNorm
+ * and GELU; layers/linear.h), which never calls in here: the decoding state
+ * is part of the model and released with it (model_decode_free). */
 #include <math.h>
 #include <string.h>
 
 #include "core/internal.h"
+#include "layers/linear.h"
 #include "model/model_internal.h"
-
-void model_decode_free(qkv_model *m) {
-    if (m->cache)
-        for (int64_t l = 0; l < m->cfg.layers; l++) qkv_kv_cache_free(m->cache[l]);
-    qkv_free(m->cache);
-    qkv_free(m->dec_buf);
-    qkv_free(m->dec_floater);
-    m->cache = NULL;
-    m->dec_buf = m->dec_floater = NULL;
-    m->dec_buf_rows = m->dec_len = m->dec_max = 0;
-}
 
 qkv_status qkv_model_decode_begin(qkv_model *m, int64_t max_len) {
     return qkv_model_decode_begin_typed(m, max_len, QKV_KV_F32);
@@ -95,16 +88,16 @@ qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens,
         if ((s = qkv_mha_decode(m->attn[l], m->cache[l], t, ln, a)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * E; i++) mid[i] = x[i] + a[i];
         model_layernorm_forward(mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], t, E, ln, stat, stat + t);
-        if ((s = model_linear(ln, t, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, pre, thr)) != QKV_OK) return s;
+        if ((s = nn_linear(ln, t, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, pre, thr)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * F; i++) {
             float g;
             act[i] = model_gelu_eval(pre[i], &g);
         }
-        if ((s = model_linear(act, t, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, a, thr)) != QKV_OK) return s;
+        if ((s = nn_linear(act, t, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, a, thr)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * E; i++) h[i] = mid[i] + a[i];
     }
     model_layernorm_forward(h, P + m->o_lnf_w, P + m->o_lnf_b, t, E, ln, stat, stat + t);
-    if ((s = model_linear(ln, t, E, P + m->o_head, NULL, V, logits, thr)) != QKV_OK) return s;
+    if ((s = nn_linear(ln, t, E, P + m->o_head, NULL, V, logits, thr)) != QKV_OK) return s;
     m->dec_len = L0 + t;
     return QKV_OK;
 }

@@ -69,19 +69,8 @@ struct qkv_model {
     double loss_scale;    /* qkv_model_set_loss_scale: the loss gradient's factor (1 by default) */
 };
 
-/* Linear layers through qkv_sgemm: y = x Wᵀ + b; dW += dyᵀ x, db += sum dy, dx = dy W. */
-/* fn(ctx, begin, end) over [0, total) split into whole chunks on up to
- * `threads` threads (serial below a size where threads cannot pay off);
- * each item must be computed independently of the chunking, so the result
- * is bitwise the same for any thread count (transformer.c). */
-typedef void (*model_range_fn)(void *ctx, int64_t begin, int64_t end);
-void model_par_range(int threads, int64_t total, int64_t work_per_item, model_range_fn fn, void *ctx);
-
-qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
-                        float *y, int threads);
-qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
-                                 const float *w, float *dw, float *db, float *dx, int accumulate_dx,
-                                 int threads);
+/* The linear layers go through nn_linear (layers/linear.h), the loops
+ * over rows through qkv_par_range (core/internal.h). */
 
 /* LayerNorm over rows of E (eps 1e-5), keeping mean and 1/std per row for
  * the backward; GELU with the exact error function. Shared by the training
@@ -148,7 +137,7 @@ static inline float model_gelu_eval(float x, float *grad) {
     return x * cdf;
 }
 
-/* Free the decoding caches (qkv_model_free calls it). */
+/* Free the decoding caches (transformer.c; qkv_model_free and decode.c call it). */
 void model_decode_free(qkv_model *m);
 
 #endif

@@ -8,7 +8,7 @@
 
 #include "core/internal.h"
 #include "core/rng.h"
-#include "core/threads.h"
+#include "layers/linear.h"
 #include "model/model_internal.h"
 
 #define LN_EPS 1e-5
@@ -32,86 +32,15 @@ void qkv_model_config_init(qkv_model_config *cfg, int64_t vocab, int64_t max_seq
 
 const qkv_model_config *qkv_model_get_config(const qkv_model *m) { return m ? &m->cfg : NULL; }
 
-/* ---- row-parallel loops ---------------------------------------------------- */
+/* ---- building blocks ------------------------------------------------------ */
 
 /* The model's own loops (LayerNorm, GELU, the loss gradient) are a quarter
  * of a training step at E = 128; left serial they cap what a second thread
- * can give. Each loop below is split into chunks of whole rows (or, for the
- * LayerNorm parameter gradients, of whole columns summed over the rows in
- * order), so every output element is computed by exactly the code and in
- * exactly the order of the serial loop: bitwise the same for any thread
- * count. Small problems stay on the calling thread (starting workers costs
- * more than they save). */
-enum { PAR_MIN_ELEMS = 1 << 15, PAR_CHUNKS_PER_THREAD = 4 };
-
-typedef struct {
-    model_range_fn fn;
-    void *ctx;
-    int64_t total, chunk;
-} range_job;
-
-static void range_unit(void *ctx, int64_t unit, int thread) {
-    (void)thread;
-    const range_job *j = ctx;
-    int64_t b = unit * j->chunk, e = b + j->chunk < j->total ? b + j->chunk : j->total;
-    j->fn(j->ctx, b, e);
-}
-
-/* fn over [0, total) in chunks; work_per_item sizes the serial cut-off. */
-void model_par_range(int threads, int64_t total, int64_t work_per_item, model_range_fn fn, void *ctx) {
-    int t = qkv_threads_resolve(threads);
-    if (t <= 1 || total < 2 || total * work_per_item < PAR_MIN_ELEMS) {
-        fn(ctx, 0, total);
-        return;
-    }
-    int64_t units = (int64_t)t * PAR_CHUNKS_PER_THREAD;
-    if (units > total) units = total;
-    range_job j = {fn, ctx, total, (total + units - 1) / units};
-    qkv_parallel_for(t, (total + j.chunk - 1) / j.chunk, range_unit, &j);
-}
-
-/* y[r] += b, one chunk of rows per unit; db += Σ_r dy[r], one chunk of
- * columns per unit with the rows in order (the serial sum's order). */
-typedef struct {
-    float *y, *b;
-    int64_t rows, out;
-} bias_job;
-
-static void bias_add_rows(void *ctx, int64_t r0, int64_t r1) {
-    const bias_job *j = ctx;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t o = 0; o < j->out; o++) j->y[r * j->out + o] += j->b[o];
-}
-
-static void bias_grad_cols(void *ctx, int64_t c0, int64_t c1) {
-    const bias_job *j = ctx;
-    for (int64_t r = 0; r < j->rows; r++)
-        for (int64_t o = c0; o < c1; o++) j->b[o] += j->y[r * j->out + o];
-}
-
-qkv_status model_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
-                        float *y, int threads) {
-    qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
-    if (s != QKV_OK || !b) return s;
-    bias_job j = {y, (float *)b, rows, out};
-    model_par_range(threads, rows, out, bias_add_rows, &j);
-    return QKV_OK;
-}
-
-qkv_status model_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
-                                 const float *w, float *dw, float *db, float *dx, int accumulate_dx,
-                                 int threads) {
-    qkv_status s = qkv_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in, threads);
-    if (s != QKV_OK) return s;
-    if (db) {
-        bias_job j = {(float *)dy, db, rows, out};
-        model_par_range(threads, out, rows, bias_grad_cols, &j);
-    }
-    if (!dx) return QKV_OK;
-    return qkv_sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in, threads);
-}
-
-/* ---- building blocks ------------------------------------------------------ */
+ * can give. Each loop below is split by qkv_par_range into chunks of whole
+ * rows (or, for the LayerNorm parameter gradients, of whole columns summed
+ * over the rows in order), so every output element is computed by exactly
+ * the code and in exactly the order of the serial loop: bitwise the same for
+ * any thread count. */
 
 typedef struct {
     const float *x, *g, *b, *mean, *rstd, *dy;
@@ -139,7 +68,7 @@ static void ln_forward_rows(void *ctx, int64_t r0, int64_t r1) {
 static void model_layernorm_forward_t(const float *x, const float *g, const float *b, int64_t rows, int64_t E,
                                       float *y, float *mean, float *rstd, int threads) {
     ln_job j = {.x = x, .g = g, .b = b, .y = y, .out_mean = mean, .out_rstd = rstd, .E = E};
-    model_par_range(threads, rows, 4 * E, ln_forward_rows, &j);
+    qkv_par_range(threads, rows, 4 * E, ln_forward_rows, &j);
 }
 
 void model_layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
@@ -189,8 +118,8 @@ static void layernorm_backward(const float *x, const float *g, const float *mean
                                int accumulate, int threads) {
     ln_job j = {.x = x, .g = g, .mean = mean, .rstd = rstd, .dy = dy, .dg = dg, .db = db, .dx = dx, .E = E,
                 .rows = rows, .accumulate = accumulate};
-    model_par_range(threads, rows, 6 * E, ln_backward_rows, &j);
-    model_par_range(threads, E, 3 * rows, ln_backward_cols, &j);
+    qkv_par_range(threads, rows, 6 * E, ln_backward_rows, &j);
+    qkv_par_range(threads, E, 3 * rows, ln_backward_cols, &j);
 }
 
 /* act = GELU(pre); with keep_grad pre is replaced by GELU'(pre). */
@@ -466,6 +395,18 @@ static void free_acts(qkv_model *m) {
     m->rows_cap = 0;
 }
 
+/* The decoding state (decode.c): caches, scratch, FLOATER positions. */
+void model_decode_free(qkv_model *m) {
+    if (m->cache)
+        for (int64_t l = 0; l < m->cfg.layers; l++) qkv_kv_cache_free(m->cache[l]);
+    qkv_free(m->cache);
+    qkv_free(m->dec_buf);
+    qkv_free(m->dec_floater);
+    m->cache = NULL;
+    m->dec_buf = m->dec_floater = NULL;
+    m->dec_buf_rows = m->dec_len = m->dec_max = 0;
+}
+
 void qkv_model_free(qkv_model *m) {
     if (!m) return;
     model_decode_free(m);
@@ -644,19 +585,19 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         for (int64_t i = 0; i < rows * E; i++) b->mid[i] = b->x[i] + ao[i];
         model_layernorm_forward_t(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean,
                                   b->ln2_rstd, thr);
-        if ((s = model_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
+        if ((s = nn_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
             return s;
         /* With targets (a backward may follow) pre is replaced by GELU'(pre),
          * all the backward needs of it, from the same exponential. */
         gelu_job gj = {b->pre, b->act, targets != NULL};
-        model_par_range(thr, rows * F, 8, gelu_range, &gj);
-        if ((s = model_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
+        qkv_par_range(thr, rows * F, 8, gelu_range, &gj);
+        if ((s = nn_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
             return s;
         const float *mo = dropped(m, l, 1, b->mlp_out, m->dtmp, rows * E);
         for (int64_t i = 0; i < rows * E; i++) h[i] = b->mid[i] + mo[i];
     }
     model_layernorm_forward_t(h, P + m->o_lnf_w, P + m->o_lnf_b, rows, E, m->lnf, m->lnf_mean, m->lnf_rstd, thr);
-    if ((s = model_linear(m->lnf, rows, E, P + m->o_head, NULL, V, m->logits, thr)) != QKV_OK) return s;
+    if ((s = nn_linear(m->lnf, rows, E, P + m->o_head, NULL, V, m->logits, thr)) != QKV_OK) return s;
     if (logits) memcpy(logits, m->logits, (size_t)(rows * V) * sizeof(float));
 
     if (targets) {
@@ -718,11 +659,11 @@ qkv_status qkv_model_backward(qkv_model *m) {
     for (int64_t r = 0; r < rows; r++) count += m->targets[r] >= 0;
     float *dl = m->logits;
     dlogits_job dj = {dl, m->targets, V, count, m->loss_scale};
-    model_par_range(thr, rows, 3 * V, dlogits_rows, &dj);
+    qkv_par_range(thr, rows, 3 * V, dlogits_rows, &dj);
     m->have_targets = 0; /* the logits are gone */
 
     float *dh = m->dh, *dx = m->dtmp, *dd = m->dtmp2;
-    if ((s = model_linear_backward(m->lnf, dl, rows, E, V, P + m->o_head, G + m->o_head, NULL, dd, 0, thr)) != QKV_OK)
+    if ((s = nn_linear_backward(m->lnf, dl, rows, E, V, P + m->o_head, G + m->o_head, NULL, dd, 0, thr)) != QKV_OK)
         return s;
     layernorm_backward(m->h, P + m->o_lnf_w, m->lnf_mean, m->lnf_rstd, dd, rows, E, G + m->o_lnf_w, G + m->o_lnf_b, dh,
                        0, thr);
@@ -736,12 +677,12 @@ qkv_status qkv_model_backward(qkv_model *m) {
         block_act *b = &m->blk[l];
         /* h = mid + drop(mlp_out) */
         const float *dmo = dropped(m, l, 1, dh, dd, rows * E);
-        if ((s = model_linear_backward(b->act, dmo, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
+        if ((s = nn_linear_backward(b->act, dmo, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
                                        G + m->o_fc2_b[l], m->dF, 0, thr)) != QKV_OK)
             return s;
         scale_job sj = {m->dF, b->pre}; /* dF *= GELU'(pre), from the forward */
-        model_par_range(thr, rows * F, 1, scale_range, &sj);
-        if ((s = model_linear_backward(b->ln2, m->dF, rows, E, F, P + m->o_fc1_w[l], G + m->o_fc1_w[l],
+        qkv_par_range(thr, rows * F, 1, scale_range, &sj);
+        if ((s = nn_linear_backward(b->ln2, m->dF, rows, E, F, P + m->o_fc1_w[l], G + m->o_fc1_w[l],
                                        G + m->o_fc1_b[l], dd, 0, thr)) != QKV_OK)
             return s;
         /* dmid = dh + LN2'(dd) */

@@ -1,0 +1,46 @@
+/* The linear layer (linear.h): the products by qkv_sgemm, the bias and its
+ * gradient by rows or columns over the threads (qkv_par_range), each element
+ * computed as the serial loop computes it. */
+#include "core/internal.h"
+#include "layers/linear.h"
+
+/* y[r] += b, one chunk of rows per unit; db += Σ_r dy[r], one chunk of
+ * columns per unit with the rows in order (the serial sum's order). */
+typedef struct {
+    float *y, *b;
+    int64_t rows, out;
+} bias_job;
+
+static void bias_add_rows(void *ctx, int64_t r0, int64_t r1) {
+    const bias_job *j = ctx;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t o = 0; o < j->out; o++) j->y[r * j->out + o] += j->b[o];
+}
+
+static void bias_grad_cols(void *ctx, int64_t c0, int64_t c1) {
+    const bias_job *j = ctx;
+    for (int64_t r = 0; r < j->rows; r++)
+        for (int64_t o = c0; o < c1; o++) j->b[o] += j->y[r * j->out + o];
+}
+
+qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                     float *y, int threads) {
+    qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
+    if (s != QKV_OK || !b) return s;
+    bias_job j = {y, (float *)b, rows, out};
+    qkv_par_range(threads, rows, out, bias_add_rows, &j);
+    return QKV_OK;
+}
+
+qkv_status nn_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
+                              const float *w, float *dw, float *db, float *dx, int accumulate_dx, int threads) {
+    qkv_status s;
+    if (dw && (s = qkv_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in, threads)) != QKV_OK)
+        return s;
+    if (db) {
+        bias_job j = {(float *)dy, db, rows, out};
+        qkv_par_range(threads, out, rows, bias_grad_cols, &j);
+    }
+    if (!dx) return QKV_OK;
+    return qkv_sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in, threads);
+}

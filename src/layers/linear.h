@@ -1,0 +1,23 @@
+/* The linear layer y = x Wᵀ + b (torch's nn.Linear: W [out, in]) and its
+ * backward, through qkv_sgemm; shared by the multi-head layer's projections
+ * (mha.c, kv_cache.c) and the transformer's MLP and head (src/model).
+ * Internal. */
+#ifndef QKV_LAYERS_LINEAR_H
+#define QKV_LAYERS_LINEAR_H
+
+#include "qkv.h"
+
+/* y[r, :] = x[r, :] Wᵀ + b for rows r < rows: x [rows, in], W [out, in],
+ * b [out] or NULL. Bias rows added in parallel chunks of whole rows: the
+ * same bits for any thread count. */
+qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                     float *y, int threads);
+
+/* The backward of nn_linear given dy [rows, out]: dW += dyᵀ x (when dw is
+ * not NULL), db += Σ_r dy[r] (when db is not NULL; columns in parallel
+ * chunks, each summed over the rows in order), then dx = dy W, or
+ * dx += dy W with accumulate_dx (when dx is not NULL). */
+qkv_status nn_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
+                              const float *w, float *dw, float *db, float *dx, int accumulate_dx, int threads);
+
+#endif
