@@ -215,7 +215,7 @@ static int bench_backward(int64_t n, int64_t H, int64_t D, int threads, int reps
                kind == 0 ? "fast (fp32 FMA)" : kind == 1 ? "auto (AVX512-BF16 when present)" : "auto (portable: widen + fp32)",
                1e3 * med[kind], flops / med[kind] * 1e-9, med[0] / med[kind], 1e3 * medc[kind], medc[0] / medc[kind]);
     }
-    printf("\ntarget (issue 8): bf16 backward >= 2x float32\n");
+    printf("\ntarget: bf16 backward >= 2x float32\n");
     free(tc);
     free_inputs(&in);
     free_inputs(&g);
@@ -286,7 +286,7 @@ int main(int argc, char **argv) {
                kind == 0 ? "fast (fp32 FMA)" : kind == 1 ? "auto (AVX512-BF16 when present)" : "auto (portable: widen + fp32)",
                1e3 * med[kind], flops / med[kind] * 1e-9, med[0] / med[kind]);
     }
-    printf("\ntargets (issue 8, written for an AMX machine): bf16 >= 1000 GFLOP/s and >= 2.5x float32\n");
+    printf("\ntargets (written for an AMX machine): bf16 >= 1000 GFLOP/s and >= 2.5x float32\n");
     free_inputs(&in);
     free(of); free(oh); free(t);
     return 0;

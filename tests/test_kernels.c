@@ -1,4 +1,4 @@
-/* Every kernel of every ISA this machine has against the generic kernel
+/* Every kernel of every ISA the CPU has against the generic kernel
  * (kernels/kernels.h), in the spirit of ggml's test-backend-ops: the same
  * inputs through both, on awkward sizes (1, 2, 7, 15, 16, 17, 31, 33, 63,
  * 65, 129), pointers one element off alignment, row strides apart from the

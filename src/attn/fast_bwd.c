@@ -2,7 +2,7 @@
  * weights are recomputed tile by tile from Q, K and the saved log-sum-exp
  * (P = exp(s - lse)), never stored; D_i = rowsum(dO_i * O_i). When the
  * lse is too large for float to pin P down (|lse| >~ 89, see lse_precise:
- * logits of +-1e30 used to give NaN here) the forward's own statistics are
+ * logits of +-1e30 would give NaN) the forward's own statistics are
  * used instead: P = 2^(sc (s - m) - log2 l), the difference first as in the
  * forward, exact for logits of any size; either way the exponent is
  * clamped so that P never overflows (kernel contract, kernels/attn.h).

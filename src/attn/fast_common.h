@@ -95,7 +95,7 @@ qkv_status fa_normalise_inputs(fa_ctx *c, void **mem);
  * units then read the copies from memory in long sequential runs (a head's
  * panels, a head's rows), which the hardware prefetchers follow. Against
  * ordinary stores, alternating in one process, 2 threads, 8 heads of 64
- * (docs/BENCHMARKS.md): causal -13% / full -8% at n = 512, -6% / -4% at
+ * (Zen 4, see docs/BENCHMARKS.md): causal -13% / full -8% at n = 512, -6% / -4% at
  * 1024, n = 256 faster too, n = 2048 even; below 1 MiB (n = 128) full
  * was slower. */
 #define FA_PACK_STREAM_MIN_BYTES ((size_t)1 << 20)

@@ -51,8 +51,8 @@ static int tile_cols(int64_t kt, int64_t bhi) {
 #define FWD_STREAM_MIN_BYTES (256.0 * 1024.0)
 
 /* Heads owned by threads (head_sched.h) when one kv head's packed K and V
- * take at most this: n <= 1024 at D = 64, half of this machine's 1 MB L2
- * per core. Against packing every head first, in one process alternating
+ * take at most this: n <= 1024 at D = 64, half of a Zen 4 core's 1 MB
+ * L2. Against packing every head first, in one process alternating
  * calls, 2 threads, 8 heads of 64 (medians of 25-200 rounds): n = 64 and
  * 128 full 37-46% faster (one parallel loop instead of two); n = 512 full
  * 1-4%, causal 1-5%; n = 1024 full 0.4-5%, causal 3.5-4.3% (paired ratio

@@ -126,7 +126,7 @@ static void pack_t_avx512(const float *src, int64_t ld, int64_t kc, int w, float
 }
 
 /* Blocking, tuned on the development machine (AMD EPYC Zen 4: 32 KB L1d and
- * 1 MB L2 per core, 32 MB L3; the sweep is in docs/BENCHMARKS.md):
+ * 1 MB L2 per core, 32 MB L3; `bench_gemm --sweep` measures it):
  * KC = 512 takes the layer's K = E = 512 in one block, so C is written once
  * instead of read back and rewritten per K block (measured: KC = 256 costs
  * about 10% at M = 4096, N = K = 512, KC = 128 about 20%), and the 14-row A
