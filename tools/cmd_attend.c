@@ -411,7 +411,8 @@ int attend_load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
     }
     for (int i = 0; i < IN_COUNT; i++)
         if (j->in[i].path &&
-            cli_file_load(CMD, &j->in[i], j->header_only && i != IN_KEY_LENGTHS && i != IN_SEQ_OFFSETS) != 0)
+            cli_file_load(CMD, &j->in[i],
+                          j->header_only && i != IN_KEY_LENGTHS && i != IN_SEQ_OFFSETS) != 0)
             return -1;
 
     /* q, k, v: float tensors of one rank 2..4. */
@@ -566,7 +567,9 @@ int attend_load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
     static const int tensors[] = {IN_Q, IN_K, IN_V, IN_DOUT};
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0] && !j->header_only; i++)
         if (j->in[tensors[i]].path && cli_file_convert(CMD, &j->in[tensors[i]], d->dtype)) return -1;
-    if (bias->path && !j->header_only && cli_file_convert(CMD, bias, is_half(d->dtype) ? QKV_F32 : d->dtype)) return -1;
+    if (bias->path && !j->header_only &&
+        cli_file_convert(CMD, bias, is_half(d->dtype) ? QKV_F32 : d->dtype))
+        return -1;
 
     d->batch = dq.b;
     d->n_q = dq.n;
