@@ -23,6 +23,7 @@
 #include "train_common.h"
 
 #define CMD "train"
+#define PARSE_CONTINUE (-1)
 
 enum {
     OPT_HELP, OPT_TASK, OPT_TEXT, OPT_LAYERS, OPT_DIM, OPT_HEADS, OPT_SEQ, OPT_SYMBOLS, OPT_BATCH, OPT_STEPS,
@@ -454,23 +455,21 @@ int cli_cmd_train(int argc, char **argv) {
     return rc;
 }
 
-static int train_main(int argc, char **argv, const dp_ctx *dp) {
+/* What the options of qkv train give besides the run's settings. */
+typedef struct train_args {
+    int64_t layers, dim, heads, seq, threads, ckpt_every;
+    double dropout;
+    int pos, quiet, prec;
+    const char *out, *resume, *text;
+} train_args;
+
+/* The options into r and o, checked together. PARSE_CONTINUE, or the exit
+ * status (after --help or a usage error). */
+static int parse_train_args(int argc, char **argv, train_run *r, train_args *o) {
     cli_args a = {.cmd = CMD, .argc = argc, .argv = argv, .i = 1};
-    train_run r;
-    memset(&r, 0, sizeof r);
-    r.batch = 32;
-    r.steps = 2000;
-    r.warmup = 100;
-    r.lr = 1e-3;
-    r.min_lr = 1e-4;
-    r.clip = 1.0;
-    r.weight_decay = 0.01;
-    r.seed = 1;
     int64_t layers = 2, dim = 128, heads = 4, seq = -1, threads = 0, ckpt_every = 250, v;
     double dropout = 0.0;
     int pos = QKV_POSENC_SINUSOIDAL, have_task = 0, quiet = 0, explicit_model = 0, prec = 0, have_prec = 0;
-    qkv_loss_scaler scaler;
-    qkv_loss_scaler_init(&scaler);
     const char *out = NULL, *resume = NULL, *text = NULL, *name, *val;
     int id;
     while ((id = cli_next(&a, options, OPT_COUNT, &name, &val)) != CLI_END) {
@@ -478,10 +477,10 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         switch (id) {
         case OPT_HELP: help(); return CLI_EXIT_OK;
         case OPT_TASK:
-            if (parse_task_option(val, &r) != 0) return CLI_EXIT_USAGE;
+            if (parse_task_option(val, r) != 0) return CLI_EXIT_USAGE;
             have_task = 1;
             /* "--task text FILE": the corpus follows the task's name. */
-            if ((r.task.task == QKV_TASK_TEXT || r.task.task == QKV_TASK_MLM) && a.i < a.argc &&
+            if ((r->task.task == QKV_TASK_TEXT || r->task.task == QKV_TASK_MLM) && a.i < a.argc &&
                 strncmp(a.argv[a.i], "-", 1) != 0)
                 text = a.argv[a.i++];
             break;
@@ -490,20 +489,20 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         case OPT_DIM: if (cli_parse_int64(CMD, name, val, 2, 4096, &dim)) return CLI_EXIT_USAGE; explicit_model = 1; break;
         case OPT_HEADS: if (cli_parse_int64(CMD, name, val, 1, 256, &heads)) return CLI_EXIT_USAGE; explicit_model = 1; break;
         case OPT_SEQ: if (cli_parse_int64(CMD, name, val, 1, 1 << 20, &seq)) return CLI_EXIT_USAGE; break;
-        case OPT_SYMBOLS: if (cli_parse_int64(CMD, name, val, 2, 4096, &r.task.symbols)) return CLI_EXIT_USAGE; break;
-        case OPT_BATCH: if (cli_parse_int64(CMD, name, val, 1, 1 << 16, &r.batch)) return CLI_EXIT_USAGE; break;
-        case OPT_STEPS: if (cli_parse_int64(CMD, name, val, 1, INT64_MAX / 2, &r.steps)) return CLI_EXIT_USAGE; break;
-        case OPT_WARMUP: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX / 2, &r.warmup)) return CLI_EXIT_USAGE; break;
-        case OPT_SEED: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX, &v)) return CLI_EXIT_USAGE; r.seed = (uint64_t)v; break;
+        case OPT_SYMBOLS: if (cli_parse_int64(CMD, name, val, 2, 4096, &r->task.symbols)) return CLI_EXIT_USAGE; break;
+        case OPT_BATCH: if (cli_parse_int64(CMD, name, val, 1, 1 << 16, &r->batch)) return CLI_EXIT_USAGE; break;
+        case OPT_STEPS: if (cli_parse_int64(CMD, name, val, 1, INT64_MAX / 2, &r->steps)) return CLI_EXIT_USAGE; break;
+        case OPT_WARMUP: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX / 2, &r->warmup)) return CLI_EXIT_USAGE; break;
+        case OPT_SEED: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX, &v)) return CLI_EXIT_USAGE; r->seed = (uint64_t)v; break;
         case OPT_THREADS: if (cli_parse_int64(CMD, name, val, 0, 1024, &threads)) return CLI_EXIT_USAGE; break;
         case OPT_CKPT_EVERY: if (cli_parse_int64(CMD, name, val, 1, INT64_MAX, &ckpt_every)) return CLI_EXIT_USAGE; break;
         case OPT_LR:
-            if (cli_parse_double(CMD, name, val, &r.lr)) return CLI_EXIT_USAGE;
-            if (!(r.lr > 0 && r.lr < 10)) {
+            if (cli_parse_double(CMD, name, val, &r->lr)) return CLI_EXIT_USAGE;
+            if (!(r->lr > 0 && r->lr < 10)) {
                 cli_error(CMD, name, NULL, "'%s' must be in (0, 10)", val);
                 return CLI_EXIT_USAGE;
             }
-            r.min_lr = r.lr / 10;
+            r->min_lr = r->lr / 10;
             break;
         case OPT_DROPOUT:
             if (cli_parse_double(CMD, name, val, &dropout)) return CLI_EXIT_USAGE;
@@ -542,11 +541,49 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         cli_usage_hint(CMD);
         return CLI_EXIT_USAGE;
     }
-    if (dp->rank != 0) quiet = 1; /* data parallel: rank 0 reports */
     if (resume && (have_task || (out && strcmp(out, resume) != 0) || explicit_model || have_prec)) {
         cli_error(CMD, "--resume", resume, "continues the run as it was: give only --threads (and --quiet) with it");
         return CLI_EXIT_USAGE;
     }
+    o->layers = layers;
+    o->dim = dim;
+    o->heads = heads;
+    o->seq = seq;
+    o->threads = threads;
+    o->ckpt_every = ckpt_every;
+    o->dropout = dropout;
+    o->pos = pos;
+    o->quiet = quiet;
+    o->prec = prec;
+    o->out = out;
+    o->resume = resume;
+    o->text = text;
+    return PARSE_CONTINUE;
+}
+
+static int train_main(int argc, char **argv, const dp_ctx *dp) {
+    train_run r;
+    memset(&r, 0, sizeof r);
+    r.batch = 32;
+    r.steps = 2000;
+    r.warmup = 100;
+    r.lr = 1e-3;
+    r.min_lr = 1e-4;
+    r.clip = 1.0;
+    r.weight_decay = 0.01;
+    r.seed = 1;
+    train_args o;
+    int prc = parse_train_args(argc, argv, &r, &o);
+    if (prc != PARSE_CONTINUE) return prc;
+    const int64_t layers = o.layers, dim = o.dim, heads = o.heads, seq = o.seq, threads = o.threads,
+                  ckpt_every = o.ckpt_every;
+    const double dropout = o.dropout;
+    const int pos = o.pos;
+    int quiet = o.quiet, prec = o.prec;
+    const char *out = o.out, *resume = o.resume, *text = o.text;
+    if (dp->rank != 0) quiet = 1; /* data parallel: rank 0 reports */
+    qkv_loss_scaler scaler;
+    qkv_loss_scaler_init(&scaler);
 
     qkv_model *m = NULL;
     qkv_adamw *opt = NULL;
