@@ -403,6 +403,73 @@ static long long ll(int64_t x) { return (long long)x; }
 
 /* Load every input, check that they fit together, convert them to the compute
  * dtype, and fill the sizes and tensors of the descriptor. 0 or -1. */
+/* --key-lengths: [B] integers in 0..n_k (q, k: for the messages). 0 or -1. */
+static int check_key_lengths(input *kl, const input *q, const input *k, int64_t B, int64_t n_k) {
+    char sh[160];
+    if (want_int(kl)) return -1;
+    if (kl->a.ndim != 1 || kl->a.shape[0] != B) {
+        in_error(kl, "shape %s does not fit: expected [B] = [%lld] (B from --q %s)",
+                 shape_of(&kl->a, sh, sizeof sh), ll(B), q->path);
+        return -1;
+    }
+    if (cli_file_convert(CMD, kl, QKV_I64)) return -1;
+    const int64_t *len = kl->a.data;
+    for (int64_t b = 0; b < B; b++) {
+        if (len[b] < 0 || len[b] > n_k) {
+            in_error(kl, "entry %lld is %lld, outside 0..%lld (n_k of --k %s)", ll(b),
+                     ll(len[b]), ll(n_k), k->path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* --seq-offsets, packed sequences: [S+1] offsets 0 = o_0 <= ... <= o_S = n,
+ * B = 1, n_q = n_k; into the descriptor's num_seqs and seq_offsets_q. 0 or -1. */
+static int check_seq_offsets(input *so, const input *q, const input *k, dims dq, int64_t n_k,
+                             qkv_attn_desc *d) {
+    char sh[160];
+    if (want_int(so)) return -1;
+    if (so->a.ndim != 1 || so->a.shape[0] < 2) {
+        in_error(so, "shape %s does not fit: expected [S+1] offsets of S >= 1 sequences",
+                 shape_of(&so->a, sh, sizeof sh));
+        return -1;
+    }
+    if (dq.b != 1) {
+        in_error(so, "packed sequences need B = 1, but --q %s has B = %lld", q->path, ll(dq.b));
+        return -1;
+    }
+    if (dq.n != n_k) {
+        in_error(so, "packed sequences need n_q = n_k, but --q %s has n_q = %lld and --k %s "
+                     "has n_k = %lld",
+                 q->path, ll(dq.n), k->path, ll(n_k));
+        return -1;
+    }
+    if (cli_file_convert(CMD, so, QKV_I64)) return -1;
+    const int64_t *o = so->a.data;
+    int64_t ns = so->a.shape[0] - 1;
+    if (o[0] != 0) {
+        in_error(so, "entry 0 is %lld: offsets must start at 0", ll(o[0]));
+        return -1;
+    }
+    for (int64_t s = 0; s < ns; s++) {
+        if (o[s + 1] < o[s]) {
+            in_error(so, "entry %lld (%lld) is smaller than entry %lld (%lld): offsets must "
+                         "be nondecreasing",
+                     ll(s + 1), ll(o[s + 1]), ll(s), ll(o[s]));
+            return -1;
+        }
+    }
+    if (o[ns] != dq.n) {
+        in_error(so, "last entry is %lld: must be the total length n = %lld of --q %s",
+                 ll(o[ns]), ll(dq.n), q->path);
+        return -1;
+    }
+    d->num_seqs = ns;
+    d->seq_offsets_q = o;
+    return 0;
+}
+
 int attend_load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) {
     input *q = &j->in[IN_Q], *k = &j->in[IN_K], *v = &j->in[IN_V];
     for (int i = 0; i < IN_COUNT; i++) {
@@ -411,7 +478,8 @@ int attend_load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
     }
     for (int i = 0; i < IN_COUNT; i++)
         if (j->in[i].path &&
-            cli_file_load(CMD, &j->in[i], j->header_only && i != IN_KEY_LENGTHS && i != IN_SEQ_OFFSETS) != 0)
+            cli_file_load(CMD, &j->in[i],
+                          j->header_only && i != IN_KEY_LENGTHS && i != IN_SEQ_OFFSETS) != 0)
             return -1;
 
     /* q, k, v: float tensors of one rank 2..4. */
@@ -498,75 +566,18 @@ int attend_load_inputs(const config *c, job *j, qkv_attn_desc *d, dims *dq_out) 
         }
     }
 
-    /* Key lengths: [B] integers in 0..n_k. */
-    input *kl = &j->in[IN_KEY_LENGTHS];
-    if (kl->path) {
-        if (want_int(kl)) return -1;
-        if (kl->a.ndim != 1 || kl->a.shape[0] != dq.b) {
-            in_error(kl, "shape %s does not fit: expected [B] = [%lld] (B from --q %s)",
-                     shape_of(&kl->a, sh, sizeof sh), ll(dq.b), q->path);
-            return -1;
-        }
-        if (cli_file_convert(CMD, kl, QKV_I64)) return -1;
-        const int64_t *len = kl->a.data;
-        for (int64_t b = 0; b < dq.b; b++) {
-            if (len[b] < 0 || len[b] > dk.n) {
-                in_error(kl, "entry %lld is %lld, outside 0..%lld (n_k of --k %s)", ll(b),
-                         ll(len[b]), ll(dk.n), k->path);
-                return -1;
-            }
-        }
-    }
-
-    /* Packed sequences: [S+1] offsets 0 = o_0 <= ... <= o_S = n, B = 1, n_q = n_k. */
-    input *so = &j->in[IN_SEQ_OFFSETS];
-    if (so->path) {
-        if (want_int(so)) return -1;
-        if (so->a.ndim != 1 || so->a.shape[0] < 2) {
-            in_error(so, "shape %s does not fit: expected [S+1] offsets of S >= 1 sequences",
-                     shape_of(&so->a, sh, sizeof sh));
-            return -1;
-        }
-        if (dq.b != 1) {
-            in_error(so, "packed sequences need B = 1, but --q %s has B = %lld", q->path, ll(dq.b));
-            return -1;
-        }
-        if (dq.n != dk.n) {
-            in_error(so, "packed sequences need n_q = n_k, but --q %s has n_q = %lld and --k %s "
-                         "has n_k = %lld",
-                     q->path, ll(dq.n), k->path, ll(dk.n));
-            return -1;
-        }
-        if (cli_file_convert(CMD, so, QKV_I64)) return -1;
-        const int64_t *o = so->a.data;
-        int64_t ns = so->a.shape[0] - 1;
-        if (o[0] != 0) {
-            in_error(so, "entry 0 is %lld: offsets must start at 0", ll(o[0]));
-            return -1;
-        }
-        for (int64_t s = 0; s < ns; s++) {
-            if (o[s + 1] < o[s]) {
-                in_error(so, "entry %lld (%lld) is smaller than entry %lld (%lld): offsets must "
-                             "be nondecreasing",
-                         ll(s + 1), ll(o[s + 1]), ll(s), ll(o[s]));
-                return -1;
-            }
-        }
-        if (o[ns] != dq.n) {
-            in_error(so, "last entry is %lld: must be the total length n = %lld of --q %s",
-                     ll(o[ns]), ll(dq.n), q->path);
-            return -1;
-        }
-        d->num_seqs = ns;
-        d->seq_offsets_q = o;
-    }
+    input *kl = &j->in[IN_KEY_LENGTHS], *so = &j->in[IN_SEQ_OFFSETS];
+    if (kl->path && check_key_lengths(kl, q, k, dq.b, dk.n) != 0) return -1;
+    if (so->path && check_seq_offsets(so, q, k, dq, dk.n, d) != 0) return -1;
 
     /* Everything fits: convert the tensors to the compute type (the bias of a
      * half-precision call is float32, as the API wants). */
     static const int tensors[] = {IN_Q, IN_K, IN_V, IN_DOUT};
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0] && !j->header_only; i++)
         if (j->in[tensors[i]].path && cli_file_convert(CMD, &j->in[tensors[i]], d->dtype)) return -1;
-    if (bias->path && !j->header_only && cli_file_convert(CMD, bias, is_half(d->dtype) ? QKV_F32 : d->dtype)) return -1;
+    if (bias->path && !j->header_only &&
+        cli_file_convert(CMD, bias, is_half(d->dtype) ? QKV_F32 : d->dtype))
+        return -1;
 
     d->batch = dq.b;
     d->n_q = dq.n;

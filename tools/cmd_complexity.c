@@ -711,6 +711,104 @@ static qkv_status draw_png(const char *path, const results *r) {
 
 /* ------------------------------------------------------------------------- */
 
+/* The times of every layer against n (d fixed) and against d (n_fix), printed
+ * as they come, and their log-log slopes. */
+static void time_sweeps(results *r, int64_t d, int64_t n_fix, int64_t window, int64_t kernel,
+                        double min_total, double *exp_n, double *exp_d) {
+    printf("time [ms] against n (d = %lld):\n%-22s", (long long)d, "n");
+    for (int i = 0; i < r->nn; i++) printf(" %9.0f", r->n[i]);
+    printf("   exponent\n");
+    for (int l = 0; l < L_COUNT; l++) {
+        printf("%-22s", layer_name[l]);
+        for (int i = 0; i < r->nn; i++) {
+            r->t_n[l][i] = time_layer(l, (int64_t)r->n[i], d, window, kernel, min_total);
+            printf(" %9.3f", r->t_n[l][i] * 1e3);
+            fflush(stdout);
+        }
+        exp_n[l] = loglog_slope(r->n, r->t_n[l], r->nn);
+        printf("   n^%.2f\n", exp_n[l]);
+    }
+    printf("\ntime [ms] against d (n = %lld):\n%-22s", (long long)n_fix, "d");
+    for (int i = 0; i < r->nd; i++) printf(" %9.0f", r->d[i]);
+    printf("   exponent\n");
+    for (int l = 0; l < L_COUNT; l++) {
+        printf("%-22s", layer_name[l]);
+        for (int i = 0; i < r->nd; i++) {
+            r->t_d[l][i] = time_layer(l, n_fix, (int64_t)r->d[i], window, kernel, min_total);
+            printf(" %9.3f", r->t_d[l][i] * 1e3);
+            fflush(stdout);
+        }
+        exp_d[l] = loglog_slope(r->d, r->t_d[l], r->nd);
+        printf("   d^%.2f\n", exp_d[l]);
+    }
+}
+
+/* Maximum path lengths, measured and printed. */
+static void path_lengths(results *r, int64_t window, int64_t kernel, int quick) {
+    /* n = (K^j + 1) / 2: then j dilated layers (dilations 1 .. K^(j-1))
+     * reach exactly n - 1 positions back, and log_K shows cleanly. */
+    int64_t kj = kernel * kernel;
+    for (int64_t n = (kj + 1) / 2; n <= (quick ? 400 : 1200) && r->np < MAX_PTS; kj *= kernel, n = (kj + 1) / 2) {
+        int i = r->np++;
+        r->pn[i] = (double)n;
+        r->path[L_ATT][i] = (double)path_attention(n, 0, 2);
+        r->path[L_RATT][i] = (double)path_attention(n, window, 2 * (n / (window / 2 > 0 ? window / 2 : 1)) + 4);
+        r->path[L_RNN][i] = (double)path_rnn(n);
+        r->path[L_LSTM][i] = NAN;
+        r->path[L_CONV][i] = (double)path_conv(n, kernel, 0);
+        r->path[L_COUNT][i] = (double)path_conv(n, kernel, 1);
+    }
+    printf("\nmaximum path length (least stacked layers for output n-1 to depend on input 0;\n"
+           "recurrent: steps the gradient passes through):\n%-22s", "n");
+    for (int i = 0; i < r->np; i++) printf(" %7.0f", r->pn[i]);
+    printf("\n");
+    static const char *path_name[L_COUNT + 1] = {"self-attention", "restricted self-attn", "recurrent (Elman RNN)",
+                                                  NULL, "conv, contiguous", "conv, dilated K^l"};
+    for (int l = 0; l <= L_COUNT; l++) {
+        if (!path_name[l]) continue;
+        printf("%-22s", path_name[l]);
+        for (int i = 0; i < r->np; i++) printf(" %7.0f", r->path[l][i]);
+        printf("\n");
+    }
+}
+
+/* The table beside the paper's, and what its columns mean. */
+static void print_table(const results *r, const seq_result *seq, const double *exp_n,
+                        const double *exp_d, int64_t max_n, int64_t d, int64_t n_seq) {
+    static const char *paper[L_COUNT][3] = {
+        {"O(n^2 d)", "O(1)", "O(1)"},
+        {"O(r n d)", "O(1)", "O(n/r)"},
+        {"O(n d^2)", "O(n)", "O(n)"},
+        {"O(n d^2)", "O(n)", "O(n)"},
+        {"O(k n d^2)", "O(1)", "O(log_k n)"},
+    };
+    int last = r->np - 1;
+    printf("\nVaswani et al. 2017, Table 1 (paper) and measured here (n up to %lld, d = %lld):\n",
+           (long long)max_n, (long long)d);
+    printf("%-22s | %-11s %-6s %-11s | %-6s %-6s %-17s %-18s\n", "layer", "complexity", "seq.", "path",
+           "t~n^", "t~d^", "seq. rounds (x2)", "path at n=" );
+    for (int l = 0; l < L_COUNT; l++) {
+        char rounds[64], path[64];
+        snprintf(rounds, sizeof rounds, "%ld (%.2fx)", seq[l].rounds, seq[l].speedup);
+        if (l == L_CONV)
+            snprintf(path, sizeof path, "%.0f: %.0f / %.0f dil.", r->pn[last], r->path[L_CONV][last],
+                     r->path[L_COUNT][last]);
+        else if (l == L_LSTM)
+            snprintf(path, sizeof path, "as RNN");
+        else
+            snprintf(path, sizeof path, "%.0f: %.0f", r->pn[last], r->path[l][last]);
+        printf("%-22s | %-11s %-6s %-11s | %-6.2f %-6.2f %-17s %-18s\n", layer_name[l], paper[l][0], paper[l][1],
+               paper[l][2], exp_n[l], exp_d[l], rounds, path);
+    }
+    printf("\nsequential operations: synchronisation rounds of a 2-thread forward at n = %lld\n"
+           "(attention: the core's one fork-join over query rows; convolution: output\n"
+           "channels split, one round; RNN: hidden units split, a barrier after each step;\n"
+           "LSTM: as the RNN). Speed-ups depend on what else runs on the machine.\n"
+           "The paper's O(log_k n) is for dilated convolutions (measured: 'dil.'); contiguous\n"
+           "kernels need O(n/k) layers.\n",
+           (long long)n_seq);
+}
+
 int cli_cmd_complexity(int argc, char **argv) {
     int64_t d = 64, max_n = 2048, window = 32, kernel = 3;
     const char *png = NULL;
@@ -757,33 +855,8 @@ int cli_cmd_complexity(int argc, char **argv) {
     printf("qkv complexity: d = %lld, n = 64 .. %lld, fixed n = %lld for the d sweep, window R = %lld, "
            "kernel K = %lld\n(forward + backward, one thread, process CPU time, best of repeated runs)\n\n",
            (long long)d, (long long)max_n, (long long)n_fix, (long long)window, (long long)kernel);
-    printf("time [ms] against n (d = %lld):\n%-22s", (long long)d, "n");
-    for (int i = 0; i < r->nn; i++) printf(" %9.0f", r->n[i]);
-    printf("   exponent\n");
     double exp_n[L_COUNT], exp_d[L_COUNT];
-    for (int l = 0; l < L_COUNT; l++) {
-        printf("%-22s", layer_name[l]);
-        for (int i = 0; i < r->nn; i++) {
-            r->t_n[l][i] = time_layer(l, (int64_t)r->n[i], d, window, kernel, min_total);
-            printf(" %9.3f", r->t_n[l][i] * 1e3);
-            fflush(stdout);
-        }
-        exp_n[l] = loglog_slope(r->n, r->t_n[l], r->nn);
-        printf("   n^%.2f\n", exp_n[l]);
-    }
-    printf("\ntime [ms] against d (n = %lld):\n%-22s", (long long)n_fix, "d");
-    for (int i = 0; i < r->nd; i++) printf(" %9.0f", r->d[i]);
-    printf("   exponent\n");
-    for (int l = 0; l < L_COUNT; l++) {
-        printf("%-22s", layer_name[l]);
-        for (int i = 0; i < r->nd; i++) {
-            r->t_d[l][i] = time_layer(l, n_fix, (int64_t)r->d[i], window, kernel, min_total);
-            printf(" %9.3f", r->t_d[l][i] * 1e3);
-            fflush(stdout);
-        }
-        exp_d[l] = loglog_slope(r->d, r->t_d[l], r->nd);
-        printf("   d^%.2f\n", exp_d[l]);
-    }
+    time_sweeps(r, d, n_fix, window, kernel, min_total, exp_n, exp_d);
 
     /* Sequential operations. */
     const int64_t n_seq = max_n < 1024 ? max_n : 1024;
@@ -791,66 +864,9 @@ int cli_cmd_complexity(int argc, char **argv) {
     for (int l = 0; l < L_COUNT; l++)
         seq[l] = l == L_LSTM ? seq[L_RNN] : sequential_ops(l, n_seq, d, window, kernel, min_total);
 
-    /* Maximum path lengths. */
-    /* n = (K^j + 1) / 2: then j dilated layers (dilations 1 .. K^(j-1))
-     * reach exactly n - 1 positions back, and log_K shows cleanly. */
-    int64_t kj = kernel * kernel;
-    for (int64_t n = (kj + 1) / 2; n <= (quick ? 400 : 1200) && r->np < MAX_PTS; kj *= kernel, n = (kj + 1) / 2) {
-        int i = r->np++;
-        r->pn[i] = (double)n;
-        r->path[L_ATT][i] = (double)path_attention(n, 0, 2);
-        r->path[L_RATT][i] = (double)path_attention(n, window, 2 * (n / (window / 2 > 0 ? window / 2 : 1)) + 4);
-        r->path[L_RNN][i] = (double)path_rnn(n);
-        r->path[L_LSTM][i] = NAN;
-        r->path[L_CONV][i] = (double)path_conv(n, kernel, 0);
-        r->path[L_COUNT][i] = (double)path_conv(n, kernel, 1);
-    }
-    printf("\nmaximum path length (least stacked layers for output n-1 to depend on input 0;\n"
-           "recurrent: steps the gradient passes through):\n%-22s", "n");
-    for (int i = 0; i < r->np; i++) printf(" %7.0f", r->pn[i]);
-    printf("\n");
-    static const char *path_name[L_COUNT + 1] = {"self-attention", "restricted self-attn", "recurrent (Elman RNN)",
-                                                  NULL, "conv, contiguous", "conv, dilated K^l"};
-    for (int l = 0; l <= L_COUNT; l++) {
-        if (!path_name[l]) continue;
-        printf("%-22s", path_name[l]);
-        for (int i = 0; i < r->np; i++) printf(" %7.0f", r->path[l][i]);
-        printf("\n");
-    }
+    path_lengths(r, window, kernel, quick);
 
-    /* The table beside the paper's. */
-    static const char *paper[L_COUNT][3] = {
-        {"O(n^2 d)", "O(1)", "O(1)"},
-        {"O(r n d)", "O(1)", "O(n/r)"},
-        {"O(n d^2)", "O(n)", "O(n)"},
-        {"O(n d^2)", "O(n)", "O(n)"},
-        {"O(k n d^2)", "O(1)", "O(log_k n)"},
-    };
-    int last = r->np - 1;
-    printf("\nVaswani et al. 2017, Table 1 (paper) and measured here (n up to %lld, d = %lld):\n",
-           (long long)max_n, (long long)d);
-    printf("%-22s | %-11s %-6s %-11s | %-6s %-6s %-17s %-18s\n", "layer", "complexity", "seq.", "path",
-           "t~n^", "t~d^", "seq. rounds (x2)", "path at n=" );
-    for (int l = 0; l < L_COUNT; l++) {
-        char rounds[64], path[64];
-        snprintf(rounds, sizeof rounds, "%ld (%.2fx)", seq[l].rounds, seq[l].speedup);
-        if (l == L_CONV)
-            snprintf(path, sizeof path, "%.0f: %.0f / %.0f dil.", r->pn[last], r->path[L_CONV][last],
-                     r->path[L_COUNT][last]);
-        else if (l == L_LSTM)
-            snprintf(path, sizeof path, "as RNN");
-        else
-            snprintf(path, sizeof path, "%.0f: %.0f", r->pn[last], r->path[l][last]);
-        printf("%-22s | %-11s %-6s %-11s | %-6.2f %-6.2f %-17s %-18s\n", layer_name[l], paper[l][0], paper[l][1],
-               paper[l][2], exp_n[l], exp_d[l], rounds, path);
-    }
-    printf("\nsequential operations: synchronisation rounds of a 2-thread forward at n = %lld\n"
-           "(attention: the core's one fork-join over query rows; convolution: output\n"
-           "channels split, one round; RNN: hidden units split, a barrier after each step;\n"
-           "LSTM: as the RNN). Speed-ups depend on what else runs on the machine.\n"
-           "The paper's O(log_k n) is for dilated convolutions (measured: 'dil.'); contiguous\n"
-           "kernels need O(n/k) layers.\n",
-           (long long)n_seq);
+    print_table(r, seq, exp_n, exp_d, max_n, d, n_seq);
     if (png) {
         qkv_status s = draw_png(png, r);
         if (s != QKV_OK) {

@@ -251,6 +251,184 @@ static int fail_status(const char *what, qkv_status s) {
     return CLI_EXIT_FAIL;
 }
 
+/* The training of step 1, its losses into losses[steps]. 0 or -1. */
+static int train_steps(qkv_model *m, qkv_adamw *opt, uint64_t seed, int64_t steps, double *losses) {
+    qkv_status s;
+    int32_t tok[BATCH * N], tgt[BATCH * N];
+    uint64_t rng = seed * 0x2545F4914F6CDD1Dull + 7;
+    double t0 = now_s();
+    for (int64_t step = 0; step < steps; step++) {
+        for (int b = 0; b < BATCH; b++) {
+            sentence(&rng, tok + b * N);
+            for (int i = 0; i < N; i++) tgt[b * N + i] = i + 1 < N ? tok[b * N + i + 1] : -1;
+        }
+        double loss = 0, gn = 0;
+        qkv_model_zero_grad(m);
+        qkv_model_set_step(m, seed, step);
+        if ((s = qkv_model_forward(m, BATCH, N, tok, tgt, 1, NULL, &loss)) != QKV_OK ||
+            (s = qkv_model_backward(m)) != QKV_OK ||
+            (s = qkv_adamw_step(opt, qkv_lr_schedule(step, steps / 10, steps, 1e-2, 1e-3), 1.0, &gn)) !=
+                QKV_OK) {
+            fail_status("training", s);
+            return -1;
+        }
+        losses[step] = loss;
+        if (step % (steps / 4 > 0 ? steps / 4 : 1) == 0 || step == steps - 1)
+            printf("     step %4lld   loss %.3f\n", (long long)step, loss);
+    }
+    /* The floor: the verb (1 of 4) and the mark (1 of 2) cannot be
+     * predicted: (ln 4 + ln 2) / 5 targets per sentence. */
+    printf("   %.1f s. The best possible loss is %.3f: only the verb and the final mark\n"
+           "   are left to chance.\n",
+           now_s() - t0, (log(4.0) + log(2.0)) / 5.0);
+    return 0;
+}
+
+/* positional_encoding.png. 0 or -1. */
+static int draw_positions(const char *dir) {
+    /* The articles' figure of the sinusoidal e^i: one column per
+     * position, at a size where its pattern shows (E = 64, 100
+     * positions); the demo's model uses its first 8 rows, 6 columns. */
+    enum { PE_N = 100, PE_E = 64 };
+    float *pe_big = malloc(sizeof(float) * PE_N * PE_E), *pe_t = malloc(sizeof(float) * PE_N * PE_E);
+    if (!pe_big || !pe_t || qkv_posenc_sinusoidal(PE_N, PE_E, 0, pe_big) != QKV_OK) {
+        free(pe_big);
+        free(pe_t);
+        cli_error(CMD, NULL, NULL, "positional encoding: out of memory");
+        return -1;
+    }
+    for (int i = 0; i < PE_N; i++)
+        for (int e = 0; e < PE_E; e++) pe_t[e * PE_N + i] = pe_big[i * PE_E + e];
+    char *path = g_n_written < MAX_OUTPUTS ? g_written[g_n_written] : NULL;
+    qkv_status ps = QKV_ERR_BAD_SIZE;
+    if (path && join_path(path, sizeof g_written[0], dir, "positional_encoding.png") == 0) {
+        errno = 0;
+        ps = qkv_matrix_save_png(path, pe_t, PE_E, PE_N, "sinusoidal positional encoding: column i is e^i",
+                                 "position i", "dimension");
+        if (ps != QKV_OK)
+            cli_error(CMD, "--out", path, "cannot write the picture: %s%s%s", qkv_status_string(ps),
+                      errno ? ": " : "", errno ? strerror(errno) : "");
+    }
+    free(pe_big);
+    free(pe_t);
+    if (ps != QKV_OK) return -1;
+    g_n_written++;
+    printf("  wrote %s (the articles' figure of e^i, 64 dimensions x 100 positions)\n", path);
+    return 0;
+}
+
+/* The layer as a library object with the trained weights (qkv_mha_forward)
+ * against concat(O_0, O_1) W_o^T + b_o computed here. 0 or -1. */
+static int check_layer(qkv_model *m, const float *attn_p, const float *I, float Ap[H][N * N],
+                       float v[H][N * DH], qkv_mha **layer) {
+    qkv_status s;
+    /* The layer as a library object with the trained weights: its output
+     * is concat(O_0, O_1) W_o^T + b_o. */
+    qkv_mha_config mc;
+    qkv_mha_config_init(&mc, E, H);
+    mc.attn.mask = QKV_MASK_CAUSAL;
+    mc.attn.threads = 1;
+    int64_t count = 0, mcount = 0;
+    if ((s = qkv_mha_create(&mc, 1, layer)) != QKV_OK) {
+        fail_status("layer", s);
+        return -1;
+    }
+    float *lp = qkv_mha_params(*layer, &count);
+    for (int64_t i = 0; i < qkv_model_segment_count(m); i++) {
+        const char *nm;
+        float *p, *g;
+        if (qkv_model_segment(m, i, &nm, &p, &g, &mcount) == QKV_OK && strcmp(nm, "layers.0.attn.") == 0)
+            break;
+        mcount = 0;
+    }
+    if (mcount != count) {
+        cli_error(CMD, NULL, NULL, "the model's attention layer has %lld parameters, a fresh one %lld",
+                  (long long)mcount, (long long)count);
+        return -1;
+    }
+    memcpy(lp, attn_p, (size_t)count * sizeof(float));
+    float y[N * E], attn2[H * N * N], cat[N * E];
+    if ((s = qkv_mha_forward(*layer, 1, N, N, I, NULL, NULL, NULL, y, attn2)) != QKV_OK) {
+        fail_status("qkv_mha_forward", s);
+        return -1;
+    }
+    /* concat of every head's O, then W_o (after in_proj_weight and in_proj_bias). */
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < N; i++)
+            for (int d = 0; d < DH; d++) {
+                double acc = 0;
+                for (int j = 0; j < N; j++) acc += (double)Ap[h][i * N + j] * v[h][j * DH + d];
+                cat[i * E + h * DH + d] = (float)acc;
+            }
+    const float *W_o = attn_p + 3 * E * E + 3 * E, *b_o = W_o + E * E;
+    double ydiff = 0;
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < E; o++) {
+            double acc = b_o[o];
+            for (int e = 0; e < E; e++) acc += (double)cat[i * E + e] * W_o[o * E + e];
+            if (fabs(acc - y[i * E + o]) > ydiff) ydiff = fabs(acc - y[i * E + o]);
+        }
+    printf("\n   The layer joins the heads: y = concat(O_0, O_1) W_o^T + b_o  [%d x %d].\n"
+           "   qkv_mha_forward with the trained weights gives the same y (largest\n"
+           "   difference %.1e):\n",
+           N, E, ydiff);
+    print_matrix("y", y, N, E, 0);
+    return 0;
+}
+
+/* Step 8: causal-window attention of head 0, printed and drawn. 0 or -1. */
+static int draw_window(const char *dir, const float *q, const float *k, const float *v,
+                       const char **words) {
+    qkv_status s;
+    qkv_attn_desc d;
+    qkv_attn_desc_init(&d);
+    d.batch = 1;
+    d.n_q = d.n_k = N;
+    d.heads = 1;
+    d.dim = DH;
+    d.mask = QKV_MASK_CAUSAL_WINDOW;
+    d.window_left = 2;
+    float out[N * DH], aw[N * N];
+    if ((s = qkv_attention_forward(&d, q, k, v, out, aw, NULL)) != QKV_OK) {
+        fail_status("qkv_attention_forward", s);
+        return -1;
+    }
+    printf("\n8. Truncated self-attention (the second article's speech example): the same\n"
+           "   q, k, v of head 0, but each word sees only itself and the 2 words before\n"
+           "   it (qkv_attention_forward, mask causal-window, window_left = 2): cost\n"
+           "   O(n r d) instead of O(n^2 d).\n");
+    print_matrix("A' (window 2)", aw, N, N, 1);
+    qkv_heatmap hw;
+    qkv_heatmap_init(&hw, aw, N, N);
+    hw.row_labels = words;
+    hw.col_labels = words;
+    hw.show_values = 1;
+    hw.vmin = 0.0;
+    hw.vmax = 1.0;
+    hw.title = "A' with a window of 2 (truncated)";
+    if (print_heatmap(&hw) != 0) return -1;
+    if (save_heatmap(dir, "attention_window.png", &hw) != 0) return -1;
+    return 0;
+}
+
+/* loss.png. 0 or -1. */
+static int draw_loss(const char *dir, const double *losses, int64_t steps) {
+    qkv_status s;
+    if (g_n_written >= MAX_OUTPUTS) return -1;
+    char *path = g_written[g_n_written];
+    if (join_path(path, sizeof g_written[0], dir, "loss.png") != 0) return -1;
+    errno = 0;
+    s = qkv_loss_curve_save_png(path, NULL, losses, steps, "qkv demo: training loss");
+    if (s != QKV_OK) {
+        cli_error(CMD, "--out", path, "cannot write the picture: %s%s%s", qkv_status_string(s),
+                  errno ? ": " : "", errno ? strerror(errno) : "");
+        return -1;
+    }
+    g_n_written++;
+    printf("  wrote %s\n", path);
+    return 0;
+}
+
 static int run(const char *dir, uint64_t seed, int64_t steps) {
     int rc = CLI_EXIT_FAIL;
     qkv_model *m = NULL;
@@ -289,35 +467,7 @@ static int run(const char *dir, uint64_t seed, int64_t steps) {
            "   the final mark are random): %lld steps of %d sentences, AdamW.\n",
            E, H, DH, (long long)qkv_model_param_count(m), (long long)steps, BATCH);
     fflush(stdout);
-    {
-        int32_t tok[BATCH * N], tgt[BATCH * N];
-        uint64_t rng = seed * 0x2545F4914F6CDD1Dull + 7;
-        double t0 = now_s();
-        for (int64_t step = 0; step < steps; step++) {
-            for (int b = 0; b < BATCH; b++) {
-                sentence(&rng, tok + b * N);
-                for (int i = 0; i < N; i++) tgt[b * N + i] = i + 1 < N ? tok[b * N + i + 1] : -1;
-            }
-            double loss = 0, gn = 0;
-            qkv_model_zero_grad(m);
-            qkv_model_set_step(m, seed, step);
-            if ((s = qkv_model_forward(m, BATCH, N, tok, tgt, 1, NULL, &loss)) != QKV_OK ||
-                (s = qkv_model_backward(m)) != QKV_OK ||
-                (s = qkv_adamw_step(opt, qkv_lr_schedule(step, steps / 10, steps, 1e-2, 1e-3), 1.0, &gn)) !=
-                    QKV_OK) {
-                fail_status("training", s);
-                goto done;
-            }
-            losses[step] = loss;
-            if (step % (steps / 4 > 0 ? steps / 4 : 1) == 0 || step == steps - 1)
-                printf("     step %4lld   loss %.3f\n", (long long)step, loss);
-        }
-        /* The floor: the verb (1 of 4) and the mark (1 of 2) cannot be
-         * predicted: (ln 4 + ln 2) / 5 targets per sentence. */
-        printf("   %.1f s. The best possible loss is %.3f: only the verb and the final mark\n"
-               "   are left to chance.\n",
-               now_s() - t0, (log(4.0) + log(2.0)) / 5.0);
-    }
+    if (train_steps(m, opt, seed, steps, losses) != 0) goto done;
 
     /* The sentence through the trained model, attention kept. */
     const int32_t hello[N] = {W_HELLO, W_COMMA, W_I, W_LOVE, W_YOU, W_BANG};
@@ -365,36 +515,7 @@ static int run(const char *dir, uint64_t seed, int64_t steps) {
            "   into the input I. (The articles draw vectors as columns; here each row is\n"
            "   one word.)\n");
     print_matrix("I", I, N, E, 0);
-    {
-        /* The articles' figure of the sinusoidal e^i: one column per
-         * position, at a size where its pattern shows (E = 64, 100
-         * positions); the demo's model uses its first 8 rows, 6 columns. */
-        enum { PE_N = 100, PE_E = 64 };
-        float *pe_big = malloc(sizeof(float) * PE_N * PE_E), *pe_t = malloc(sizeof(float) * PE_N * PE_E);
-        if (!pe_big || !pe_t || qkv_posenc_sinusoidal(PE_N, PE_E, 0, pe_big) != QKV_OK) {
-            free(pe_big);
-            free(pe_t);
-            cli_error(CMD, NULL, NULL, "positional encoding: out of memory");
-            goto done;
-        }
-        for (int i = 0; i < PE_N; i++)
-            for (int e = 0; e < PE_E; e++) pe_t[e * PE_N + i] = pe_big[i * PE_E + e];
-        char *path = g_n_written < MAX_OUTPUTS ? g_written[g_n_written] : NULL;
-        qkv_status ps = QKV_ERR_BAD_SIZE;
-        if (path && join_path(path, sizeof g_written[0], dir, "positional_encoding.png") == 0) {
-            errno = 0;
-            ps = qkv_matrix_save_png(path, pe_t, PE_E, PE_N, "sinusoidal positional encoding: column i is e^i",
-                                     "position i", "dimension");
-            if (ps != QKV_OK)
-                cli_error(CMD, "--out", path, "cannot write the picture: %s%s%s", qkv_status_string(ps),
-                          errno ? ": " : "", errno ? strerror(errno) : "");
-        }
-        free(pe_big);
-        free(pe_t);
-        if (ps != QKV_OK) goto done;
-        g_n_written++;
-        printf("  wrote %s (the articles' figure of e^i, 64 dimensions x 100 positions)\n", path);
-    }
+    if (draw_positions(dir) != 0) goto done;
 
     float q[H][N * DH], k[H][N * DH], v[H][N * DH];
     for (int h = 0; h < H; h++) {
@@ -485,59 +606,7 @@ static int run(const char *dir, uint64_t seed, int64_t steps) {
         goto done;
     }
     for (int h = 0; h < H; h++) print_strongest(titles[h], Ap[h], N);
-    {
-        /* The layer as a library object with the trained weights: its output
-         * is concat(O_0, O_1) W_o^T + b_o. */
-        qkv_mha_config mc;
-        qkv_mha_config_init(&mc, E, H);
-        mc.attn.mask = QKV_MASK_CAUSAL;
-        mc.attn.threads = 1;
-        int64_t count = 0, mcount = 0;
-        if ((s = qkv_mha_create(&mc, 1, &layer)) != QKV_OK) {
-            fail_status("layer", s);
-            goto done;
-        }
-        float *lp = qkv_mha_params(layer, &count);
-        for (int64_t i = 0; i < qkv_model_segment_count(m); i++) {
-            const char *nm;
-            float *p, *g;
-            if (qkv_model_segment(m, i, &nm, &p, &g, &mcount) == QKV_OK && strcmp(nm, "layers.0.attn.") == 0)
-                break;
-            mcount = 0;
-        }
-        if (mcount != count) {
-            cli_error(CMD, NULL, NULL, "the model's attention layer has %lld parameters, a fresh one %lld",
-                      (long long)mcount, (long long)count);
-            goto done;
-        }
-        memcpy(lp, attn_p, (size_t)count * sizeof(float));
-        float y[N * E], attn2[H * N * N], cat[N * E];
-        if ((s = qkv_mha_forward(layer, 1, N, N, I, NULL, NULL, NULL, y, attn2)) != QKV_OK) {
-            fail_status("qkv_mha_forward", s);
-            goto done;
-        }
-        /* concat of every head's O, then W_o (after in_proj_weight and in_proj_bias). */
-        for (int h = 0; h < H; h++)
-            for (int i = 0; i < N; i++)
-                for (int d = 0; d < DH; d++) {
-                    double acc = 0;
-                    for (int j = 0; j < N; j++) acc += (double)Ap[h][i * N + j] * v[h][j * DH + d];
-                    cat[i * E + h * DH + d] = (float)acc;
-                }
-        const float *W_o = attn_p + 3 * E * E + 3 * E, *b_o = W_o + E * E;
-        double ydiff = 0;
-        for (int i = 0; i < N; i++)
-            for (int o = 0; o < E; o++) {
-                double acc = b_o[o];
-                for (int e = 0; e < E; e++) acc += (double)cat[i * E + e] * W_o[o * E + e];
-                if (fabs(acc - y[i * E + o]) > ydiff) ydiff = fabs(acc - y[i * E + o]);
-            }
-        printf("\n   The layer joins the heads: y = concat(O_0, O_1) W_o^T + b_o  [%d x %d].\n"
-               "   qkv_mha_forward with the trained weights gives the same y (largest\n"
-               "   difference %.1e):\n",
-               N, E, ydiff);
-        print_matrix("y", y, N, E, 0);
-    }
+    if (check_layer(m, attn_p, I, Ap, v, &layer) != 0) goto done;
     for (int h = 0; h < H; h++) {
         char name[64], title[96];
         snprintf(name, sizeof name, "attention_head%d.png", h);
@@ -556,50 +625,8 @@ static int run(const char *dir, uint64_t seed, int64_t steps) {
     if (save_heatmap(dir, "attention_heads.png", &hh) != 0) goto done;
 
     /* Truncated attention with the library's kernel on head 0's q, k, v. */
-    {
-        qkv_attn_desc d;
-        qkv_attn_desc_init(&d);
-        d.batch = 1;
-        d.n_q = d.n_k = N;
-        d.heads = 1;
-        d.dim = DH;
-        d.mask = QKV_MASK_CAUSAL_WINDOW;
-        d.window_left = 2;
-        float out[N * DH], aw[N * N];
-        if ((s = qkv_attention_forward(&d, q[0], k[0], v[0], out, aw, NULL)) != QKV_OK) {
-            fail_status("qkv_attention_forward", s);
-            goto done;
-        }
-        printf("\n8. Truncated self-attention (the second article's speech example): the same\n"
-               "   q, k, v of head 0, but each word sees only itself and the 2 words before\n"
-               "   it (qkv_attention_forward, mask causal-window, window_left = 2): cost\n"
-               "   O(n r d) instead of O(n^2 d).\n");
-        print_matrix("A' (window 2)", aw, N, N, 1);
-        qkv_heatmap hw;
-        qkv_heatmap_init(&hw, aw, N, N);
-        hw.row_labels = words;
-        hw.col_labels = words;
-        hw.show_values = 1;
-        hw.vmin = 0.0;
-        hw.vmax = 1.0;
-        hw.title = "A' with a window of 2 (truncated)";
-        if (print_heatmap(&hw) != 0) goto done;
-        if (save_heatmap(dir, "attention_window.png", &hw) != 0) goto done;
-    }
-    {
-        if (g_n_written >= MAX_OUTPUTS) goto done;
-        char *path = g_written[g_n_written];
-        if (join_path(path, sizeof g_written[0], dir, "loss.png") != 0) goto done;
-        errno = 0;
-        s = qkv_loss_curve_save_png(path, NULL, losses, steps, "qkv demo: training loss");
-        if (s != QKV_OK) {
-            cli_error(CMD, "--out", path, "cannot write the picture: %s%s%s", qkv_status_string(s),
-                      errno ? ": " : "", errno ? strerror(errno) : "");
-            goto done;
-        }
-        g_n_written++;
-        printf("  wrote %s\n", path);
-    }
+    if (draw_window(dir, q[0], k[0], v[0], words) != 0) goto done;
+    if (draw_loss(dir, losses, steps) != 0) goto done;
     rc = CLI_EXIT_OK;
 done:
     if (rc != CLI_EXIT_OK) remove_outputs();

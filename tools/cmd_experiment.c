@@ -391,135 +391,94 @@ static void finish_rowstats(rowstats *s) {
     s->grad /= (double)s->rows;
 }
 
-static int exp_scale(const ctx *c) {
-    static const int64_t dims[] = {8, 16, 32, 64, 128, 256, 512};
-    const int nd = c->quick ? 3 : 7, nt = c->quick ? 2 : 6; /* trained models up to d = 256 */
-    const int64_t n = 64;
-    double ent[4][7], grad[4][7], sat[4][7], dd[7];
-    uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + 11;
-    printf("Why divide q.k by sqrt(d)? Softmax rows over n = %lld keys: entropy (bits; uniform\n"
-           "= %.0f), rows whose largest weight exceeds 0.99, and |dL/dS|, the gradient that\n"
-           "reaches the scores S through the softmax for a random upstream gradient.\n\n",
-           (long long)n, log2((double)n));
-    printf("Random q, k with N(0, 1) entries (q.k has variance d):\n");
-    printf("%6s | %9s %9s | %9s %9s | %9s %9s\n", "d", "H scaled", "H plain", "sat sc.", "sat plain", "|dS| sc.",
-           "|dS| plain");
-    for (int i = 0; i < nd; i++) {
-        const int64_t d = dims[i];
-        dd[i] = (double)d;
-        float *q = malloc((size_t)(n * d) * sizeof *q), *k = malloc((size_t)(n * d) * sizeof *k),
-              *v = malloc((size_t)(n * d) * sizeof *v), *o = malloc((size_t)(n * d) * sizeof *o),
-              *P = malloc((size_t)(n * n) * sizeof *P);
-        if (!q || !k || !v || !o || !P) {
-            free(q), free(k), free(v), free(o), free(P);
-            cli_error(CMD, NULL, NULL, "out of memory");
-            return -1;
-        }
-        rowstats rs[2];
-        memset(rs, 0, sizeof rs);
-        for (int trial = 0; trial < 4; trial++) {
-            for (int64_t j = 0; j < n * d; j++) {
-                q[j] = (float)normal(&rng);
-                k[j] = (float)normal(&rng);
-                v[j] = (float)normal(&rng);
-            }
-            for (int plain = 0; plain < 2; plain++) {
-                qkv_attn_desc ad;
-                qkv_attn_desc_init(&ad);
-                ad.batch = 1;
-                ad.n_q = ad.n_k = n;
-                ad.heads = 1;
-                ad.dim = d;
-                ad.score = plain ? QKV_SCORE_DOT : QKV_SCORE_SCALED_DOT;
-                ad.threads = c->threads;
-                qkv_status s = qkv_attention_forward(&ad, q, k, v, o, P, NULL);
-                if (s != QKV_OK) {
-                    free(q), free(k), free(v), free(o), free(P);
-                    return status_fail("attention", s);
-                }
-                add_rowstats(P, n, n, 1.0, &rng, &rs[plain]);
-            }
-        }
+/* Softmax row statistics of random q, k with N(0, 1) entries at head
+ * dimension d, with the scale (rs[0]) and without it (rs[1]). 0 or -1. */
+static int scale_random(const ctx *c, int64_t d, int64_t n, uint64_t *rng, rowstats rs[2]) {
+    float *q = malloc((size_t)(n * d) * sizeof *q), *k = malloc((size_t)(n * d) * sizeof *k),
+          *v = malloc((size_t)(n * d) * sizeof *v), *o = malloc((size_t)(n * d) * sizeof *o),
+          *P = malloc((size_t)(n * n) * sizeof *P);
+    if (!q || !k || !v || !o || !P) {
         free(q), free(k), free(v), free(o), free(P);
-        for (int p = 0; p < 2; p++) {
-            finish_rowstats(&rs[p]);
-            ent[p][i] = rs[p].entropy;
-            sat[p][i] = rs[p].saturated;
-            grad[p][i] = rs[p].grad;
-        }
-        printf("%6lld | %9.2f %9.2f | %8.0f%% %8.0f%% | %9.4f %9.4f\n", (long long)d, ent[0][i], ent[1][i],
-               100 * sat[0][i], 100 * sat[1][i], grad[0][i], grad[1][i]);
-        fflush(stdout);
+        cli_error(CMD, NULL, NULL, "out of memory");
+        return -1;
     }
+    memset(rs, 0, 2 * sizeof *rs);
+    for (int trial = 0; trial < 4; trial++) {
+        for (int64_t j = 0; j < n * d; j++) {
+            q[j] = (float)normal(rng);
+            k[j] = (float)normal(rng);
+            v[j] = (float)normal(rng);
+        }
+        for (int plain = 0; plain < 2; plain++) {
+            qkv_attn_desc ad;
+            qkv_attn_desc_init(&ad);
+            ad.batch = 1;
+            ad.n_q = ad.n_k = n;
+            ad.heads = 1;
+            ad.dim = d;
+            ad.score = plain ? QKV_SCORE_DOT : QKV_SCORE_SCALED_DOT;
+            ad.threads = c->threads;
+            qkv_status s = qkv_attention_forward(&ad, q, k, v, o, P, NULL);
+            if (s != QKV_OK) {
+                free(q), free(k), free(v), free(o), free(P);
+                return status_fail("attention", s);
+            }
+            add_rowstats(P, n, n, 1.0, rng, &rs[plain]);
+        }
+    }
+    free(q), free(k), free(v), free(o), free(P);
+    return 0;
+}
 
-    const int64_t steps = c->quick ? 20 : 300;
-    printf("\nTrained: one-layer, one-head decoders with E = d trained %lld steps (with the\n"
-           "scale) to copy 8 symbols; the q, k of their layer on 32 fresh examples,\n"
-           "scored with the scale and without it (softmax(sqrt(d) S)):\n",
-           (long long)steps);
-    printf("%6s | %9s %9s | %9s %9s | %9s %9s | %s\n", "d", "H scaled", "H plain", "sat sc.", "sat plain",
-           "|dS| sc.", "|dS| plain", "copy acc.");
-    for (int i = 0; i < nt; i++) {
-        const int64_t d = dims[i];
-        run r;
-        memset(&r, 0, sizeof r);
-        default_model(&r.cfg, c);
-        r.cfg.dim = d;
-        r.cfg.heads = 1;
-        r.cfg.layers = 1;
-        r.cfg.mlp_dim = 2 * d;
-        r.task.task = QKV_TASK_COPY;
-        r.task.length = 8;
-        r.task.symbols = 16;
-        r.steps = steps;
-        r.batch = 32;
-        r.warmup = steps / 10;
-        r.lr = d >= 128 ? 1e-3 : 3e-3;
-        r.seed = c->seed + (uint64_t)d;
-        qkv_model *m;
-        if (train(&r, &m) != 0) return -1;
-        score sc;
-        if (evaluate(m, &r.task, c->seed, 4, 64, &sc) != 0) {
-            qkv_model_free(m);
-            return -1;
-        }
-        /* Attention of the model on a batch of fresh examples. */
-        int64_t V, n2;
-        int causal;
-        task_shape(&r.task, &V, &n2, &causal);
-        const int64_t B = 32;
-        int32_t tok[32 * 18], tgt[32 * 18];
-        qkv_status s;
-        if (n2 > 18 || (s = task_batch(&r.task, c->seed ^ 0xABCDull, 0, B, tok, tgt)) != QKV_OK ||
-            (s = qkv_model_keep_attention(m, 1)) != QKV_OK ||
-            (s = qkv_model_forward(m, B, n2, tok, NULL, 0, NULL, NULL)) != QKV_OK) {
-            qkv_model_free(m);
-            return status_fail("trained attention", n2 > 18 ? QKV_ERR_BAD_SIZE : s);
-        }
-        const float *A = qkv_model_attention(m, 0);
-        rowstats rs[2];
-        memset(rs, 0, sizeof rs);
-        for (int plain = 0; plain < 2; plain++)
-            add_rowstats(A, B * n2, n2, plain ? sqrt((double)d) : 1.0, &rng, &rs[plain]);
+/* A one-layer, one-head decoder with E = d trained `steps` steps to copy 8
+ * symbols: its softmax row statistics on fresh examples scored with the
+ * scale (rs[0]) and without it (rs[1]), and its score. 0 or -1. */
+static int scale_trained(const ctx *c, int64_t d, int64_t steps, uint64_t *rng, rowstats rs[2],
+                         score *sc) {
+    run r;
+    memset(&r, 0, sizeof r);
+    default_model(&r.cfg, c);
+    r.cfg.dim = d;
+    r.cfg.heads = 1;
+    r.cfg.layers = 1;
+    r.cfg.mlp_dim = 2 * d;
+    r.task.task = QKV_TASK_COPY;
+    r.task.length = 8;
+    r.task.symbols = 16;
+    r.steps = steps;
+    r.batch = 32;
+    r.warmup = steps / 10;
+    r.lr = d >= 128 ? 1e-3 : 3e-3;
+    r.seed = c->seed + (uint64_t)d;
+    qkv_model *m;
+    if (train(&r, &m) != 0) return -1;
+    if (evaluate(m, &r.task, c->seed, 4, 64, sc) != 0) {
         qkv_model_free(m);
-        for (int p = 0; p < 2; p++) {
-            finish_rowstats(&rs[p]);
-            ent[2 + p][i] = rs[p].entropy;
-            sat[2 + p][i] = rs[p].saturated;
-            grad[2 + p][i] = rs[p].grad;
-        }
-        printf("%6lld | %9.2f %9.2f | %8.0f%% %8.0f%% | %9.4f %9.4f | %.1f%%\n", (long long)d, ent[2][i], ent[3][i],
-               100 * sat[2][i], 100 * sat[3][i], grad[2][i], grad[3][i], 100 * sc.token_acc);
-        fflush(stdout);
+        return -1;
     }
-    printf("\nMeasured at d = %lld (random q, k): entropy %.2f bits with the scale, %.2f without;\n"
-           "saturated rows %.0f%% vs %.0f%%; gradient reaching the scores %.4f vs %.4f.\n"
-           "q.k has variance d: without 1/sqrt(d) the softmax puts ever more weight on one\n"
-           "key as d grows and the gradient through it shrinks (the articles' answer); with\n"
-           "it the rows stay equally soft at every d.\n",
-           (long long)dims[nd - 1], ent[0][nd - 1], ent[1][nd - 1], 100 * sat[0][nd - 1], 100 * sat[1][nd - 1],
-           grad[0][nd - 1], grad[1][nd - 1]);
+    /* Attention of the model on a batch of fresh examples. */
+    int64_t V, n2;
+    int causal;
+    task_shape(&r.task, &V, &n2, &causal);
+    const int64_t B = 32;
+    int32_t tok[32 * 18], tgt[32 * 18];
+    qkv_status s = QKV_ERR_BAD_SIZE;
+    if (n2 > 18 || (s = task_batch(&r.task, c->seed ^ 0xABCDull, 0, B, tok, tgt)) != QKV_OK ||
+        (s = qkv_model_keep_attention(m, 1)) != QKV_OK ||
+        (s = qkv_model_forward(m, B, n2, tok, NULL, 0, NULL, NULL)) != QKV_OK) {
+        qkv_model_free(m);
+        return status_fail("trained attention", n2 > 18 ? QKV_ERR_BAD_SIZE : s);
+    }
+    const float *A = qkv_model_attention(m, 0);
+    memset(rs, 0, 2 * sizeof *rs);
+    for (int plain = 0; plain < 2; plain++)
+        add_rowstats(A, B * n2, n2, plain ? sqrt((double)d) : 1.0, rng, &rs[plain]);
+    qkv_model_free(m);
+    return 0;
+}
 
+/* The entropy and gradient plots of exp_scale. 0 or -1. */
+static int scale_plots(const ctx *c, double *dd, double ent[4][7], double grad[4][7], int nd, int nt) {
     char path[4096], path2[4096];
     if (path_in(c, "experiment_scale.png", path, sizeof path) != 0 ||
         path_in(c, "experiment_scale_grad.png", path2, sizeof path2) != 0)
@@ -553,6 +512,68 @@ static int exp_scale(const ctx *c) {
         return -1;
     }
     return 0;
+}
+
+static int exp_scale(const ctx *c) {
+    static const int64_t dims[] = {8, 16, 32, 64, 128, 256, 512};
+    const int nd = c->quick ? 3 : 7, nt = c->quick ? 2 : 6; /* trained models up to d = 256 */
+    const int64_t n = 64;
+    double ent[4][7], grad[4][7], sat[4][7], dd[7];
+    uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + 11;
+    printf("Why divide q.k by sqrt(d)? Softmax rows over n = %lld keys: entropy (bits; uniform\n"
+           "= %.0f), rows whose largest weight exceeds 0.99, and |dL/dS|, the gradient that\n"
+           "reaches the scores S through the softmax for a random upstream gradient.\n\n",
+           (long long)n, log2((double)n));
+    printf("Random q, k with N(0, 1) entries (q.k has variance d):\n");
+    printf("%6s | %9s %9s | %9s %9s | %9s %9s\n", "d", "H scaled", "H plain", "sat sc.", "sat plain", "|dS| sc.",
+           "|dS| plain");
+    for (int i = 0; i < nd; i++) {
+        const int64_t d = dims[i];
+        dd[i] = (double)d;
+        rowstats rs[2];
+        if (scale_random(c, d, n, &rng, rs) != 0) return -1;
+        for (int p = 0; p < 2; p++) {
+            finish_rowstats(&rs[p]);
+            ent[p][i] = rs[p].entropy;
+            sat[p][i] = rs[p].saturated;
+            grad[p][i] = rs[p].grad;
+        }
+        printf("%6lld | %9.2f %9.2f | %8.0f%% %8.0f%% | %9.4f %9.4f\n", (long long)d, ent[0][i], ent[1][i],
+               100 * sat[0][i], 100 * sat[1][i], grad[0][i], grad[1][i]);
+        fflush(stdout);
+    }
+
+    const int64_t steps = c->quick ? 20 : 300;
+    printf("\nTrained: one-layer, one-head decoders with E = d trained %lld steps (with the\n"
+           "scale) to copy 8 symbols; the q, k of their layer on 32 fresh examples,\n"
+           "scored with the scale and without it (softmax(sqrt(d) S)):\n",
+           (long long)steps);
+    printf("%6s | %9s %9s | %9s %9s | %9s %9s | %s\n", "d", "H scaled", "H plain", "sat sc.", "sat plain",
+           "|dS| sc.", "|dS| plain", "copy acc.");
+    for (int i = 0; i < nt; i++) {
+        const int64_t d = dims[i];
+        rowstats rs[2];
+        score sc;
+        if (scale_trained(c, d, steps, &rng, rs, &sc) != 0) return -1;
+        for (int p = 0; p < 2; p++) {
+            finish_rowstats(&rs[p]);
+            ent[2 + p][i] = rs[p].entropy;
+            sat[2 + p][i] = rs[p].saturated;
+            grad[2 + p][i] = rs[p].grad;
+        }
+        printf("%6lld | %9.2f %9.2f | %8.0f%% %8.0f%% | %9.4f %9.4f | %.1f%%\n", (long long)d, ent[2][i], ent[3][i],
+               100 * sat[2][i], 100 * sat[3][i], grad[2][i], grad[3][i], 100 * sc.token_acc);
+        fflush(stdout);
+    }
+    printf("\nMeasured at d = %lld (random q, k): entropy %.2f bits with the scale, %.2f without;\n"
+           "saturated rows %.0f%% vs %.0f%%; gradient reaching the scores %.4f vs %.4f.\n"
+           "q.k has variance d: without 1/sqrt(d) the softmax puts ever more weight on one\n"
+           "key as d grows and the gradient through it shrinks (the articles' answer); with\n"
+           "it the rows stay equally soft at every d.\n",
+           (long long)dims[nd - 1], ent[0][nd - 1], ent[1][nd - 1], 100 * sat[0][nd - 1], 100 * sat[1][nd - 1],
+           grad[0][nd - 1], grad[1][nd - 1]);
+
+    return scale_plots(c, dd, ent, grad, nd, nt);
 }
 
 /* ---- projections ------------------------------------------------------------- */

@@ -212,10 +212,112 @@ static void heat(double t, float rgb[3]) {
     rgb[2] = (float)fmin(1.0, fmax(0.0, 3.0 * t - 2.0));
 }
 
+/* The features f = x R (+ the 2-D position, written first and accumulated
+ * into by the product: one [HW, D] buffer, not two) of every pixel. */
+static qkv_status features(const config *c, const qkv_image *img, int64_t D, float *feat) {
+    const int64_t HW = img->height * img->width, C = img->channels;
+    qkv_status s;
+    if (c->pos) {
+        s = qkv_posenc_sinusoidal2d(img->height, img->width, D, 1, feat);
+        if (s != QKV_OK) return s;
+    }
+    if (!c->dim) {
+        memcpy(feat, img->data, (size_t)(HW * D) * sizeof(float));
+        return QKV_OK;
+    }
+    /* A fixed random projection R [C, D], N(0, 1/C). */
+    float *R = malloc((size_t)(C * D) * sizeof(float));
+    if (!R) return QKV_ERR_OUT_OF_MEMORY;
+    uint64_t st = c->seed;
+    for (int64_t i = 0; i < C * D; i++) R[i] = (float)(rng_normal(&st) / sqrt((double)C));
+    s = qkv_sgemm(0, 0, HW, D, C, 1.0f, img->data, C, R, D, c->pos ? 1.0f : 0.0f, feat, D, 0);
+    free(R);
+    return s;
+}
+
+/* Full attention: the query pixel qp's row against every pixel (n_q = 1). */
+static qkv_status full_row(int64_t HW, int64_t D, const float *feat, int64_t qp, double scale,
+                           float *row) {
+    qkv_attn_desc d;
+    qkv_attn_desc_init(&d);
+    d.batch = 1;
+    d.n_q = 1;
+    d.n_k = HW;
+    d.heads = 1;
+    d.dim = D;
+    d.dim_v = 1;
+    d.scale = scale;
+    float *v = malloc((size_t)HW * sizeof(float)), o;
+    if (!v) return QKV_ERR_OUT_OF_MEMORY;
+    for (int64_t i = 0; i < HW; i++) v[i] = 0.0f;
+    qkv_status s = qkv_attention_forward(&d, feat + qp * D, feat, v, &o, row, NULL);
+    free(v);
+    return s;
+}
+
+/* Windowed attention: the crop of the query's window, whose row equals the
+ * whole image's; the query's weights scattered into row, *n_keys counted. */
+static qkv_status window_row(const config *c, int64_t H, int64_t W, int64_t D, const float *feat,
+                             double scale, float *row, int64_t *n_keys) {
+    const int64_t r = c->window / 2;
+    int64_t y0 = c->qy - r < 0 ? 0 : c->qy - r, y1 = c->qy + r + 1 > H ? H : c->qy + r + 1;
+    int64_t x0 = c->qx - r < 0 ? 0 : c->qx - r, x1 = c->qx + r + 1 > W ? W : c->qx + r + 1;
+    int64_t ch = y1 - y0, cw = x1 - x0, KK = c->window * c->window;
+    float *crop = malloc((size_t)(ch * cw * D) * sizeof(float));
+    float *cattn = malloc((size_t)(ch * cw * KK) * sizeof(float));
+    float *cout = malloc((size_t)(ch * cw) * sizeof(float));
+    float *cv = calloc((size_t)(ch * cw), sizeof(float));
+    qkv_status s = QKV_ERR_OUT_OF_MEMORY;
+    if (crop && cattn && cout && cv) {
+        for (int64_t y = 0; y < ch; y++)
+            memcpy(crop + y * cw * D, feat + ((y0 + y) * W + x0) * D, (size_t)(cw * D) * sizeof(float));
+        s = qkv_neighborhood2d_forward(ch, cw, 1, D, 1, c->window, scale, 0, crop, crop, cv, cout, cattn);
+    }
+    if (s == QKV_OK) {
+        const float *a = cattn + ((c->qy - y0) * cw + (c->qx - x0)) * KK;
+        *n_keys = 0;
+        for (int64_t dy = -r; dy <= r; dy++)
+            for (int64_t dx = -r; dx <= r; dx++) {
+                int64_t y = c->qy + dy, x = c->qx + dx;
+                if (y < 0 || y >= H || x < 0 || x >= W) continue;
+                row[y * W + x] = a[(dy + r) * c->window + (dx + r)];
+                (*n_keys)++;
+            }
+    }
+    free(cv);
+    free(crop);
+    free(cattn);
+    free(cout);
+    return s;
+}
+
+/* The overlay: the grey image under the heat of row (scaled by its largest
+ * weight wmax), the query pixel marked by a cyan cross. */
+static void paint(const config *c, const qkv_image *img, const float *row, double wmax,
+                  qkv_image *map) {
+    const int64_t H = img->height, W = img->width, C = img->channels;
+    for (int64_t i = 0; i < H * W; i++) {
+        const float *p = img->data + i * C;
+        double grey = C >= 3 ? 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2] : p[0];
+        double t = wmax > 0 ? row[i] / wmax : 0.0, alpha = sqrt(t);
+        float hc[3];
+        heat(t, hc);
+        for (int k = 0; k < 3; k++) map->data[i * 3 + k] = (float)((1.0 - alpha) * 0.5 * grey + alpha * hc[k]);
+    }
+    static const int mark[5][2] = {{0, 0}, {-1, 0}, {1, 0}, {0, -1}, {0, 1}};
+    for (int m = 0; m < 5; m++) {
+        int64_t y = c->qy + mark[m][0], x = c->qx + mark[m][1];
+        if (y < 0 || y >= H || x < 0 || x >= W) continue;
+        map->data[(y * W + x) * 3 + 0] = 0.0f;
+        map->data[(y * W + x) * 3 + 1] = 1.0f;
+        map->data[(y * W + x) * 3 + 2] = 1.0f;
+    }
+}
+
 static int run(const config *c) {
     char why[256] = "";
     qkv_image img = {0, 0, 0, NULL}, map = {0, 0, 0, NULL};
-    float *feat = NULL, *row = NULL, *crop = NULL, *cattn = NULL, *cout = NULL;
+    float *feat = NULL, *row = NULL;
     int rc = CLI_EXIT_FAIL;
     qkv_status s = qkv_image_load(c->in, &img, why, sizeof why);
     if (s != QKV_OK) {
@@ -236,75 +338,13 @@ static int run(const config *c) {
     }
     feat = malloc((size_t)(HW * D) * sizeof(float));
     row = calloc((size_t)HW, sizeof(float));
-    if (!feat || !row) goto oom;
-    /* f = x R (+ the 2-D position, written first and accumulated into by
-     * the product: one [HW, D] buffer, not two). */
-    if (c->pos) {
-        s = qkv_posenc_sinusoidal2d(H, W, D, 1, feat);
-        if (s != QKV_OK) goto fail;
-    }
-    if (c->dim) {
-        /* A fixed random projection R [C, D], N(0, 1/C). */
-        float *R = malloc((size_t)(C * D) * sizeof(float));
-        if (!R) goto oom;
-        uint64_t st = c->seed;
-        for (int64_t i = 0; i < C * D; i++) R[i] = (float)(rng_normal(&st) / sqrt((double)C));
-        s = qkv_sgemm(0, 0, HW, D, C, 1.0f, img.data, C, R, D, c->pos ? 1.0f : 0.0f, feat, D, 0);
-        free(R);
-        if (s != QKV_OK) goto fail;
-    } else {
-        memcpy(feat, img.data, (size_t)(HW * D) * sizeof(float));
-    }
+    s = feat && row ? features(c, &img, D, feat) : QKV_ERR_OUT_OF_MEMORY;
+    if (s != QKV_OK) goto fail;
     const double scale = c->has_scale ? c->scale : 1.0 / sqrt((double)D);
-    const int64_t qp = c->qy * W + c->qx;
-    int64_t n_keys;
-    if (!c->window) {
-        /* Full attention: one query row against every pixel (n_q = 1). */
-        qkv_attn_desc d;
-        qkv_attn_desc_init(&d);
-        d.batch = 1;
-        d.n_q = 1;
-        d.n_k = HW;
-        d.heads = 1;
-        d.dim = D;
-        d.dim_v = 1;
-        d.scale = scale;
-        float *v = malloc((size_t)HW * sizeof(float)), o;
-        if (!v) goto oom;
-        for (int64_t i = 0; i < HW; i++) v[i] = 0.0f;
-        s = qkv_attention_forward(&d, feat + qp * D, feat, v, &o, row, NULL);
-        free(v);
-        if (s != QKV_OK) goto fail;
-        n_keys = HW;
-    } else {
-        /* The crop of the query's window; its row equals the whole image's. */
-        const int64_t r = c->window / 2;
-        int64_t y0 = c->qy - r < 0 ? 0 : c->qy - r, y1 = c->qy + r + 1 > H ? H : c->qy + r + 1;
-        int64_t x0 = c->qx - r < 0 ? 0 : c->qx - r, x1 = c->qx + r + 1 > W ? W : c->qx + r + 1;
-        int64_t ch = y1 - y0, cw = x1 - x0, KK = c->window * c->window;
-        crop = malloc((size_t)(ch * cw * D) * sizeof(float));
-        cattn = malloc((size_t)(ch * cw * KK) * sizeof(float));
-        cout = malloc((size_t)(ch * cw) * sizeof(float));
-        float *cv = calloc((size_t)(ch * cw), sizeof(float));
-        if (!crop || !cattn || !cout || !cv) {
-            free(cv);
-            goto oom;
-        }
-        for (int64_t y = 0; y < ch; y++)
-            memcpy(crop + y * cw * D, feat + ((y0 + y) * W + x0) * D, (size_t)(cw * D) * sizeof(float));
-        s = qkv_neighborhood2d_forward(ch, cw, 1, D, 1, c->window, scale, 0, crop, crop, cv, cout, cattn);
-        free(cv);
-        if (s != QKV_OK) goto fail;
-        const float *a = cattn + ((c->qy - y0) * cw + (c->qx - x0)) * KK;
-        n_keys = 0;
-        for (int64_t dy = -r; dy <= r; dy++)
-            for (int64_t dx = -r; dx <= r; dx++) {
-                int64_t y = c->qy + dy, x = c->qx + dx;
-                if (y < 0 || y >= H || x < 0 || x >= W) continue;
-                row[y * W + x] = a[(dy + r) * c->window + (dx + r)];
-                n_keys++;
-            }
-    }
+    int64_t n_keys = HW;
+    s = c->window ? window_row(c, H, W, D, feat, scale, row, &n_keys)
+                  : full_row(HW, D, feat, c->qy * W + c->qx, scale, row);
+    if (s != QKV_OK) goto fail;
     /* Summary and overlay. */
     double wmax = 0.0, ent = 0.0;
     int64_t amax = 0;
@@ -317,22 +357,7 @@ static int run(const config *c) {
     }
     s = qkv_image_alloc(&map, H, W, 3);
     if (s != QKV_OK) goto fail;
-    for (int64_t i = 0; i < HW; i++) {
-        const float *p = img.data + i * C;
-        double grey = C >= 3 ? 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2] : p[0];
-        double t = wmax > 0 ? row[i] / wmax : 0.0, alpha = sqrt(t);
-        float hc[3];
-        heat(t, hc);
-        for (int k = 0; k < 3; k++) map.data[i * 3 + k] = (float)((1.0 - alpha) * 0.5 * grey + alpha * hc[k]);
-    }
-    static const int mark[5][2] = {{0, 0}, {-1, 0}, {1, 0}, {0, -1}, {0, 1}};
-    for (int m = 0; m < 5; m++) {
-        int64_t y = c->qy + mark[m][0], x = c->qx + mark[m][1];
-        if (y < 0 || y >= H || x < 0 || x >= W) continue;
-        map.data[(y * W + x) * 3 + 0] = 0.0f;
-        map.data[(y * W + x) * 3 + 1] = 1.0f;
-        map.data[(y * W + x) * 3 + 2] = 1.0f;
-    }
+    paint(c, &img, row, wmax, &map);
     /* Write: the .npy first, then the PNG; a failure removes what was written. */
     if (c->attn) {
         qkv_array arr;
@@ -359,16 +384,11 @@ static int run(const config *c) {
            (long long)(amax % W), (long long)(amax / W), ent);
     rc = CLI_EXIT_OK;
     goto out;
-oom:
-    s = QKV_ERR_OUT_OF_MEMORY;
 fail:
     cli_error(CMD, NULL, c->in, "%s", qkv_status_string(s));
 out:
     free(feat);
     free(row);
-    free(crop);
-    free(cattn);
-    free(cout);
     qkv_image_free(&img);
     qkv_image_free(&map);
     return rc;

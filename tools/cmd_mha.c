@@ -388,14 +388,19 @@ static int is_matrix(const qkv_array *a) { return a->ndim == 2 && a->shape[0] >=
  * a layer that the library stores fused (kdim = vdim = E, H_kv = H, H Dh = E)
  * are concatenated into <prefix>in_proj_weight in the loaded set, so that
  * qkv_mha_load finds them. 0 or -1 (message printed). */
-static int layer_config(const config *c, job *j, qkv_mha_config *cfg) {
-    char fin[NAME_MAX_LEN], fq[NAME_MAX_LEN], fk[NAME_MAX_LEN], fv[NAME_MAX_LEN],
-        fb[NAME_MAX_LEN], fo[NAME_MAX_LEN], t1[NAME_MAX_LEN + 64], t2[NAME_MAX_LEN + 64];
-    const int64_t H = c->heads;
-    const qkv_array *in_w = get(j, c, "in_proj_weight", fin);
-    const qkv_array *q_w = get(j, c, "q_proj_weight", fq);
+/* The projections' sizes, from fused in_proj_weight [3E, E] or separate
+ * q/k/v_proj_weight (keys and values of H_kv heads). */
+typedef struct layer_shape {
     int64_t E, Dh, Hkv, kdim, vdim;
+} layer_shape;
 
+/* The sizes of the projections in_w (fused) or q_w (separate) name, checked
+ * against --heads and --heads-kv. 0, or -1 after printing why. */
+static int proj_shape(const config *c, job *j, const qkv_array *in_w, const qkv_array *q_w,
+                      const char *fin, const char *fq, char *fk, char *fv, layer_shape *out) {
+    char t1[NAME_MAX_LEN + 64], t2[NAME_MAX_LEN + 64];
+    const int64_t H = c->heads;
+    int64_t E, Dh, Hkv, kdim, vdim;
     if (in_w && q_w) {
         w_error(j, "has both '%s' and '%s': a layer has fused or separate projections, not both",
                 fin, fq);
@@ -474,6 +479,57 @@ static int layer_config(const config *c, job *j, qkv_mha_config *cfg) {
                 c->prefix, c->prefix, hint);
         return -1;
     }
+    out->E = E;
+    out->Dh = Dh;
+    out->Hkv = Hkv;
+    out->kdim = kdim;
+    out->vdim = vdim;
+    return 0;
+}
+
+/* Separate q/k/v_proj_weight [E, E] of a layer the library stores fused:
+ * concatenated into in_proj_weight (named fin). 0, or -1 after printing why. */
+static int join_qkv(job *j, const config *c, const qkv_array *q_w, const char *fin, const char *fq,
+                    char *fk, char *fv, int64_t E) {
+    const qkv_array *parts[3] = {q_w, get(j, c, "k_proj_weight", fk),
+                                 get(j, c, "v_proj_weight", fv)};
+    qkv_array cat;
+    int64_t shape[2] = {3 * E, E};
+    qkv_status s = qkv_array_alloc(&cat, QKV_F32, 2, shape);
+    for (int p = 0; s == QKV_OK && p < 3; p++) {
+        if (parts[p]->dtype != QKV_F32 && parts[p]->dtype != QKV_F64) {
+            w_error(j, "tensor '%s' is %s: expected a float type",
+                    p == 0 ? fq : p == 1 ? fk : fv, cli_dtype_name(parts[p]->dtype));
+            qkv_array_free(&cat);
+            return -1;
+        }
+        qkv_array f;
+        s = qkv_array_convert(parts[p], QKV_F32, &f);
+        if (s == QKV_OK) {
+            memcpy((float *)cat.data + p * E * E, f.data, (size_t)(E * E) * sizeof(float));
+            qkv_array_free(&f);
+        }
+    }
+    if (s == QKV_OK) s = qkv_safetensors_put(j->st, fin, &cat);
+    qkv_array_free(&cat);
+    if (s != QKV_OK) {
+        w_error(j, "cannot join q/k/v_proj_weight into one projection: %s",
+                qkv_status_string(s));
+        return -1;
+    }
+    return 0;
+}
+
+static int layer_config(const config *c, job *j, qkv_mha_config *cfg) {
+    char fin[NAME_MAX_LEN], fq[NAME_MAX_LEN], fk[NAME_MAX_LEN], fv[NAME_MAX_LEN],
+        fb[NAME_MAX_LEN], fo[NAME_MAX_LEN], t1[NAME_MAX_LEN + 64], t2[NAME_MAX_LEN + 64];
+    const int64_t H = c->heads;
+    const qkv_array *in_w = get(j, c, "in_proj_weight", fin);
+    const qkv_array *q_w = get(j, c, "q_proj_weight", fq);
+
+    layer_shape ls;
+    if (proj_shape(c, j, in_w, q_w, fin, fq, fk, fv, &ls) != 0) return -1;
+    const int64_t E = ls.E, Dh = ls.Dh, Hkv = ls.Hkv, kdim = ls.kdim, vdim = ls.vdim;
 
     /* Biases: torch's bias=True gives both, bias=False neither. */
     const qkv_array *in_b = get(j, c, "in_proj_bias", fb);
@@ -559,34 +615,9 @@ static int layer_config(const config *c, job *j, qkv_mha_config *cfg) {
     }
 
     /* Separate matrices of a layer the library stores fused: concatenate. */
-    if (!in_w && kdim == E && vdim == E && Hkv == H && H * Dh == E) {
-        const qkv_array *parts[3] = {q_w, get(j, c, "k_proj_weight", fk),
-                                     get(j, c, "v_proj_weight", fv)};
-        qkv_array cat;
-        int64_t shape[2] = {3 * E, E};
-        qkv_status s = qkv_array_alloc(&cat, QKV_F32, 2, shape);
-        for (int p = 0; s == QKV_OK && p < 3; p++) {
-            if (parts[p]->dtype != QKV_F32 && parts[p]->dtype != QKV_F64) {
-                w_error(j, "tensor '%s' is %s: expected a float type",
-                        p == 0 ? fq : p == 1 ? fk : fv, cli_dtype_name(parts[p]->dtype));
-                qkv_array_free(&cat);
-                return -1;
-            }
-            qkv_array f;
-            s = qkv_array_convert(parts[p], QKV_F32, &f);
-            if (s == QKV_OK) {
-                memcpy((float *)cat.data + p * E * E, f.data, (size_t)(E * E) * sizeof(float));
-                qkv_array_free(&f);
-            }
-        }
-        if (s == QKV_OK) s = qkv_safetensors_put(j->st, fin, &cat);
-        qkv_array_free(&cat);
-        if (s != QKV_OK) {
-            w_error(j, "cannot join q/k/v_proj_weight into one projection: %s",
-                    qkv_status_string(s));
-            return -1;
-        }
-    }
+    if (!in_w && kdim == E && vdim == E && Hkv == H && H * Dh == E &&
+        join_qkv(j, c, q_w, fin, fq, fk, fv, E) != 0)
+        return -1;
     return 0;
 }
 

@@ -89,6 +89,86 @@ static void byte_label(int b, char *out, size_t cap) {
         snprintf(out, cap, "x%02X", b & 0xFF);
 }
 
+/* The tokens of --text (bytes for kind 1, else integers separated by
+ * spaces) into tok and their labels; their count, or -1 after printing why. */
+static int64_t tokenize(const char *text, int kind, int64_t vocab, int64_t cap, int32_t *tok,
+                        char (*labels)[24]) {
+    int64_t n = 0;
+    if (kind == 1) {
+        if (vocab < 256) {
+            cli_error(CMD, "--text", NULL, "the model has %lld tokens, too few for bytes (use --tokens ints)",
+                      (long long)vocab);
+            return -1;
+        }
+        for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+            if (n == cap) {
+                cli_error(CMD, "--text", NULL, "longer than the model's %lld positions", (long long)cap);
+                return -1;
+            }
+            byte_label(*p, labels[n], sizeof labels[n]);
+            tok[n++] = *p;
+        }
+    } else {
+        for (const char *p = text; *p;) {
+            while (*p == ' ') p++;
+            if (!*p) break;
+            char *end;
+            errno = 0;
+            long long v = strtoll(p, &end, 10);
+            if (end == p || errno || v < 0 || v >= vocab || (*end && *end != ' ')) {
+                cli_error(CMD, "--text", NULL, "'%s': tokens are integers 0..%lld separated by spaces", text,
+                          (long long)vocab - 1);
+                return -1;
+            }
+            if (n == cap) {
+                cli_error(CMD, "--text", NULL, "longer than the model's %lld positions", (long long)cap);
+                return -1;
+            }
+            snprintf(labels[n], sizeof labels[n], "%lld", v);
+            tok[n++] = (int32_t)v;
+            p = end;
+        }
+        if (n == 0) {
+            cli_error(CMD, "--text", NULL, "no tokens in '%s'", text);
+            return -1;
+        }
+    }
+    return n;
+}
+
+/* The --out folder, made if it does not exist. 0, or -1 after printing why. */
+static int make_folder(const char *out) {
+    struct stat sb;
+    if (stat(out, &sb) != 0) {
+        if (mkdir(out, 0777) != 0) {
+            cli_error(CMD, "--out", out, "cannot create the folder: %s", strerror(errno));
+            return -1;
+        }
+    } else if (!S_ISDIR(sb.st_mode)) {
+        cli_error(CMD, "--out", out, "not a folder");
+        return -1;
+    }
+    return 0;
+}
+
+/* The heatmap in 24-bit colour on the terminal. 0, or -1 after printing why. */
+static int print_ansi(const qkv_heatmap *hm) {
+    size_t len = 0;
+    char *buf = NULL;
+    qkv_status s = qkv_heatmap_format_ansi(hm, QKV_ANSI_24BIT, NULL, 0, &len);
+    if (s == QKV_OK && (buf = malloc(len + 1)) != NULL)
+        s = qkv_heatmap_format_ansi(hm, QKV_ANSI_24BIT, buf, len + 1, &len);
+    if (s != QKV_OK || !buf) {
+        free(buf);
+        cli_error(CMD, NULL, NULL, "terminal heatmap: %s", buf ? qkv_status_string(s) : "out of memory");
+        return -1;
+    }
+    printf("\n");
+    fputs(buf, stdout);
+    free(buf);
+    return 0;
+}
+
 int cli_cmd_show(int argc, char **argv) {
     const char *ckpt = NULL, *text = NULL, *out = NULL;
     int color = -1, tokens_kind = 0; /* 0 auto, 1 bytes, 2 ints */
@@ -157,60 +237,14 @@ int cli_cmd_show(int argc, char **argv) {
         cli_error(CMD, NULL, NULL, "out of memory");
         goto done;
     }
-    if (tokens_kind == 1) {
-        if (cfg.vocab < 256) {
-            cli_error(CMD, "--text", NULL, "the model has %lld tokens, too few for bytes (use --tokens ints)",
-                      (long long)cfg.vocab);
-            goto done;
-        }
-        for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
-            if (n == cap) {
-                cli_error(CMD, "--text", NULL, "longer than the model's %lld positions", (long long)cap);
-                goto done;
-            }
-            byte_label(*p, labels[n], sizeof labels[n]);
-            tok[n++] = *p;
-        }
-    } else {
-        for (const char *p = text; *p;) {
-            while (*p == ' ') p++;
-            if (!*p) break;
-            char *end;
-            errno = 0;
-            long long v = strtoll(p, &end, 10);
-            if (end == p || errno || v < 0 || v >= cfg.vocab || (*end && *end != ' ')) {
-                cli_error(CMD, "--text", NULL, "'%s': tokens are integers 0..%lld separated by spaces", text,
-                          (long long)cfg.vocab - 1);
-                goto done;
-            }
-            if (n == cap) {
-                cli_error(CMD, "--text", NULL, "longer than the model's %lld positions", (long long)cap);
-                goto done;
-            }
-            snprintf(labels[n], sizeof labels[n], "%lld", v);
-            tok[n++] = (int32_t)v;
-            p = end;
-        }
-        if (n == 0) {
-            cli_error(CMD, "--text", NULL, "no tokens in '%s'", text);
-            goto done;
-        }
-    }
+    n = tokenize(text, tokens_kind, cfg.vocab, cap, tok, labels);
+    if (n < 0) goto done;
     for (int64_t i = 0; i < n; i++) label_ptrs[i] = labels[i];
     if ((s = qkv_model_keep_attention(m, 1)) != QKV_OK || (s = qkv_model_forward(m, 1, n, tok, NULL, 0, NULL, NULL)) != QKV_OK) {
         cli_error(CMD, NULL, NULL, "forward: %s", qkv_status_string(s));
         goto done;
     }
-    struct stat sb;
-    if (stat(out, &sb) != 0) {
-        if (mkdir(out, 0777) != 0) {
-            cli_error(CMD, "--out", out, "cannot create the folder: %s", strerror(errno));
-            goto done;
-        }
-    } else if (!S_ISDIR(sb.st_mode)) {
-        cli_error(CMD, "--out", out, "not a folder");
-        goto done;
-    }
+    if (make_folder(out) != 0) goto done;
     printf("%s: %lld layers x %lld heads, %s, %lld tokens%s%s\n", path, (long long)cfg.layers,
            (long long)cfg.heads, cfg.causal ? "decoder (causal)" : "encoder", (long long)n,
            task ? ", task " : "", task ? task : "");
@@ -231,21 +265,7 @@ int cli_cmd_show(int argc, char **argv) {
             hm.vmin = 0.0;
             hm.vmax = 1.0;
             hm.show_values = n <= 12;
-            if (color) {
-                size_t len = 0;
-                char *buf = NULL;
-                s = qkv_heatmap_format_ansi(&hm, QKV_ANSI_24BIT, NULL, 0, &len);
-                if (s == QKV_OK && (buf = malloc(len + 1)) != NULL)
-                    s = qkv_heatmap_format_ansi(&hm, QKV_ANSI_24BIT, buf, len + 1, &len);
-                if (s != QKV_OK || !buf) {
-                    free(buf);
-                    cli_error(CMD, NULL, NULL, "terminal heatmap: %s", buf ? qkv_status_string(s) : "out of memory");
-                    goto done;
-                }
-                printf("\n");
-                fputs(buf, stdout);
-                free(buf);
-            }
+            if (color && print_ansi(&hm) != 0) goto done;
             char *pp = paths[n_written];
             if (snprintf(pp, sizeof paths[0], "%s/show_l%lld_h%lld.png", out, (long long)l, (long long)h) >=
                 (int)sizeof paths[0]) {

@@ -23,6 +23,7 @@
 #include "train_common.h"
 
 #define CMD "train"
+#define PARSE_CONTINUE (-1)
 
 enum {
     OPT_HELP, OPT_TASK, OPT_TEXT, OPT_LAYERS, OPT_DIM, OPT_HEADS, OPT_SEQ, OPT_SYMBOLS, OPT_BATCH, OPT_STEPS,
@@ -454,23 +455,21 @@ int cli_cmd_train(int argc, char **argv) {
     return rc;
 }
 
-static int train_main(int argc, char **argv, const dp_ctx *dp) {
+/* What the options of qkv train give besides the run's settings. */
+typedef struct train_args {
+    int64_t layers, dim, heads, seq, threads, ckpt_every;
+    double dropout;
+    int pos, quiet, prec;
+    const char *out, *resume, *text;
+} train_args;
+
+/* The options into r and o, checked together. PARSE_CONTINUE, or the exit
+ * status (after --help or a usage error). */
+static int parse_train_args(int argc, char **argv, train_run *r, train_args *o) {
     cli_args a = {.cmd = CMD, .argc = argc, .argv = argv, .i = 1};
-    train_run r;
-    memset(&r, 0, sizeof r);
-    r.batch = 32;
-    r.steps = 2000;
-    r.warmup = 100;
-    r.lr = 1e-3;
-    r.min_lr = 1e-4;
-    r.clip = 1.0;
-    r.weight_decay = 0.01;
-    r.seed = 1;
     int64_t layers = 2, dim = 128, heads = 4, seq = -1, threads = 0, ckpt_every = 250, v;
     double dropout = 0.0;
     int pos = QKV_POSENC_SINUSOIDAL, have_task = 0, quiet = 0, explicit_model = 0, prec = 0, have_prec = 0;
-    qkv_loss_scaler scaler;
-    qkv_loss_scaler_init(&scaler);
     const char *out = NULL, *resume = NULL, *text = NULL, *name, *val;
     int id;
     while ((id = cli_next(&a, options, OPT_COUNT, &name, &val)) != CLI_END) {
@@ -478,10 +477,10 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         switch (id) {
         case OPT_HELP: help(); return CLI_EXIT_OK;
         case OPT_TASK:
-            if (parse_task_option(val, &r) != 0) return CLI_EXIT_USAGE;
+            if (parse_task_option(val, r) != 0) return CLI_EXIT_USAGE;
             have_task = 1;
             /* "--task text FILE": the corpus follows the task's name. */
-            if ((r.task.task == QKV_TASK_TEXT || r.task.task == QKV_TASK_MLM) && a.i < a.argc &&
+            if ((r->task.task == QKV_TASK_TEXT || r->task.task == QKV_TASK_MLM) && a.i < a.argc &&
                 strncmp(a.argv[a.i], "-", 1) != 0)
                 text = a.argv[a.i++];
             break;
@@ -490,20 +489,20 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         case OPT_DIM: if (cli_parse_int64(CMD, name, val, 2, 4096, &dim)) return CLI_EXIT_USAGE; explicit_model = 1; break;
         case OPT_HEADS: if (cli_parse_int64(CMD, name, val, 1, 256, &heads)) return CLI_EXIT_USAGE; explicit_model = 1; break;
         case OPT_SEQ: if (cli_parse_int64(CMD, name, val, 1, 1 << 20, &seq)) return CLI_EXIT_USAGE; break;
-        case OPT_SYMBOLS: if (cli_parse_int64(CMD, name, val, 2, 4096, &r.task.symbols)) return CLI_EXIT_USAGE; break;
-        case OPT_BATCH: if (cli_parse_int64(CMD, name, val, 1, 1 << 16, &r.batch)) return CLI_EXIT_USAGE; break;
-        case OPT_STEPS: if (cli_parse_int64(CMD, name, val, 1, INT64_MAX / 2, &r.steps)) return CLI_EXIT_USAGE; break;
-        case OPT_WARMUP: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX / 2, &r.warmup)) return CLI_EXIT_USAGE; break;
-        case OPT_SEED: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX, &v)) return CLI_EXIT_USAGE; r.seed = (uint64_t)v; break;
+        case OPT_SYMBOLS: if (cli_parse_int64(CMD, name, val, 2, 4096, &r->task.symbols)) return CLI_EXIT_USAGE; break;
+        case OPT_BATCH: if (cli_parse_int64(CMD, name, val, 1, 1 << 16, &r->batch)) return CLI_EXIT_USAGE; break;
+        case OPT_STEPS: if (cli_parse_int64(CMD, name, val, 1, INT64_MAX / 2, &r->steps)) return CLI_EXIT_USAGE; break;
+        case OPT_WARMUP: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX / 2, &r->warmup)) return CLI_EXIT_USAGE; break;
+        case OPT_SEED: if (cli_parse_int64(CMD, name, val, 0, INT64_MAX, &v)) return CLI_EXIT_USAGE; r->seed = (uint64_t)v; break;
         case OPT_THREADS: if (cli_parse_int64(CMD, name, val, 0, 1024, &threads)) return CLI_EXIT_USAGE; break;
         case OPT_CKPT_EVERY: if (cli_parse_int64(CMD, name, val, 1, INT64_MAX, &ckpt_every)) return CLI_EXIT_USAGE; break;
         case OPT_LR:
-            if (cli_parse_double(CMD, name, val, &r.lr)) return CLI_EXIT_USAGE;
-            if (!(r.lr > 0 && r.lr < 10)) {
+            if (cli_parse_double(CMD, name, val, &r->lr)) return CLI_EXIT_USAGE;
+            if (!(r->lr > 0 && r->lr < 10)) {
                 cli_error(CMD, name, NULL, "'%s' must be in (0, 10)", val);
                 return CLI_EXIT_USAGE;
             }
-            r.min_lr = r.lr / 10;
+            r->min_lr = r->lr / 10;
             break;
         case OPT_DROPOUT:
             if (cli_parse_double(CMD, name, val, &dropout)) return CLI_EXIT_USAGE;
@@ -542,11 +541,113 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
         cli_usage_hint(CMD);
         return CLI_EXIT_USAGE;
     }
-    if (dp->rank != 0) quiet = 1; /* data parallel: rank 0 reports */
     if (resume && (have_task || (out && strcmp(out, resume) != 0) || explicit_model || have_prec)) {
         cli_error(CMD, "--resume", resume, "continues the run as it was: give only --threads (and --quiet) with it");
         return CLI_EXIT_USAGE;
     }
+    o->layers = layers;
+    o->dim = dim;
+    o->heads = heads;
+    o->seq = seq;
+    o->threads = threads;
+    o->ckpt_every = ckpt_every;
+    o->dropout = dropout;
+    o->pos = pos;
+    o->quiet = quiet;
+    o->prec = prec;
+    o->out = out;
+    o->resume = resume;
+    o->text = text;
+    return PARSE_CONTINUE;
+}
+
+/* The progress line on stderr: step, bar, smoothed loss, speed, ETA. */
+static void print_progress(const train_run *r, int64_t first, double t0, double te, double ema,
+                           double tps, int tty) {
+    double done = (double)(r->step + 1 - first), left = (double)(r->steps - r->step - 1);
+    double rate = done / (te - t0);
+    char eta[32];
+    fmt_time(eta, sizeof eta, left / rate);
+    int w = (int)(30.0 * (double)(r->step + 1) / (double)r->steps);
+    char bar[31];
+    for (int i = 0; i < 30; i++) bar[i] = i < w ? '=' : (i == w ? '>' : ' ');
+    bar[30] = '\0';
+    fprintf(stderr, "%sstep %lld/%lld [%s] loss %.4f | %.0f tok/s | ETA %s%s", tty ? "\r" : "",
+            (long long)r->step + 1, (long long)r->steps, bar, ema, tps, eta, tty ? "  " : "\n");
+    fflush(stderr);
+}
+
+/* A new run's model: the corpus of a text task read, the task's sizes
+ * checked and the model built from the options. PARSE_CONTINUE, or the exit
+ * status after printing why. */
+static int new_model(train_run *r, const train_args *o, qkv_model **m) {
+    qkv_status s;
+    if (r->task.task == QKV_TASK_TEXT || r->task.task == QKV_TASK_MLM) {
+        if (!o->text) {
+            cli_error(CMD, "--task", qkv_task_name(r->task.task), "needs a text file: --task %s FILE",
+                      qkv_task_name(r->task.task));
+            return CLI_EXIT_USAGE;
+        }
+        snprintf(r->text_path, sizeof r->text_path, "%s", o->text);
+        r->text = train_read_file(CMD, "--text", o->text, &r->text_len);
+        if (!r->text) return CLI_EXIT_FAIL;
+        r->task.text = r->text;
+        r->task.text_len = r->text_len;
+    } else if (o->text) {
+        cli_error(CMD, "--text", o->text, "only the text and mlm tasks read a file");
+        return CLI_EXIT_USAGE;
+    }
+    r->task.length = o->seq > 0 ? o->seq : (r->task.task == QKV_TASK_TEXT || r->task.task == QKV_TASK_MLM ? 64 : 16);
+    train_curriculum_init(r);
+    int64_t V, N;
+    int causal;
+    if ((s = qkv_task_shape(&r->task, &V, &N, &causal)) != QKV_OK) {
+        cli_error(CMD, "--seq", NULL, "%s task with --seq %lld --symbols %lld: %s", qkv_task_name(r->task.task),
+                  (long long)r->task.length, (long long)(r->task.symbols ? r->task.symbols : 16),
+                  s == QKV_ERR_BAD_SIZE ? "sizes out of range (recall needs seq <= symbols <= 4096; label "
+                                          "needs symbols >= 4; a corpus needs more bytes than the window)"
+                                        : qkv_status_string(s));
+        train_run_free(r);
+        return CLI_EXIT_USAGE;
+    }
+    qkv_model_config cfg;
+    qkv_model_config_init(&cfg, V, N);
+    cfg.dim = o->dim;
+    cfg.heads = o->heads;
+    cfg.layers = o->layers;
+    cfg.causal = causal;
+    cfg.pos = (qkv_posenc)o->pos;
+    cfg.dropout = o->dropout;
+    cfg.threads = (int)o->threads;
+    if ((s = qkv_model_create(&cfg, r->seed, m)) != QKV_OK) {
+        cli_error(CMD, NULL, NULL, "cannot build the model (--dim %lld --heads %lld --layers %lld --pos %s): %s",
+                  (long long)o->dim, (long long)o->heads, (long long)o->layers, POS_NAMES[o->pos], qkv_status_string(s));
+        train_run_free(r);
+        return s == QKV_ERR_OUT_OF_MEMORY ? CLI_EXIT_FAIL : CLI_EXIT_USAGE;
+    }
+    return PARSE_CONTINUE;
+}
+
+static int train_main(int argc, char **argv, const dp_ctx *dp) {
+    train_run r;
+    memset(&r, 0, sizeof r);
+    r.batch = 32;
+    r.steps = 2000;
+    r.warmup = 100;
+    r.lr = 1e-3;
+    r.min_lr = 1e-4;
+    r.clip = 1.0;
+    r.weight_decay = 0.01;
+    r.seed = 1;
+    train_args o;
+    int prc = parse_train_args(argc, argv, &r, &o);
+    if (prc != PARSE_CONTINUE) return prc;
+    const int64_t threads = o.threads, ckpt_every = o.ckpt_every;
+    int quiet = o.quiet, prec = o.prec;
+    const char *out = o.out, *resume = o.resume;
+    if (dp->rank != 0) quiet = 1; /* data parallel: rank 0 reports */
+    qkv_loss_scaler scaler;
+    qkv_loss_scaler_init(&scaler);
 
     qkv_model *m = NULL;
     qkv_adamw *opt = NULL;
@@ -571,49 +672,8 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
             m = m2;
         }
     } else {
-        if (r.task.task == QKV_TASK_TEXT || r.task.task == QKV_TASK_MLM) {
-            if (!text) {
-                cli_error(CMD, "--task", qkv_task_name(r.task.task), "needs a text file: --task %s FILE",
-                          qkv_task_name(r.task.task));
-                return CLI_EXIT_USAGE;
-            }
-            snprintf(r.text_path, sizeof r.text_path, "%s", text);
-            r.text = train_read_file(CMD, "--text", text, &r.text_len);
-            if (!r.text) return CLI_EXIT_FAIL;
-            r.task.text = r.text;
-            r.task.text_len = r.text_len;
-        } else if (text) {
-            cli_error(CMD, "--text", text, "only the text and mlm tasks read a file");
-            return CLI_EXIT_USAGE;
-        }
-        r.task.length = seq > 0 ? seq : (r.task.task == QKV_TASK_TEXT || r.task.task == QKV_TASK_MLM ? 64 : 16);
-        train_curriculum_init(&r);
-        int64_t V, N;
-        int causal;
-        if ((s = qkv_task_shape(&r.task, &V, &N, &causal)) != QKV_OK) {
-            cli_error(CMD, "--seq", NULL, "%s task with --seq %lld --symbols %lld: %s", qkv_task_name(r.task.task),
-                      (long long)r.task.length, (long long)(r.task.symbols ? r.task.symbols : 16),
-                      s == QKV_ERR_BAD_SIZE ? "sizes out of range (recall needs seq <= symbols <= 4096; label "
-                                              "needs symbols >= 4; a corpus needs more bytes than the window)"
-                                            : qkv_status_string(s));
-            train_run_free(&r);
-            return CLI_EXIT_USAGE;
-        }
-        qkv_model_config cfg;
-        qkv_model_config_init(&cfg, V, N);
-        cfg.dim = dim;
-        cfg.heads = heads;
-        cfg.layers = layers;
-        cfg.causal = causal;
-        cfg.pos = (qkv_posenc)pos;
-        cfg.dropout = dropout;
-        cfg.threads = (int)threads;
-        if ((s = qkv_model_create(&cfg, r.seed, &m)) != QKV_OK) {
-            cli_error(CMD, NULL, NULL, "cannot build the model (--dim %lld --heads %lld --layers %lld --pos %s): %s",
-                      (long long)dim, (long long)heads, (long long)layers, POS_NAMES[pos], qkv_status_string(s));
-            train_run_free(&r);
-            return s == QKV_ERR_OUT_OF_MEMORY ? CLI_EXIT_FAIL : CLI_EXIT_USAGE;
-        }
+        int nrc = new_model(&r, &o, &m);
+        if (nrc != PARSE_CONTINUE) return nrc;
         if (mkdir(out, 0777) != 0 && errno != EEXIST) {
             cli_error(CMD, "--out", out, "cannot create the folder: %s", strerror(errno));
             goto done;
@@ -714,17 +774,7 @@ static int train_main(int argc, char **argv, const dp_ctx *dp) {
             }
             if (!quiet && (te - t_last > (tty ? 0.2 : 10.0) || r.step + 1 == r.steps)) {
                 t_last = te;
-                double done = (double)(r.step + 1 - first), left = (double)(r.steps - r.step - 1);
-                double rate = done / (te - t0);
-                char eta[32];
-                fmt_time(eta, sizeof eta, left / rate);
-                int w = (int)(30.0 * (double)(r.step + 1) / (double)r.steps);
-                char bar[31];
-                for (int i = 0; i < 30; i++) bar[i] = i < w ? '=' : (i == w ? '>' : ' ');
-                bar[30] = '\0';
-                fprintf(stderr, "%sstep %lld/%lld [%s] loss %.4f | %.0f tok/s | ETA %s%s", tty ? "\r" : "",
-                        (long long)r.step + 1, (long long)r.steps, bar, ema, tps, eta, tty ? "  " : "\n");
-                fflush(stderr);
+                print_progress(&r, first, t0, te, ema, tps, tty);
             }
         }
         if (tty) fputc('\n', stderr);
