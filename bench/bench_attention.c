@@ -15,16 +15,17 @@
  *   4. optionally (--long) the exact forward at n = 131072, one head, D = 64,
  *      and (--window) sliding-window attention from n = 65536 to 1048576;
  *   5. the peak measured again at the end (how noisy the run was) and the
- *      speed, causal-cost and memory targets beside the measured values.
+ *      performance targets beside the measured values.
  *
  * FLOPs are counted as FlashAttention reports them: forward 4*B*H*n_q*n_k*D
  * (two matrix products), halved for causal; backward 2.5x the forward.
  *
- * Only the public API is used. Every measurement runs in a forked child, so
- * that each has its own peak resident set (getrusage's ru_maxrss only ever
- * grows) and so that no thread pool or OpenMP runtime is ever inherited across
- * a fork: the parent itself never calls the library. Benchmarks are never
- * asserted in CI; this program only reports. */
+ * Only the public API is used (and the header-only generator core/rng.h).
+ * Every measurement runs in a forked child, so that each has its own peak
+ * resident set (getrusage's ru_maxrss only ever grows) and so that no thread
+ * pool or OpenMP runtime is ever inherited across a fork: the parent itself
+ * never calls the library. Benchmarks are never asserted in CI; this program
+ * only reports. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -41,13 +42,8 @@
 #include <unistd.h>
 
 #include "peak.h"
+#include "core/rng.h"
 #include "qkv.h"
-
-/* The fused fast path of issue 3. Its enum value is pinned there (2); naming
- * it by value lets this program build before and after the path lands: a
- * library without it answers QKV_ERR_BAD_ENUM, reported as "not in this
- * build". */
-#define BENCH_IMPL_FAST ((qkv_impl)2)
 
 /* ------------------------------------------------------------------------- */
 /* Options */
@@ -332,19 +328,12 @@ static int parse_options(int argc, char **argv, options *o) {
 /* ------------------------------------------------------------------------- */
 /* Small helpers */
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
 /* Uniform on [-sqrt 3, sqrt 3): unit variance, like randn for attention's
  * purposes, without ties. */
 static void fill_random(float *x, int64_t count, uint64_t seed) {
     uint64_t s = seed;
     for (int64_t i = 0; i < count; i++) {
-        double u = (double)(rng_next(&s) >> 11) * (1.0 / 9007199254740992.0);
+        double u = splitmix64_unit(&s);
         x[i] = (float)((2.0 * u - 1.0) * 1.7320508075688772);
     }
 }
@@ -561,7 +550,7 @@ typedef struct job {
 } job;
 
 static qkv_impl impl_value(int impl) {
-    return impl == IMPL_FAST ? BENCH_IMPL_FAST : impl == IMPL_AUTO ? QKV_IMPL_AUTO : QKV_IMPL_REFERENCE;
+    return impl == IMPL_FAST ? QKV_IMPL_FAST : impl == IMPL_AUTO ? QKV_IMPL_AUTO : QKV_IMPL_REFERENCE;
 }
 
 static void desc_for(const job *j, qkv_dtype dtype, qkv_impl impl, qkv_attn_desc *d) {
@@ -586,7 +575,7 @@ static void set_note(job_result *r, int status, const char *fmt, const char *arg
 }
 
 static void note_status(job_result *r, qkv_status s) {
-    if (s == QKV_ERR_BAD_ENUM || s == QKV_ERR_UNSUPPORTED)
+    if (s == QKV_ERR_UNSUPPORTED)
         set_note(r, JOB_UNAVAILABLE, "not in this build (%s)", qkv_status_string(s));
     else
         set_note(r, JOB_FAILED, "failed: %s", qkv_status_string(s));
@@ -1198,7 +1187,7 @@ static void run_check(const options *o) {
     printf("### Error against the reference in double (B = 1, H = %lld, n = %lld, D = %lld, %d threads)\n\n",
            (long long)heads, (long long)n, (long long)o->dim, threads);
     printf("max |impl - ref64| over O (forward) or over dQ, dK, dV (backward), inputs uniform with unit "
-           "variance. TESTING.md's bound for a fast path: k x naive's error + 1e-5, k = 2 forward, 3..5 "
+           "variance. The bound for a fast path (tests/test_fast_common.h): k x naive's error + 1e-5, k = 2 forward, 3..5 "
            "backward.\n\n");
     printf("| impl | pass | mask | max abs error | max abs value | error / naive's |\n");
     printf("|---|---|---|---:|---:|---:|\n");
@@ -1337,7 +1326,7 @@ static const char *verdict(int known, int met) { return !known ? "no data" : met
 static void print_targets(const options *o) {
     const int ti = target_threads_index(o);
     const int impl = o->impl_count > 0 ? long_impl(o) : IMPL_FAST;
-    printf("### Issue 3 targets (impl %s, %d threads; %% of the run's best %s peak, then %% local and %% CPU "
+    printf("### Targets (impl %s, %d threads; %% of the run's best %s peak, then %% local and %% CPU "
            "in brackets; the verdict is on the first)\n\n",
            impl_names[impl], o->threads[ti], bench_isa_name(g_isa));
     printf("| target | measured | verdict |\n|---|---|---|\n");
