@@ -315,6 +315,66 @@ static void edit_weights(const char *dir, const char *name, const qkv_array *arr
     qkv_safetensors_free(out);
 }
 
+/* model.safetensors rewritten with every tensor renamed "bert." + name
+ * (prefix) or converted to F16 (half). */
+static void rewrite_weights(const char *dir, int prefix, int half) {
+    char p[1400], why[200], nm[300];
+    snprintf(p, sizeof p, "%s/model.safetensors", g_src);
+    qkv_safetensors *in = NULL, *out = NULL;
+    CHECK_STATUS(qkv_safetensors_load(p, &in, why, sizeof why), QKV_OK);
+    CHECK_STATUS(qkv_safetensors_create(&out), QKV_OK);
+    if (!in || !out) return;
+    for (int64_t i = 0; i < qkv_safetensors_count(in); i++) {
+        const char *name = qkv_safetensors_name(in, i);
+        snprintf(nm, sizeof nm, "%s%s", prefix ? "bert." : "", name);
+        qkv_array h;
+        if (half && qkv_array_convert(qkv_safetensors_get(in, name), QKV_F16, &h) == QKV_OK) {
+            CHECK_STATUS(qkv_safetensors_put(out, nm, &h), QKV_OK);
+            qkv_array_free(&h);
+        } else {
+            CHECK_STATUS(qkv_safetensors_put(out, nm, qkv_safetensors_get(in, name)), QKV_OK);
+        }
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    CHECK_STATUS(qkv_safetensors_save(out, p), QKV_OK);
+    qkv_safetensors_free(in);
+    qkv_safetensors_free(out);
+}
+
+/* The weights are mapped, not copied; a "bert." prefix gives the same
+ * bits; an F16 checkpoint is widened once and stays close. */
+static void check_weights(void) {
+    char dir[1024], why[256];
+    float a[MAX_SENT * 16], b[MAX_SENT * 16];
+    qkv_encoder *enc = NULL;
+    size_t before = qkv_memory_in_use();
+    make_dir(dir, sizeof dir, "enc_mapped", 1, NULL, NULL); /* the file transformers wrote */
+    CHECK_STATUS(qkv_encoder_load(dir, NULL, &enc, why, sizeof why), QKV_OK);
+    size_t held = qkv_memory_in_use() - before;
+    CHECK(held < 40000, "the encoder holds %zu bytes after load: weights copied?", held); /* 46 KB of weights */
+    CHECK_STATUS(qkv_encoder_embed(enc, g_text, NULL, g_count, QKV_POOLING_MEAN, 0, a, why, sizeof why), QKV_OK);
+    qkv_encoder_free(enc);
+
+    make_dir(dir, sizeof dir, "enc_prefix", 1, NULL, NULL);
+    rewrite_weights(dir, 1, 0);
+    CHECK_STATUS(qkv_encoder_load(dir, NULL, &enc, why, sizeof why), QKV_OK);
+    CHECK_STATUS(qkv_encoder_embed(enc, g_text, NULL, g_count, QKV_POOLING_MEAN, 0, b, why, sizeof why), QKV_OK);
+    CHECK(memcmp(a, b, sizeof(float) * 16 * (size_t)g_count) == 0, "bert. prefix changes the result");
+    qkv_encoder_free(enc);
+
+    make_dir(dir, sizeof dir, "enc_f16", 1, NULL, NULL);
+    rewrite_weights(dir, 0, 1);
+    CHECK_STATUS(qkv_encoder_load(dir, NULL, &enc, why, sizeof why), QKV_OK);
+    CHECK_STATUS(qkv_encoder_embed(enc, g_text, NULL, g_count, QKV_POOLING_MEAN, 0, b, why, sizeof why), QKV_OK);
+    double d = 0, m = 0;
+    for (int i = 0; i < 16 * g_count; i++) {
+        if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
+        if (fabs(a[i]) > m) m = fabs(a[i]);
+    }
+    CHECK(d <= 2e-2 * m, "F16 weights: relative difference %.3g", d / m);
+    qkv_encoder_free(enc);
+}
+
 static void check_bad_input(void) {
     char dir[1024], why[300];
     qkv_encoder *enc = NULL;
@@ -398,6 +458,7 @@ int main(void) {
     check_model(make_dir(dir, sizeof dir, "enc_relu", 0, "\"hidden_act\": \"gelu\"", "\"hidden_act\": \"relu\""),
                 "relu");
     check_attention(g_src);
+    check_weights();
     check_bad_input();
     printf("largest relative error against float64: %.3g (allowed %.0e)\n", g_worst, TOL);
     return tu_finish();
