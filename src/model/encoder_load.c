@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <locale.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +124,10 @@ static int number(qkv_json *j, jv *v) {
     if (n >= sizeof buf) n = sizeof buf - 1; /* only digits beyond double's precision are lost */
     memcpy(buf, j->p, n);
     buf[n] = '\0';
+    /* strtod reads the decimal point of the C locale the program set. */
+    const struct lconv *lc = localeconv();
+    char *dot = strchr(buf, '.');
+    if (dot && lc && lc->decimal_point && lc->decimal_point[0] && !lc->decimal_point[1]) *dot = lc->decimal_point[0];
     v->num = strtod(buf, NULL);
     v->is_int = !frac;
     j->p = p;
@@ -334,7 +339,8 @@ static qkv_status parse_json_file(const char *dir, const char *name, int optiona
                 break;
             }
             if (!qkv_json_expect(&j, ',', "expected ',' or ']'")) {
-                s = enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: byte %zu: %s", path, j.err_pos, j.err);
+                s = enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: byte %zu: %s", path, j.err_pos,
+                             j.err ? j.err : "malformed JSON");
                 break;
             }
         }
@@ -512,9 +518,10 @@ qkv_status qkv_encoder_load(const char *dir, const qkv_encoder_options *opt, qkv
         return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "options: threads and max_length must be >= 0 (max_length "
                         "0 or >= 2)");
     struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return enc_fail(why, why_len, QKV_ERR_IO, "%s: not a model directory (%s)", dir,
-                        errno && stat(dir, &sb) != 0 ? strerror(errno) : "not a directory");
+    if (stat(dir, &sb) != 0)
+        return enc_fail(why, why_len, QKV_ERR_IO, "%s: not a model directory (%s)", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return enc_fail(why, why_len, QKV_ERR_IO, "%s: not a model directory (not a directory)", dir);
     qkv_encoder *e = qkv_alloc_zeroed(sizeof *e);
     if (!e) return enc_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "out of memory");
     e->threads = opt ? opt->threads : 0;
