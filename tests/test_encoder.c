@@ -446,6 +446,48 @@ static void check_bad_input(void) {
     qkv_encoder_free(NULL);
 }
 
+/* ---- allocation failures: every one reported, nothing leaked ------------ */
+
+static long g_live, g_calls, g_fail_at;
+
+static void *fail_malloc(size_t n, void *user) {
+    (void)user;
+    if (++g_calls == g_fail_at) return NULL;
+    void *p = malloc(n);
+    if (p) g_live++;
+    return p;
+}
+
+static void fail_free(void *p, void *user) {
+    (void)user;
+    g_live--;
+    free(p);
+}
+
+static void check_alloc_failures(void) {
+    qkv_encoder_options opt = {1, 0};
+    int done = 0;
+    for (long k = 1; k < 100000 && !done; k++) {
+        char why[256];
+        qkv_encoder *enc = NULL;
+        float out[MAX_SENT * 16];
+        g_calls = 0;
+        g_fail_at = k;
+        g_live = 0;
+        qkv_set_allocator(fail_malloc, fail_free, NULL);
+        qkv_status s = qkv_encoder_load(g_src, &opt, &enc, why, sizeof why);
+        if (s == QKV_OK) s = qkv_encoder_embed(enc, g_text, NULL, g_count, QKV_POOLING_FROM_MODEL, -1, out, why,
+                                               sizeof why);
+        qkv_encoder_free(enc);
+        done = g_calls < k; /* no allocation failed: all of them were tried */
+        CHECK(done ? s == QKV_OK : s == QKV_ERR_OUT_OF_MEMORY, "allocation %ld fails: %s (%s)", k,
+              qkv_status_string(s), why);
+        CHECK(g_live == 0, "allocation %ld fails: %ld blocks leaked", k, g_live);
+        qkv_set_allocator(NULL, NULL, NULL);
+    }
+    CHECK(done, "allocation failures did not end");
+}
+
 int main(void) {
     const char *src = getenv("QKV_SOURCE_DIR");
     snprintf(g_src, sizeof g_src, "%s/tests/data/encoder/tiny", src && *src ? src : ".");
@@ -459,6 +501,7 @@ int main(void) {
                 "relu");
     check_attention(g_src);
     check_weights();
+    check_alloc_failures();
     check_bad_input();
     printf("largest relative error against float64: %.3g (allowed %.0e)\n", g_worst, TOL);
     return tu_finish();
