@@ -446,6 +446,51 @@ static void check_bad_input(void) {
     qkv_encoder_free(NULL);
 }
 
+/* ---- chunks and the pooling file ------------------------------------------ */
+
+static void check_chunks_and_pooling(void) {
+    char why[256], dir[1024], p[1200];
+    qkv_encoder *enc = NULL;
+    enum { N = 600 }; /* 600 sentences of up to 24 tokens: more than one chunk of 4096 */
+    const char **texts = malloc(N * sizeof *texts);
+    float *all = malloc((size_t)N * 16 * sizeof *all), one[16];
+    for (int i = 0; i < N; i++) texts[i] = g_text[i % g_count];
+    CHECK_STATUS(qkv_encoder_load(g_src, NULL, &enc, why, sizeof why), QKV_OK);
+    int64_t tokens = 0;
+    CHECK_STATUS(qkv_encoder_token_states(enc, texts, NULL, N, NULL, 0, NULL, &tokens, why, sizeof why),
+                 QKV_ERR_BAD_SIZE);
+    CHECK(tokens > 4096, "%lld tokens: one chunk only", (long long)tokens);
+    CHECK_STATUS(qkv_encoder_embed(enc, texts, NULL, N, QKV_POOLING_MAX, 1, all, why, sizeof why), QKV_OK);
+    int same = 1;
+    for (int i = 0; i < g_count; i++) {
+        qkv_encoder_embed(enc, &g_text[i], NULL, 1, QKV_POOLING_MAX, 1, one, why, sizeof why);
+        for (int r = i; r < N; r += g_count) same &= memcmp(one, all + r * 16, sizeof one) == 0;
+    }
+    CHECK(same, "a batch of several chunks differs from one by one");
+    qkv_encoder_free(enc);
+    free(texts);
+    free(all);
+
+    static const char *const cfgs[3] = {
+        "{\"pooling_mode_max_tokens\": true, \"pooling_mode_mean_tokens\": false}",
+        "{\"pooling_mode_cls_token\": true, \"pooling_mode_mean_tokens\": true}",
+        "{\"pooling_mode_mean_sqrt_len_tokens\": true}"};
+    for (int c = 0; c < 3; c++) {
+        make_dir(dir, sizeof dir, c == 0 ? "enc_pool_max" : c == 1 ? "enc_pool_two" : "enc_pool_sqrt", 0, NULL, NULL);
+        snprintf(p, sizeof p, "%s/1_Pooling/config.json", dir);
+        spit(p, cfgs[c], strlen(cfgs[c]));
+        if (c == 0) {
+            CHECK_STATUS(qkv_encoder_load(dir, NULL, &enc, why, sizeof why), QKV_OK);
+            qkv_encoder_info info;
+            qkv_encoder_get_info(enc, &info);
+            CHECK(info.pooling == QKV_POOLING_MAX && info.normalize == 1, "max pooling from the file");
+            qkv_encoder_free(enc);
+        } else {
+            expect_refused(dir, QKV_ERR_UNSUPPORTED, "1_Pooling/config.json", c == 1 ? "more than one" : "sqrt_len");
+        }
+    }
+}
+
 /* ---- allocation failures: every one reported, nothing leaked ------------ */
 
 static long g_live, g_calls, g_fail_at;
@@ -501,6 +546,7 @@ int main(void) {
                 "relu");
     check_attention(g_src);
     check_weights();
+    check_chunks_and_pooling();
     check_alloc_failures();
     check_bad_input();
     printf("largest relative error against float64: %.3g (allowed %.0e)\n", g_worst, TOL);
