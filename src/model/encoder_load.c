@@ -543,6 +543,9 @@ qkv_status qkv_encoder_load(const char *dir, const qkv_encoder_options *opt, qkv
             if (s != QKV_OK) enc_fail(why, why_len, s, "%s: %s", path, sub);
         }
     }
+    if (s == QKV_OK && e->info.layers > qkv_safetensors_count(e->weights) / 16)
+        s = enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: %lld tensors cannot hold the %lld layers of num_hidden_layers",
+                     path, (long long)qkv_safetensors_count(e->weights), (long long)e->info.layers);
     if (s == QKV_OK && !(e->layer = qkv_alloc_zeroed((size_t)e->info.layers * sizeof *e->layer)))
         s = enc_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "out of memory");
     if (s == QKV_OK) s = bind_weights(e, why, why_len);
