@@ -37,6 +37,7 @@ static qkv_status ws_reserve(qkv_encoder *e, int64_t rows) {
 
 static int grow_i64(int64_t **p, int64_t *cap, int64_t need) {
     if (need <= *cap) return 1;
+    if ((uint64_t)need > SIZE_MAX / 16) return 0;
     int64_t c = *cap ? *cap : 64;
     while (c < need) c *= 2;
     int64_t *q = qkv_alloc((size_t)c * sizeof *q);
@@ -51,6 +52,7 @@ static int grow_i64(int64_t **p, int64_t *cap, int64_t need) {
 /* ids and types with room for `need` tokens (contents kept). */
 static int grow_ids(qkv_encoder *e, int64_t need) {
     if (need <= e->id_cap) return 1;
+    if ((uint64_t)need > SIZE_MAX / 16) return 0;
     int64_t c = e->id_cap ? e->id_cap : 256;
     while (c < need) c *= 2;
     int32_t *a = qkv_alloc((size_t)c * sizeof *a), *b = qkv_alloc((size_t)c * sizeof *b);
