@@ -10,6 +10,7 @@
  *   qkv/model.h  transformer models, optimiser, loss scaling, checkpoints
  *   qkv/io.h     .npy arrays and safetensors sets
  *   qkv/text.h   the WordPiece tokenizer of BERT-family models
+ *   qkv/encoder.h pretrained BERT-family encoders (Hugging Face files)
  *   qkv/image.h  images, heatmaps and plots (PNG only in builds with
  *                QKV_WITH_PNG: see that header)
  *   qkv/dist.h   MPI ring attention and data-parallel training (declared
@@ -30,6 +31,7 @@
 #include "qkv/nn.h"
 #include "qkv/io.h"
 #include "qkv/text.h"
+#include "qkv/encoder.h"
 #include "qkv/model.h"
 #include "qkv/image.h"
 #include "qkv/dist.h"

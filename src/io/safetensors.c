@@ -20,6 +20,12 @@
  *    see qkv.h); "__metadata__" is always the metadata map; duplicate tensor
  *    names or metadata keys are FORMAT errors; a tensor object must hold
  *    exactly "dtype", "shape" and "data_offsets".
+ *  - mapped sets (qkv_safetensors_map, io/safetensors_map.h): the same
+ *    parse and checks over a read-only mmap of the file; F32, F64, I32 and
+ *    I64 tensors whose bytes are aligned for their type point into the
+ *    mapping (on a little-endian host), the others (F16 and BF16, widened
+ *    to F32, or a misaligned tensor) are converted or copied once into
+ *    owned arrays. The mapping lives until the set is freed.
  *  - save: insertion order, metadata first, tensors packed back to back (no
  *    holes, so the reference loader accepts the file), the header padded
  *    with spaces so the data buffer starts at a multiple of 8 bytes.
@@ -33,12 +39,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/internal.h"
 #include "io/atomic_write.h"
 #include "io/json.h"
+#include "io/safetensors_map.h"
 
 #define ST_MAX_HEADER 100000000u /* the reference implementation's limit */
 #define ST_NAME_MAX 255
@@ -47,6 +55,7 @@
 typedef struct st_tensor {
     char *name;
     qkv_array arr;
+    int borrowed; /* arr.data points into the set's mapping: not freed */
 } st_tensor;
 
 typedef struct st_meta {
@@ -58,6 +67,8 @@ struct qkv_safetensors {
     int64_t n, cap;
     st_meta *m;
     int64_t nm, capm;
+    void *map;      /* the read-only mapping of a mapped set, or NULL */
+    size_t map_len;
 };
 
 /* ---- dtypes of the file ------------------------------------------------ */
@@ -192,7 +203,7 @@ void qkv_safetensors_free(qkv_safetensors *st) {
     if (!st) return;
     for (int64_t i = 0; i < st->n; i++) {
         qkv_free(st->t[i].name);
-        qkv_array_free(&st->t[i].arr);
+        if (!st->t[i].borrowed) qkv_array_free(&st->t[i].arr);
     }
     for (int64_t i = 0; i < st->nm; i++) {
         qkv_free(st->m[i].key);
@@ -200,6 +211,7 @@ void qkv_safetensors_free(qkv_safetensors *st) {
     }
     qkv_free(st->t);
     qkv_free(st->m);
+    if (st->map) munmap(st->map, st->map_len);
     qkv_free(st);
 }
 
@@ -268,8 +280,9 @@ qkv_status qkv_safetensors_put(qkv_safetensors *st, const char *name, const qkv_
 
     int64_t i = find_tensor(st, name);
     if (i >= 0) {
-        qkv_array_free(&st->t[i].arr);
+        if (!st->t[i].borrowed) qkv_array_free(&st->t[i].arr);
         st->t[i].arr = copy;
+        st->t[i].borrowed = 0;
         return QKV_OK;
     }
     char *nm = str_dup_n(name, strlen(name));
@@ -280,6 +293,7 @@ qkv_status qkv_safetensors_put(qkv_safetensors *st, const char *name, const qkv_
     }
     st->t[st->n].name = nm;
     st->t[st->n].arr = copy;
+    st->t[st->n].borrowed = 0;
     st->n++;
     return QKV_OK;
 }
@@ -325,6 +339,7 @@ typedef struct st_src {
     const unsigned char *mem;  /* the whole file, or NULL */
     int fd;
     uint64_t len;
+    int borrow;                /* mem is a mapping the set keeps: tensors may point into it */
 } st_src;
 
 /* Read n bytes at off (the caller checked off + n <= len). */
@@ -827,6 +842,20 @@ static qkv_status st_read(const st_src *src, qkv_safetensors **out, char *why, s
     for (int64_t i = 0; i < c.ne; i++) {
         st_entry *e = &c.e[i];
         st_tensor *t = &c.set->t[i];
+        const st_dtype_info *d = &st_dtypes[e->dtype];
+        const unsigned char *at = src->mem ? src->mem + c.data_start + e->begin : NULL;
+        if (src->borrow && host_is_le() && e->dtype != ST_F16 && e->dtype != ST_BF16 &&
+            (uintptr_t)at % d->elem == 0) {
+            t->arr.dtype = (qkv_dtype)d->load;
+            t->arr.ndim = e->ndim;
+            memcpy(t->arr.shape, e->shape, sizeof e->shape);
+            t->arr.data = (void *)(uintptr_t)at; /* read-only pages */
+            t->borrowed = 1;
+            t->name = e->name;
+            e->name = NULL;
+            c.set->n = i + 1;
+            continue;
+        }
         qkv_status s = qkv_array_alloc(&t->arr, (qkv_dtype)st_dtypes[e->dtype].load, e->ndim, e->shape);
         if (s != QKV_OK) {
             char nm[64];
@@ -858,7 +887,7 @@ qkv_status qkv_safetensors_parse(const void *bytes, size_t len, qkv_safetensors 
         if (why && why_len) snprintf(why, why_len, "NULL argument");
         return QKV_ERR_NULL_POINTER;
     }
-    st_src src = {bytes ? (const unsigned char *)bytes : (const unsigned char *)"", -1, len};
+    st_src src = {bytes ? (const unsigned char *)bytes : (const unsigned char *)"", -1, len, 0};
     return st_read(&src, out, why, why_len);
 }
 
@@ -881,10 +910,55 @@ qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *w
         close(fd);
         return QKV_ERR_IO;
     }
-    st_src src = {NULL, fd, (uint64_t)sb.st_size};
+    st_src src = {NULL, fd, (uint64_t)sb.st_size, 0};
     qkv_status s = st_read(&src, out, why, why_len);
     close(fd);
     return s;
+}
+
+qkv_status qkv_safetensors_map(const char *path, qkv_safetensors **out, char *why, size_t why_len) {
+    if (out) *out = NULL;
+    if (!out || !path) {
+        if (why && why_len) snprintf(why, why_len, "NULL argument");
+        return QKV_ERR_NULL_POINTER;
+    }
+    int fd;
+    do fd = open(path, O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        if (why && why_len) snprintf(why, why_len, "cannot open: %s", strerror(errno));
+        return QKV_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        if (why && why_len) snprintf(why, why_len, "not a regular file");
+        close(fd);
+        return QKV_ERR_IO;
+    }
+    if ((uint64_t)sb.st_size < 8 || (uint64_t)sb.st_size > SIZE_MAX) {
+        /* Too short for a header (st_read names the problem), or too large
+         * to map: read it the ordinary way. */
+        st_src src = {NULL, fd, (uint64_t)sb.st_size, 0};
+        qkv_status s = st_read(&src, out, why, why_len);
+        close(fd);
+        return s;
+    }
+    size_t len = (size_t)sb.st_size;
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd); /* the mapping keeps the file */
+    if (map == MAP_FAILED) {
+        if (why && why_len) snprintf(why, why_len, "cannot map: %s", strerror(errno));
+        return QKV_ERR_IO;
+    }
+    st_src src = {map, -1, len, 1};
+    qkv_status s = st_read(&src, out, why, why_len);
+    if (s != QKV_OK) {
+        munmap(map, len);
+        return s;
+    }
+    (*out)->map = map;
+    (*out)->map_len = len;
+    return QKV_OK;
 }
 
 /* ---- writing ----------------------------------------------------------- */

@@ -1,0 +1,324 @@
+/* The encoder's forward (qkv/encoder.h): texts tokenized and packed end to
+ * end, embeddings, post-LN BERT blocks (projections by the linear layer,
+ * attention by qkv_attention_forward over the packed sequences), pooling.
+ * Every buffer is the encoder's workspace, grown on demand; a batch is run
+ * in chunks of whole sentences of at most ENC_CHUNK_TOKENS tokens, so the
+ * workspace stays bounded however many texts come. */
+#include <math.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "layers/linear.h"
+#include "model/encoder_internal.h"
+
+#define ENC_CHUNK_TOKENS 4096
+
+/* ---- workspace ---------------------------------------------------------- */
+
+static qkv_status ws_reserve(qkv_encoder *e, int64_t rows) {
+    if (rows <= e->ws_rows) return QKV_OK;
+    int64_t H = e->info.hidden, I = e->info.intermediate, per;
+    if (!qkv_mul_ok(6 * H + I, rows, &per) || (uint64_t)per > SIZE_MAX / sizeof(float))
+        return QKV_ERR_SIZE_OVERFLOW;
+    float *ws = qkv_alloc((size_t)per * sizeof(float));
+    if (!ws) return QKV_ERR_OUT_OF_MEMORY;
+    qkv_free(e->ws);
+    e->ws = ws;
+    e->ws_rows = rows;
+    e->x = ws;
+    e->q = e->x + rows * H;
+    e->k = e->q + rows * H;
+    e->v = e->k + rows * H;
+    e->ctx = e->v + rows * H;
+    e->tmp = e->ctx + rows * H;
+    e->inter = e->tmp + rows * H;
+    return QKV_OK;
+}
+
+static int grow_i64(int64_t **p, int64_t *cap, int64_t need) {
+    if (need <= *cap) return 1;
+    if ((uint64_t)need > SIZE_MAX / 16) return 0;
+    int64_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    int64_t *q = qkv_alloc((size_t)c * sizeof *q);
+    if (!q) return 0;
+    if (*p) memcpy(q, *p, (size_t)*cap * sizeof *q);
+    qkv_free(*p);
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
+/* ids and types with room for `need` tokens (contents kept). */
+static int grow_ids(qkv_encoder *e, int64_t need) {
+    if (need <= e->id_cap) return 1;
+    if ((uint64_t)need > SIZE_MAX / 16) return 0;
+    int64_t c = e->id_cap ? e->id_cap : 256;
+    while (c < need) c *= 2;
+    int32_t *a = qkv_alloc((size_t)c * sizeof *a), *b = qkv_alloc((size_t)c * sizeof *b);
+    if (!a || !b) {
+        qkv_free(a);
+        qkv_free(b);
+        return 0;
+    }
+    if (e->ids) {
+        memcpy(a, e->ids, (size_t)e->id_cap * sizeof *a);
+        memcpy(b, e->types, (size_t)e->id_cap * sizeof *b);
+    }
+    qkv_free(e->ids);
+    qkv_free(e->types);
+    e->ids = a;
+    e->types = b;
+    e->id_cap = c;
+    return 1;
+}
+
+/* Tokenize every text into e->ids / e->types, e->offsets [count + 1]. */
+static qkv_status tokenize_all(qkv_encoder *e, const char *const *texts, const size_t *lens, int64_t count,
+                               char *why, size_t why_len) {
+    if (!grow_i64(&e->offsets, &e->off_cap, count + 1)) return QKV_ERR_OUT_OF_MEMORY;
+    int64_t max = e->info.max_length, total = 0;
+    e->offsets[0] = 0;
+    for (int64_t s = 0; s < count; s++) {
+        const char *t = texts[s];
+        size_t len = lens ? lens[s] : (t ? strlen(t) : 0);
+        if (!t && len > 0) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "text %lld is NULL", (long long)s);
+        if (!grow_ids(e, total + max)) return QKV_ERR_OUT_OF_MEMORY;
+        int64_t n;
+        char sub[160];
+        qkv_status st = qkv_tokenizer_encode(e->tok, t, len, NULL, 0, max, e->ids + total, e->types + total,
+                                             max, &n, sub, sizeof sub);
+        if (st != QKV_OK) return enc_fail(why, why_len, st, "text %lld: %s", (long long)s, sub);
+        total += n;
+        e->offsets[s + 1] = total;
+    }
+    return QKV_OK;
+}
+
+/* ---- row operations (in parallel over rows; each row as the serial loop) */
+
+typedef struct row_job {
+    float *x;
+    const float *res, *g, *b;
+    int64_t width;
+    double eps;
+    int act;
+} row_job;
+
+/* x = LayerNorm(x + res) row by row, statistics in double. */
+static void ln_rows(void *ctx, int64_t r0, int64_t r1) {
+    const row_job *j = ctx;
+    int64_t n = j->width;
+    for (int64_t r = r0; r < r1; r++) {
+        float *x = j->x + r * n;
+        const float *res = j->res ? j->res + r * n : NULL;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (res) x[i] += res[i];
+            mean += x[i];
+        }
+        mean /= (double)n;
+        for (int64_t i = 0; i < n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+        double inv = 1.0 / sqrt(var / (double)n + j->eps);
+        for (int64_t i = 0; i < n; i++) x[i] = (float)(((double)x[i] - mean) * inv * j->g[i] + j->b[i]);
+    }
+}
+
+static void act_rows(void *ctx, int64_t r0, int64_t r1) {
+    const row_job *j = ctx;
+    for (int64_t i = r0 * j->width; i < r1 * j->width; i++) {
+        double x = j->x[i];
+        if (j->act == ENC_ACT_GELU) x = 0.5 * x * (1.0 + erf(x * 0.70710678118654752440));
+        else if (j->act == ENC_ACT_GELU_NEW)
+            x = 0.5 * x * (1.0 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+        else if (x < 0) x = 0;
+        j->x[i] = (float)x;
+    }
+}
+
+static void layer_norm(qkv_encoder *e, float *x, const float *res, const float *g, const float *b, int64_t rows) {
+    row_job j = {x, res, g, b, e->info.hidden, e->info.layer_norm_eps, 0};
+    qkv_par_range(e->threads, rows, 8 * e->info.hidden, ln_rows, &j);
+}
+
+/* ---- the forward -------------------------------------------------------- */
+
+static void attn_desc(const qkv_encoder *e, int64_t rows, const int64_t *offsets, int64_t count, qkv_attn_desc *d) {
+    qkv_attn_desc_init(d);
+    d->batch = 1;
+    d->n_q = d->n_k = rows;
+    d->heads = e->info.heads;
+    d->dim = e->info.hidden / e->info.heads;
+    d->threads = e->threads;
+    if (offsets) {
+        d->seq_offsets_q = d->seq_offsets_k = offsets;
+        d->num_seqs = count;
+    }
+}
+
+/* Embeddings of tokens [t0, t0 + rows) (sentences s0 .. s0 + count - 1
+ * starting at t0) into e->x. */
+static void embed(qkv_encoder *e, int64_t s0, int64_t count) {
+    int64_t H = e->info.hidden, t0 = e->offsets[s0];
+    for (int64_t s = s0; s < s0 + count; s++)
+        for (int64_t t = e->offsets[s]; t < e->offsets[s + 1]; t++) {
+            const float *w = e->word + (int64_t)e->ids[t] * H, *ty = e->type + (int64_t)e->types[t] * H;
+            const float *p = e->pos + (t - e->offsets[s]) * H;
+            float *x = e->x + (t - t0) * H;
+            for (int64_t i = 0; i < H; i++) x[i] = (w[i] + ty[i]) + p[i];
+        }
+    layer_norm(e, e->x, NULL, e->emb_g, e->emb_b, e->offsets[s0 + count] - t0);
+}
+
+/* Run layers 0 .. stop - 1 on the embedded rows of e->x (packed sequences
+ * at offsets, relative to the first row); with stop < layers, also leave
+ * layer stop's queries and keys in e->q, e->k. */
+static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, int64_t count, int64_t stop) {
+    int64_t H = e->info.hidden, I = e->info.intermediate;
+    int th = e->threads;
+    qkv_status s;
+    qkv_attn_desc d;
+    attn_desc(e, rows, offsets, count, &d);
+    for (int64_t l = 0; l <= stop && l < e->info.layers; l++) {
+        const enc_layer *L = &e->layer[l];
+        if ((s = nn_linear(e->x, rows, H, L->wq, L->bq, H, e->q, th)) != QKV_OK ||
+            (s = nn_linear(e->x, rows, H, L->wk, L->bk, H, e->k, th)) != QKV_OK)
+            return s;
+        if (l == stop) return QKV_OK;
+        if ((s = nn_linear(e->x, rows, H, L->wv, L->bv, H, e->v, th)) != QKV_OK ||
+            (s = qkv_attention_forward(&d, e->q, e->k, e->v, e->ctx, NULL, NULL)) != QKV_OK ||
+            (s = nn_linear(e->ctx, rows, H, L->wo, L->bo, H, e->tmp, th)) != QKV_OK)
+            return s;
+        layer_norm(e, e->x, e->tmp, L->ln1_g, L->ln1_b, rows); /* x = LN(x + attn) */
+        if ((s = nn_linear(e->x, rows, H, L->wi, L->bi, I, e->inter, th)) != QKV_OK) return s;
+        row_job j = {e->inter, NULL, NULL, NULL, I, 0, e->info.hidden_act};
+        qkv_par_range(th, rows, 16 * I, act_rows, &j);
+        if ((s = nn_linear(e->inter, rows, I, L->wo2, L->bo2, H, e->tmp, th)) != QKV_OK) return s;
+        layer_norm(e, e->x, e->tmp, L->ln2_g, L->ln2_b, rows); /* x = LN(x + mlp) */
+    }
+    return QKV_OK;
+}
+
+/* Sentences [s0, s0 + count) through every layer; states in e->x. */
+static qkv_status run_chunk(qkv_encoder *e, int64_t s0, int64_t count, int64_t *rel) {
+    int64_t t0 = e->offsets[s0], rows = e->offsets[s0 + count] - t0;
+    qkv_status s = ws_reserve(e, rows);
+    if (s != QKV_OK) return s;
+    for (int64_t i = 0; i <= count; i++) rel[i] = e->offsets[s0 + i] - t0;
+    embed(e, s0, count);
+    return forward(e, rows, rel, count, e->info.layers);
+}
+
+/* The end (exclusive) of the chunk of sentences starting at s0. */
+static int64_t chunk_end(const qkv_encoder *e, int64_t s0, int64_t count) {
+    int64_t s1 = s0 + 1;
+    while (s1 < count && e->offsets[s1 + 1] - e->offsets[s0] <= ENC_CHUNK_TOKENS) s1++;
+    return s1;
+}
+
+static qkv_status check_texts(const qkv_encoder *e, const char *const *texts, int64_t count, char *why,
+                              size_t why_len) {
+    if (why && why_len) why[0] = '\0';
+    if (!e || !texts) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
+    if (count < 1) return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "no texts (count %lld)", (long long)count);
+    return QKV_OK;
+}
+
+qkv_status qkv_encoder_embed(qkv_encoder *e, const char *const *texts, const size_t *lens, int64_t count,
+                             qkv_pooling pooling, int normalize, float *out, char *why, size_t why_len) {
+    qkv_status s = check_texts(e, texts, count, why, why_len);
+    if (s != QKV_OK) return s;
+    if (!out) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL output");
+    if (pooling < QKV_POOLING_FROM_MODEL || pooling > QKV_POOLING_MAX || normalize < -1 || normalize > 1)
+        return enc_fail(why, why_len, QKV_ERR_BAD_ENUM, "pooling %d or normalize %d out of range", (int)pooling,
+                        normalize);
+    if (pooling == QKV_POOLING_FROM_MODEL) pooling = e->info.pooling;
+    if (normalize < 0) normalize = e->info.normalize;
+    if ((s = tokenize_all(e, texts, lens, count, why, why_len)) != QKV_OK) return s;
+    int64_t H = e->info.hidden, rel[ENC_CHUNK_TOKENS + 2];
+    for (int64_t s0 = 0; s0 < count;) {
+        int64_t s1 = chunk_end(e, s0, count);
+        /* A chunk has at most ENC_CHUNK_TOKENS tokens, each sentence at least 2. */
+        if ((s = run_chunk(e, s0, s1 - s0, rel)) != QKV_OK)
+            return enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+        for (int64_t i = s0; i < s1; i++) {
+            const float *x = e->x + rel[i - s0] * H;
+            int64_t n = rel[i - s0 + 1] - rel[i - s0];
+            float *o = out + i * H;
+            double norm = 0;
+            for (int64_t c = 0; c < H; c++) {
+                double a;
+                if (pooling == QKV_POOLING_CLS) {
+                    a = x[c];
+                } else if (pooling == QKV_POOLING_MAX) {
+                    a = x[c];
+                    for (int64_t t = 1; t < n; t++) a = x[t * H + c] > a ? x[t * H + c] : a;
+                } else {
+                    a = 0;
+                    for (int64_t t = 0; t < n; t++) a += x[t * H + c];
+                    a /= (double)n;
+                }
+                o[c] = (float)a;
+                norm += a * a;
+            }
+            if (normalize) {
+                norm = sqrt(norm);
+                if (norm < 1e-12) norm = 1e-12;
+                for (int64_t c = 0; c < H; c++) o[c] = (float)(o[c] / norm);
+            }
+        }
+        s0 = s1;
+    }
+    return QKV_OK;
+}
+
+qkv_status qkv_encoder_token_states(qkv_encoder *e, const char *const *texts, const size_t *lens, int64_t count,
+                                    float *out, int64_t capacity, int64_t *offsets, int64_t *tokens, char *why,
+                                    size_t why_len) {
+    qkv_status s = check_texts(e, texts, count, why, why_len);
+    if (s != QKV_OK) return s;
+    if (!tokens || (!out && capacity > 0)) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
+    if (capacity < 0) return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld < 0", (long long)capacity);
+    if ((s = tokenize_all(e, texts, lens, count, why, why_len)) != QKV_OK) return s;
+    *tokens = e->offsets[count];
+    if (offsets) memcpy(offsets, e->offsets, (size_t)(count + 1) * sizeof *offsets);
+    if (capacity < *tokens)
+        return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld rows, %lld tokens needed", (long long)capacity,
+                        (long long)*tokens);
+    int64_t H = e->info.hidden, rel[ENC_CHUNK_TOKENS + 2];
+    for (int64_t s0 = 0; s0 < count;) {
+        int64_t s1 = chunk_end(e, s0, count);
+        if ((s = run_chunk(e, s0, s1 - s0, rel)) != QKV_OK)
+            return enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+        memcpy(out + e->offsets[s0] * H, e->x, (size_t)(rel[s1 - s0] * H) * sizeof(float));
+        s0 = s1;
+    }
+    return QKV_OK;
+}
+
+qkv_status qkv_encoder_attention(qkv_encoder *e, const char *text, size_t len, int64_t layer, float *out,
+                                 int64_t capacity, int64_t *n, char *why, size_t why_len) {
+    const char *texts[1] = {text};
+    qkv_status s = check_texts(e, texts, 1, why, why_len);
+    if (s != QKV_OK) return s;
+    if (!n || (!out && capacity > 0) || (!text && len > 0))
+        return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
+    if (layer < 0 || layer >= e->info.layers)
+        return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "layer %lld is not in 0 .. %lld", (long long)layer,
+                        (long long)e->info.layers - 1);
+    if (capacity < 0) return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld < 0", (long long)capacity);
+    size_t lens[1] = {len};
+    if ((s = tokenize_all(e, texts, lens, 1, why, why_len)) != QKV_OK) return s;
+    int64_t rows = e->offsets[1];
+    *n = rows;
+    if (capacity / rows / rows < e->info.heads)
+        return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld floats, %lld needed", (long long)capacity,
+                        (long long)(e->info.heads * rows * rows));
+    if ((s = ws_reserve(e, rows)) != QKV_OK) return enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+    embed(e, 0, 1);
+    if ((s = forward(e, rows, NULL, 1, layer)) != QKV_OK) return enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+    qkv_attn_desc d;
+    attn_desc(e, rows, NULL, 1, &d);
+    s = qkv_attention_rows(&d, e->q, e->k, 0, rows, out);
+    return s == QKV_OK ? s : enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+}
