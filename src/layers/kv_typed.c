@@ -221,13 +221,7 @@ qkv_status kv_typed_attend(kv_typed *t, const qkv_plan *p, const float *q, float
     if (nthreads > QKV_MAX_THREADS) nthreads = QKV_MAX_THREADS;
     if ((int64_t)nthreads > units) nthreads = (int)units;
     const int64_t stride = t->max_len + 2 * t->dh;
-    if (t->ws_cap < stride * nthreads) {
-        float *w = qkv_alloc((size_t)(stride * nthreads) * sizeof(float));
-        if (!w) return QKV_ERR_OUT_OF_MEMORY;
-        qkv_free(t->ws);
-        t->ws = w;
-        t->ws_cap = stride * nthreads;
-    }
+    if (!qkv_reserve(&t->ws, &t->ws_cap, stride * nthreads, sizeof(float))) return QKV_ERR_OUT_OF_MEMORY;
     const double scale = d->score == QKV_SCORE_DOT ? 1.0 : d->scale; /* resolved by the plan */
     attend_ctx c;
     c.t = t;
