@@ -176,14 +176,8 @@ qkv_status qkv_floater_create(int64_t dim, int64_t hidden, double delta, int sub
 
 void qkv_floater_free(qkv_floater *f) {
     if (!f) return;
-    qkv_free(f->params);
-    qkv_free(f->grads);
-    qkv_free(f->th);
-    qkv_free(f->gth);
-    qkv_free(f->pos);
-    qkv_free(f->c.work);
-    qkv_free(f->c.traj);
-    qkv_free(f);
+    void *const bufs[] = {f->params, f->grads, f->th, f->gth, f->pos, f->c.work, f->c.traj, f};
+    qkv_free_each(bufs, sizeof bufs / sizeof bufs[0]);
 }
 
 qkv_status qkv_floater_forward(qkv_floater *f, int64_t n, float *pos) {

@@ -90,16 +90,8 @@ qkv_status kv_typed_create(kv_typed **out, qkv_kv_storage storage, int64_t batch
 
 void kv_typed_free(kv_typed *t) {
     if (!t) return;
-    qkv_free(t->kf);
-    qkv_free(t->vf);
-    qkv_free(t->kb);
-    qkv_free(t->vb);
-    qkv_free(t->k8);
-    qkv_free(t->v8);
-    qkv_free(t->ks);
-    qkv_free(t->vs);
-    qkv_free(t->ws);
-    qkv_free(t);
+    void *const bufs[] = {t->kf, t->vf, t->kb, t->vb, t->k8, t->v8, t->ks, t->vs, t->ws, t};
+    qkv_free_each(bufs, sizeof bufs / sizeof bufs[0]);
 }
 
 /* One block of n values as int8 and its scale. A block holding NaN or an

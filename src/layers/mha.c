@@ -179,10 +179,8 @@ qkv_status qkv_mha_create(const qkv_mha_config *cfg, uint64_t seed, qkv_mha **ou
 
 void qkv_mha_free(qkv_mha *m) {
     if (!m) return;
-    qkv_free(m->params);
-    qkv_free(m->grads);
-    qkv_free(m->slopes);
-    qkv_free(m->key_lengths);
+    void *const bufs[] = {m->params, m->grads, m->slopes, m->key_lengths};
+    qkv_free_each(bufs, sizeof bufs / sizeof bufs[0]);
     for (int i = 0; i < MHA_ACT_COUNT; i++) qkv_free(m->act[i]);
     for (int i = 0; i < 8; i++) qkv_free(m->half[i]);
     qkv_free(m);
