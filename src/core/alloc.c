@@ -118,3 +118,18 @@ int qkv_count_ok(int64_t *out, size_t elem, int n, const int64_t *factors) {
     *out = c;
     return 1;
 }
+
+int qkv_reserve(void *pbuf, int64_t *cap, int64_t n, size_t elem) {
+    if (*cap >= n) return 1;
+    void *p = qkv_alloc((size_t)n * elem), *old;
+    if (!p) return 0;
+    memcpy(&old, pbuf, sizeof old);
+    qkv_free(old);
+    memcpy(pbuf, &p, sizeof p);
+    *cap = n;
+    return 1;
+}
+
+void qkv_free_each(void *const *p, size_t n) {
+    for (size_t i = 0; i < n; i++) qkv_free(p[i]);
+}

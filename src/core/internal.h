@@ -13,6 +13,19 @@
 void *qkv_alloc(size_t bytes);
 void *qkv_alloc_zeroed(size_t bytes);
 void qkv_free(void *p);
+/* Grows a buffer to at least n elements of elem bytes: pbuf is the address
+ * of the buffer's pointer (of any object type), *cap its capacity in
+ * elements. The old contents are dropped. 1 on success (nothing done when
+ * *cap >= n), 0 when out of memory (buffer and *cap unchanged). */
+int qkv_reserve(void *pbuf, int64_t *cap, int64_t n, size_t elem);
+/* qkv_free on each of the n pointers of p. */
+void qkv_free_each(void *const *p, size_t n);
+/* A layer's parameter or gradient view: *count = n (when count is given),
+ * returns buf. */
+static inline float *qkv_param_view(float *buf, int64_t n, int64_t *count) {
+    if (count) *count = n;
+    return buf;
+}
 /* The size of the last allocation the memory limit refused on this thread
  * since the previous call (0: none), and clears it; and the status a failed
  * allocation should report: QKV_ERR_MEMORY_LIMIT when the limit refused it,

@@ -109,4 +109,12 @@ void qkv_attn_init_generic(qkv_kernels *k);
 void qkv_attn_init_avx2(qkv_kernels *k);
 void qkv_attn_init_avx512(qkv_kernels *k);
 
+/* Defines qkv_attn_init_<isa>: every slot gets the kernel <slot>_<isa> of
+ * the including file, one list of slots for every ISA. */
+#define QKV_ATTN_DEFINE_INIT(isa)                                                                  \
+    void qkv_attn_init_##isa(qkv_kernels *k) {                                                     \
+        *k = (qkv_kernels){#isa, qk_##isa, pv_##isa, softmax_##isa, bwd_softmax_##isa, exp2_##isa, \
+                           pack_panel_##isa, scale_stream_##isa, stream_fence_##isa, all_finite_##isa}; \
+    }
+
 #endif

@@ -63,4 +63,12 @@ typedef struct qkv_half_kernels {
 void qkv_half_init_generic(qkv_half_kernels *k);
 void qkv_half_init_avx512bf16(qkv_half_kernels *k);
 
+/* Defines qkv_half_init_<isa> (native: 1 where the ISA has bf16 dot
+ * products): the other slots, in the struct's order, get <slot>_<isa>. */
+#define QKV_HALF_DEFINE_INIT(isa, is_native)                                                       \
+    void qkv_half_init_##isa(qkv_half_kernels *k) {                                                \
+        *k = (qkv_half_kernels){#isa, is_native, qk_##isa, pv_##isa, pack_p_##isa, qk_acc_##isa, pv_acc_##isa, \
+                                bwd_softmax_##isa, pack_rowpairs_##isa};                           \
+    }
+
 #endif

@@ -34,6 +34,13 @@ typedef struct kv_kernels {
                   size_t D, size_t n);
 } kv_kernels;
 
+/* Defines qkv_kv_init_<isa>: every slot, in the struct's order, gets the
+ * kernel <slot>_<isa> of the including file. */
+#define QKV_KV_DEFINE_INIT(isa)                                                                    \
+    void qkv_kv_init_##isa(kv_kernels *k) {                                                        \
+        *k = (kv_kernels){#isa, qk_f32_##isa, qk_bf16_##isa, qk_i8_##isa, pv_f32_##isa, pv_bf16_##isa, pv_i8_##isa}; \
+    }
+
 /* The generic table; each ISA's init overrides the slots it implements. */
 void qkv_kv_init_generic(kv_kernels *k);
 void qkv_kv_init_avx2(kv_kernels *k);

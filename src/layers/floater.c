@@ -59,13 +59,7 @@ qkv_status floater_core_forward(floater_core *c, const double *th, int64_t n, do
     const int64_t d = c->dim, steps = (n - 1) * c->substeps;
     int64_t f[2] = {steps + 1, d}, cnt;
     if (!qkv_count_ok(&cnt, sizeof(double), 2, f)) return QKV_ERR_SIZE_OVERFLOW;
-    if (c->traj_cap < cnt) {
-        double *t = qkv_alloc((size_t)cnt * sizeof(double));
-        if (!t) return QKV_ERR_OUT_OF_MEMORY;
-        qkv_free(c->traj);
-        c->traj = t;
-        c->traj_cap = cnt;
-    }
+    if (!qkv_reserve(&c->traj, &c->traj_cap, cnt, sizeof(double))) return QKV_ERR_OUT_OF_MEMORY;
     double *y = c->traj, *k = c->work, *u = k + 4 * d, *s = u + d;
     const double dt = c->delta / (double)c->substeps;
     memcpy(y, th + FL_P0(c), (size_t)d * sizeof(double));
@@ -182,14 +176,8 @@ qkv_status qkv_floater_create(int64_t dim, int64_t hidden, double delta, int sub
 
 void qkv_floater_free(qkv_floater *f) {
     if (!f) return;
-    qkv_free(f->params);
-    qkv_free(f->grads);
-    qkv_free(f->th);
-    qkv_free(f->gth);
-    qkv_free(f->pos);
-    qkv_free(f->c.work);
-    qkv_free(f->c.traj);
-    qkv_free(f);
+    void *const bufs[] = {f->params, f->grads, f->th, f->gth, f->pos, f->c.work, f->c.traj, f};
+    qkv_free_each(bufs, sizeof bufs / sizeof bufs[0]);
 }
 
 qkv_status qkv_floater_forward(qkv_floater *f, int64_t n, float *pos) {
@@ -197,13 +185,7 @@ qkv_status qkv_floater_forward(qkv_floater *f, int64_t n, float *pos) {
     if (n <= 0) return QKV_ERR_BAD_SIZE;
     int64_t fac[2] = {n, f->c.dim}, cnt;
     if (!qkv_count_ok(&cnt, sizeof(double), 2, fac)) return QKV_ERR_SIZE_OVERFLOW;
-    if (f->pos_cap < cnt) {
-        double *p = qkv_alloc((size_t)cnt * sizeof(double));
-        if (!p) return QKV_ERR_OUT_OF_MEMORY;
-        qkv_free(f->pos);
-        f->pos = p;
-        f->pos_cap = cnt;
-    }
+    if (!qkv_reserve(&f->pos, &f->pos_cap, cnt, sizeof(double))) return QKV_ERR_OUT_OF_MEMORY;
     for (int64_t i = 0; i < f->np; i++) f->th[i] = f->params[i];
     f->c.n = 0;
     qkv_status s = floater_core_forward(&f->c, f->th, n, f->pos);
@@ -226,13 +208,11 @@ qkv_status qkv_floater_backward(qkv_floater *f, const float *dpos) {
 }
 
 float *qkv_floater_params(qkv_floater *f, int64_t *count) {
-    if (count) *count = f ? f->np : 0;
-    return f ? f->params : NULL;
+    return qkv_param_view(f ? f->params : NULL, f ? f->np : 0, count);
 }
 
 float *qkv_floater_grads(qkv_floater *f, int64_t *count) {
-    if (count) *count = f ? f->np : 0;
-    return f ? f->grads : NULL;
+    return qkv_param_view(f ? f->grads : NULL, f ? f->np : 0, count);
 }
 
 void qkv_floater_zero_grad(qkv_floater *f) {

@@ -73,13 +73,7 @@ qkv_status qkv_mha_decode(qkv_mha *m, qkv_kv_cache *kc, int64_t t, const float *
     const int64_t Dkv = kc->dkv, L = kc->len, thr = c->attn.threads, X = kc->extra;
     const int64_t rowlen = X + kc->max_len; /* slots per batch row */
     int64_t need = B * t * (2 * Dq + 2 * Dkv + Dh);
-    if (kc->scratch_cap < need) {
-        float *s = qkv_alloc((size_t)need * sizeof(float));
-        if (!s) return QKV_ERR_OUT_OF_MEMORY;
-        qkv_free(kc->scratch);
-        kc->scratch = s;
-        kc->scratch_cap = need;
-    }
+    if (!qkv_reserve(&kc->scratch, &kc->scratch_cap, need, sizeof(float))) return QKV_ERR_OUT_OF_MEMORY;
     float *q = kc->scratch, *k = q + B * t * Dq, *v = k + B * t * Dkv, *o = v + B * t * Dkv;
     float *om = o + B * t * Dq;
     const float *P = m->params, *bin = c->bias ? P + m->off[MHA_BIN] : NULL;

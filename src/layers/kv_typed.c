@@ -90,16 +90,8 @@ qkv_status kv_typed_create(kv_typed **out, qkv_kv_storage storage, int64_t batch
 
 void kv_typed_free(kv_typed *t) {
     if (!t) return;
-    qkv_free(t->kf);
-    qkv_free(t->vf);
-    qkv_free(t->kb);
-    qkv_free(t->vb);
-    qkv_free(t->k8);
-    qkv_free(t->v8);
-    qkv_free(t->ks);
-    qkv_free(t->vs);
-    qkv_free(t->ws);
-    qkv_free(t);
+    void *const bufs[] = {t->kf, t->vf, t->kb, t->vb, t->k8, t->v8, t->ks, t->vs, t->ws, t};
+    qkv_free_each(bufs, sizeof bufs / sizeof bufs[0]);
 }
 
 /* One block of n values as int8 and its scale. A block holding NaN or an
@@ -221,13 +213,7 @@ qkv_status kv_typed_attend(kv_typed *t, const qkv_plan *p, const float *q, float
     if (nthreads > QKV_MAX_THREADS) nthreads = QKV_MAX_THREADS;
     if ((int64_t)nthreads > units) nthreads = (int)units;
     const int64_t stride = t->max_len + 2 * t->dh;
-    if (t->ws_cap < stride * nthreads) {
-        float *w = qkv_alloc((size_t)(stride * nthreads) * sizeof(float));
-        if (!w) return QKV_ERR_OUT_OF_MEMORY;
-        qkv_free(t->ws);
-        t->ws = w;
-        t->ws_cap = stride * nthreads;
-    }
+    if (!qkv_reserve(&t->ws, &t->ws_cap, stride * nthreads, sizeof(float))) return QKV_ERR_OUT_OF_MEMORY;
     const double scale = d->score == QKV_SCORE_DOT ? 1.0 : d->scale; /* resolved by the plan */
     attend_ctx c;
     c.t = t;

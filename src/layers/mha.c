@@ -179,23 +179,19 @@ qkv_status qkv_mha_create(const qkv_mha_config *cfg, uint64_t seed, qkv_mha **ou
 
 void qkv_mha_free(qkv_mha *m) {
     if (!m) return;
-    qkv_free(m->params);
-    qkv_free(m->grads);
-    qkv_free(m->slopes);
-    qkv_free(m->key_lengths);
+    void *const bufs[] = {m->params, m->grads, m->slopes, m->key_lengths};
+    qkv_free_each(bufs, sizeof bufs / sizeof bufs[0]);
     for (int i = 0; i < MHA_ACT_COUNT; i++) qkv_free(m->act[i]);
     for (int i = 0; i < 8; i++) qkv_free(m->half[i]);
     qkv_free(m);
 }
 
 float *qkv_mha_params(qkv_mha *m, int64_t *count) {
-    if (count) *count = m ? m->n_params : 0;
-    return m ? m->params : NULL;
+    return qkv_param_view(m ? m->params : NULL, m ? m->n_params : 0, count);
 }
 
 float *qkv_mha_grads(qkv_mha *m, int64_t *count) {
-    if (count) *count = m ? m->n_params : 0;
-    return m ? m->grads : NULL;
+    return qkv_param_view(m ? m->grads : NULL, m ? m->n_params : 0, count);
 }
 
 void qkv_mha_zero_grad(qkv_mha *m) {
@@ -224,24 +220,12 @@ qkv_dtype qkv_mha_get_precision(const qkv_mha *m) { return m ? m->compute : QKV_
 
 /* Grow activation buffer i to at least n floats. */
 static int act_reserve(qkv_mha *m, int i, int64_t n) {
-    if (m->act_cap[i] >= n) return 1;
-    float *p = qkv_alloc((size_t)n * sizeof(float));
-    if (!p) return 0;
-    qkv_free(m->act[i]);
-    m->act[i] = p;
-    m->act_cap[i] = n;
-    return 1;
+    return qkv_reserve(&m->act[i], &m->act_cap[i], n, sizeof(float));
 }
 
 /* Grow half buffer i to at least n elements. */
 static int half_reserve(qkv_mha *m, int i, int64_t n) {
-    if (m->half_cap[i] >= n) return 1;
-    uint16_t *p = qkv_alloc((size_t)n * sizeof(uint16_t));
-    if (!p) return 0;
-    qkv_free(m->half[i]);
-    m->half[i] = p;
-    m->half_cap[i] = n;
-    return 1;
+    return qkv_reserve(&m->half[i], &m->half_cap[i], n, sizeof(uint16_t));
 }
 
 /* float32 <-> the layer's half type (round to nearest even; exact widening). */
@@ -387,13 +371,8 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
 
     /* Remember the key lengths (as the core sees them) for the backward. */
     if (key_lengths) {
-        if (m->key_lengths_cap < batch) {
-            int64_t *kl = qkv_alloc((size_t)batch * sizeof(int64_t));
-            if (!kl) return QKV_ERR_OUT_OF_MEMORY;
-            qkv_free(m->key_lengths);
-            m->key_lengths = kl;
-            m->key_lengths_cap = batch;
-        }
+        if (!qkv_reserve(&m->key_lengths, &m->key_lengths_cap, batch, sizeof(int64_t)))
+            return QKV_ERR_OUT_OF_MEMORY;
         for (int64_t b = 0; b < batch; b++) m->key_lengths[b] = key_lengths[b] + bkv; /* extra key visible */
     }
 

@@ -93,13 +93,11 @@ void qkv_sagan_free(qkv_sagan *s) {
 }
 
 float *qkv_sagan_params(qkv_sagan *s, int64_t *count) {
-    if (count) *count = s ? s->n_params : 0;
-    return s ? s->params : NULL;
+    return qkv_param_view(s ? s->params : NULL, s ? s->n_params : 0, count);
 }
 
 float *qkv_sagan_grads(qkv_sagan *s, int64_t *count) {
-    if (count) *count = s ? s->n_params : 0;
-    return s ? s->grads : NULL;
+    return qkv_param_view(s ? s->grads : NULL, s ? s->n_params : 0, count);
 }
 
 void qkv_sagan_zero_grad(qkv_sagan *s) {

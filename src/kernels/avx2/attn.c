@@ -387,15 +387,4 @@ static int all_finite_avx2(const float *x, size_t n) {
     return _mm256_testz_si256(bad, bad);
 }
 
-void qkv_attn_init_avx2(qkv_kernels *k) {
-    k->name = "avx2";
-    k->qk = qk_avx2;
-    k->pv = pv_avx2;
-    k->softmax = softmax_avx2;
-    k->bwd_softmax = bwd_softmax_avx2;
-    k->exp2 = exp2_avx2;
-    k->pack_panel = pack_panel_avx2;
-    k->scale_stream = scale_stream_avx2;
-    k->stream_fence = stream_fence_avx2;
-    k->all_finite = all_finite_avx2;
-}
+QKV_ATTN_DEFINE_INIT(avx2)

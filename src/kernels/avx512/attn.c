@@ -297,15 +297,4 @@ static int all_finite_avx512(const float *x, size_t n) {
     return bad == 0;
 }
 
-void qkv_attn_init_avx512(qkv_kernels *k) {
-    k->name = "avx512";
-    k->qk = qk_avx512;
-    k->pv = pv_avx512;
-    k->softmax = softmax_avx512;
-    k->bwd_softmax = bwd_softmax_avx512;
-    k->exp2 = exp2_avx512;
-    k->pack_panel = pack_panel_avx512;
-    k->scale_stream = scale_stream_avx512;
-    k->stream_fence = stream_fence_avx512;
-    k->all_finite = all_finite_avx512;
-}
+QKV_ATTN_DEFINE_INIT(avx512)

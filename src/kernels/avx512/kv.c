@@ -176,12 +176,4 @@ static void pv_bf16_avx512(float *o, const float *p, const uint16_t *v, size_t l
     }
 }
 
-void qkv_kv_init_avx512(kv_kernels *k) {
-    k->name = "avx512";
-    k->qk_f32 = qk_f32_avx512;
-    k->qk_bf16 = qk_bf16_avx512;
-    k->qk_i8 = qk_i8_avx512;
-    k->pv_f32 = pv_f32_avx512;
-    k->pv_bf16 = pv_bf16_avx512;
-    k->pv_i8 = pv_i8_avx512;
-}
+QKV_KV_DEFINE_INIT(avx512)

@@ -289,14 +289,4 @@ static void pack_rowpairs_avx512bf16(uint32_t *kp, const float *x, size_t ldx, s
         }
 }
 
-void qkv_half_init_avx512bf16(qkv_half_kernels *k) {
-    k->name = "avx512bf16";
-    k->native = 1;
-    k->qk = qk_avx512bf16;
-    k->pv = pv_avx512bf16;
-    k->pack_p = pack_p_avx512bf16;
-    k->qk_acc = qk_acc_avx512bf16;
-    k->pv_acc = pv_acc_avx512bf16;
-    k->bwd_softmax = bwd_softmax_avx512bf16;
-    k->pack_rowpairs = pack_rowpairs_avx512bf16;
-}
+QKV_HALF_DEFINE_INIT(avx512bf16, 1)

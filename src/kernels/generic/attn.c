@@ -125,15 +125,4 @@ static int all_finite_generic(const float *x, size_t n) {
     return !bad;
 }
 
-void qkv_attn_init_generic(qkv_kernels *k) {
-    k->name = "generic";
-    k->qk = qk_generic;
-    k->pv = pv_generic;
-    k->softmax = softmax_generic;
-    k->bwd_softmax = bwd_softmax_generic;
-    k->exp2 = exp2_generic;
-    k->pack_panel = pack_panel_generic;
-    k->scale_stream = scale_stream_generic;
-    k->stream_fence = stream_fence_generic;
-    k->all_finite = all_finite_generic;
-}
+QKV_ATTN_DEFINE_INIT(generic)

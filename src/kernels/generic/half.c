@@ -85,14 +85,4 @@ static void pack_rowpairs_generic(uint32_t *kp, const float *x, size_t ldx, size
                 kp[(p * npairs + u) * 32 + c] = pair_of(x[2 * u * ldx + 32 * p + c], x[(2 * u + 1) * ldx + 32 * p + c]);
 }
 
-void qkv_half_init_generic(qkv_half_kernels *k) {
-    k->name = "generic";
-    k->native = 0;
-    k->qk = qk_generic;
-    k->pv = pv_generic;
-    k->pack_p = pack_p_generic;
-    k->qk_acc = qk_acc_generic;
-    k->pv_acc = pv_acc_generic;
-    k->bwd_softmax = bwd_softmax_generic;
-    k->pack_rowpairs = pack_rowpairs_generic;
-}
+QKV_HALF_DEFINE_INIT(generic, 0)

@@ -65,12 +65,4 @@ static void pv_i8_generic(float *o, const float *p, const int8_t *v, size_t ld, 
     }
 }
 
-void qkv_kv_init_generic(kv_kernels *k) {
-    k->name = "generic";
-    k->qk_f32 = qk_f32_generic;
-    k->qk_bf16 = qk_bf16_generic;
-    k->qk_i8 = qk_i8_generic;
-    k->pv_f32 = pv_f32_generic;
-    k->pv_bf16 = pv_bf16_generic;
-    k->pv_i8 = pv_i8_generic;
-}
+QKV_KV_DEFINE_INIT(generic)
