@@ -891,25 +891,34 @@ qkv_status qkv_safetensors_parse(const void *bytes, size_t len, qkv_safetensors 
     return st_read(&src, out, why, why_len);
 }
 
-qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *why, size_t why_len) {
+/* Opens path for reading and checks that it is a regular file: *fd and
+ * *sb on success; else a status and why, nothing left open. */
+static qkv_status st_open(const char *path, qkv_safetensors **out, int *fd, struct stat *sb, char *why,
+                          size_t why_len) {
     if (out) *out = NULL;
     if (!out || !path) {
         if (why && why_len) snprintf(why, why_len, "NULL argument");
         return QKV_ERR_NULL_POINTER;
     }
-    int fd;
-    do fd = open(path, O_RDONLY | O_CLOEXEC);
-    while (fd < 0 && errno == EINTR);
-    if (fd < 0) {
+    do *fd = open(path, O_RDONLY | O_CLOEXEC);
+    while (*fd < 0 && errno == EINTR);
+    if (*fd < 0) {
         if (why && why_len) snprintf(why, why_len, "cannot open: %s", strerror(errno));
         return QKV_ERR_IO;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(*fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
         if (why && why_len) snprintf(why, why_len, "not a regular file");
-        close(fd);
+        close(*fd);
         return QKV_ERR_IO;
     }
+    return QKV_OK;
+}
+
+qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *why, size_t why_len) {
+    int fd;
+    struct stat sb;
+    qkv_status os = st_open(path, out, &fd, &sb, why, why_len);
+    if (os != QKV_OK) return os;
     st_src src = {NULL, fd, (uint64_t)sb.st_size, 0};
     qkv_status s = st_read(&src, out, why, why_len);
     close(fd);
@@ -917,24 +926,10 @@ qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *w
 }
 
 qkv_status qkv_safetensors_map(const char *path, qkv_safetensors **out, char *why, size_t why_len) {
-    if (out) *out = NULL;
-    if (!out || !path) {
-        if (why && why_len) snprintf(why, why_len, "NULL argument");
-        return QKV_ERR_NULL_POINTER;
-    }
     int fd;
-    do fd = open(path, O_RDONLY | O_CLOEXEC);
-    while (fd < 0 && errno == EINTR);
-    if (fd < 0) {
-        if (why && why_len) snprintf(why, why_len, "cannot open: %s", strerror(errno));
-        return QKV_ERR_IO;
-    }
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        if (why && why_len) snprintf(why, why_len, "not a regular file");
-        close(fd);
-        return QKV_ERR_IO;
-    }
+    qkv_status os = st_open(path, out, &fd, &sb, why, why_len);
+    if (os != QKV_OK) return os;
     if ((uint64_t)sb.st_size < 8 || (uint64_t)sb.st_size > SIZE_MAX) {
         /* Too short for a header (st_read names the problem), or too large
          * to map: read it the ordinary way. */
