@@ -1,5 +1,6 @@
-"""qkv for Python: self-attention and the multi-head layer of the qkv C library,
-through ctypes over its shared library (libqkv.so), with NumPy arrays in and out.
+"""qkv for Python: self-attention, the multi-head layer and the BERT-family
+sentence encoder of the qkv C library, through ctypes over its shared library
+(libqkv.so), with NumPy arrays in and out.
 
     import numpy as np, qkv
     q = np.random.randn(2, 5, 4, 8).astype(np.float32)     # [B, n, H, D]
@@ -16,6 +17,22 @@ K [B, n_k, H_kv, D], V [B, n_k, H_kv, D_v], O [B, n_q, H, D_v]; [n, H, D] and
 and float64 are supported (all tensors of one call share q's dtype; others
 are converted). Errors raise qkv.Error with the library's status text.
 
+The encoder (include/qkv/encoder.h, docs/ENCODER.md) reads a Hugging Face /
+sentence-transformers model directory of a BertModel, e.g.
+all-MiniLM-L6-v2:
+
+    with qkv.Encoder("all-MiniLM-L6-v2") as enc:          # the model directory
+        a, b = enc.encode(["Hello, I love you!", "Hi, I miss you."])
+        print("%.4f" % (a @ b))      # 0.4960: the vectors have unit length
+        enc.tokenize("Hello, I love you!", tokens=True)
+        # ['[CLS]', 'hello', ',', 'i', 'love', 'you', '!', '[SEP]']
+        enc.attentions("Hello, I love you!").shape    # (6, 12, 8, 8)
+        enc.info["hidden"], enc.info["pooling"]       # (384, 'mean')
+
+encode() pools as the model says (or pooling='mean' | 'cls' | 'max';
+pooling='none' gives each text's token states); errors raise qkv.Error with
+the library's sentence naming the file, field or text (Error.why).
+
 The library is found from $QKV_LIBRARY (a path to libqkv.so), then the build
 folders of this source tree (build*/libqkv.so), then the system's library path.
 """
@@ -23,11 +40,13 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import re
+import threading
 
 import numpy as np
 
 __all__ = ["Error", "version", "attention_forward", "attention_backward",
-           "MultiheadAttention", "library_path"]
+           "MultiheadAttention", "Encoder", "library_path"]
 
 # ---------------------------------------------------------------------------
 # Loading the library
@@ -115,28 +134,35 @@ _mha_forward = _sig("qkv_mha_forward", ctypes.c_int, _p, _i64, _i64, _i64, _p, _
 _mha_backward = _sig("qkv_mha_backward", ctypes.c_int, _p, _p, _p, _p, _p, _p, _p, _p)
 
 
-def _check_layout():
-    """qkv_attn_desc_init zeroes exactly sizeof(qkv_attn_desc) bytes: if the
-    mirrored structure's size differs, the header changed and this module
-    must follow (a wrong layout would pass garbage to the library)."""
+def _check_layout(cname, structure, zero):
+    """zero(address) makes the library zero exactly sizeof(cname) bytes (its
+    init function, or a getter given NULL): if the mirrored structure's size
+    differs, the header changed and this module must follow (a wrong layout
+    would pass garbage to the library)."""
     n = 4096
     buf = (ctypes.c_ubyte * n)(*([0xAB] * n))
-    _desc_init(ctypes.addressof(buf))
+    zero(ctypes.addressof(buf))
     end = max(i for i in range(n) if buf[i] != 0xAB) + 1
     # Round up to the structure's alignment: trailing padding is zeroed too.
-    if end != ctypes.sizeof(_AttnDesc):
-        raise ImportError("qkv: python/qkv does not match the library's qkv_attn_desc "
-                          "(%d bytes, expected %d): update _AttnDesc" % (end, ctypes.sizeof(_AttnDesc)))
+    if end != ctypes.sizeof(structure):
+        raise ImportError("qkv: python/qkv does not match the library's %s (%d bytes, expected "
+                          "%d): update %s" % (cname, end, ctypes.sizeof(structure),
+                                              structure.__name__))
 
-_check_layout()
+_check_layout("qkv_attn_desc", _AttnDesc, _desc_init)
 
 
 class Error(RuntimeError):
-    """A qkv call failed; .status is the qkv_status code."""
+    """A qkv call failed; .status is the qkv_status code, .why the library's
+    own sentence about it (naming the file, field or text) or None."""
 
-    def __init__(self, status, what):
+    def __init__(self, status, what, why=None):
         self.status = status
-        super().__init__("%s: %s (status %d)" % (what, _status_string(status).decode(), status))
+        self.why = why
+        if why:
+            super().__init__("%s: %s (status %d)" % (what, why, status))
+        else:
+            super().__init__("%s: %s (status %d)" % (what, _status_string(status).decode(), status))
 
 
 def _ok(status, what):
@@ -347,3 +373,328 @@ class MultiheadAttention:
         _ok(_mha_backward(self._h, _ptr(self._x), None, None, _ptr(dy), _ptr(dx), None, None),
             "qkv_mha_backward")
         return dx[0] if self._squeeze else dx
+
+
+# ---------------------------------------------------------------------------
+# The BERT-family encoder (include/qkv/encoder.h) and its tokenizer (qkv/text.h)
+
+_POOLINGS = {"mean": 0, "cls": 1, "max": 2}
+_POOLING_NAMES = {v: k for k, v in _POOLINGS.items()}
+_ACTS = {0: "gelu", 1: "gelu_new", 2: "relu"}
+_ERR_BAD_SIZE = 2
+_WHY_LEN = 512
+
+
+class _EncoderOptions(ctypes.Structure):
+    _fields_ = [("threads", ctypes.c_int), ("max_length", _i64)]
+
+
+class _EncoderInfo(ctypes.Structure):
+    _fields_ = [
+        ("hidden", _i64), ("layers", _i64), ("heads", _i64), ("intermediate", _i64),
+        ("vocab_size", _i64), ("max_positions", _i64), ("type_vocab_size", _i64),
+        ("max_length", _i64), ("pooling", ctypes.c_int), ("normalize", ctypes.c_int),
+        ("layer_norm_eps", ctypes.c_double), ("hidden_act", ctypes.c_int),
+    ]
+
+
+_c_size_t_p = ctypes.POINTER(ctypes.c_size_t)
+_enc_load = _sig("qkv_encoder_load", ctypes.c_int, ctypes.c_char_p, _p, _p, _p, ctypes.c_size_t)
+_enc_free = _sig("qkv_encoder_free", None, _p)
+_enc_get_info = _sig("qkv_encoder_get_info", None, _p, _p)
+_enc_tokenizer = _sig("qkv_encoder_tokenizer", _p, _p)
+_enc_embed = _sig("qkv_encoder_embed", ctypes.c_int, _p, _p, _p, _i64, ctypes.c_int, ctypes.c_int,
+                  _p, _p, ctypes.c_size_t)
+_enc_token_states = _sig("qkv_encoder_token_states", ctypes.c_int, _p, _p, _p, _i64, _p, _i64, _p,
+                         _p, _p, ctypes.c_size_t)
+_enc_attention = _sig("qkv_encoder_attention", ctypes.c_int, _p, _p, ctypes.c_size_t, _i64, _p,
+                      _i64, _p, _p, ctypes.c_size_t)
+_tok_encode = _sig("qkv_tokenizer_encode", ctypes.c_int, _p, _p, ctypes.c_size_t, _p,
+                   ctypes.c_size_t, _i64, _p, _p, _i64, _p, _p, ctypes.c_size_t)
+_tok_token = _sig("qkv_tokenizer_token", _p, _p, ctypes.c_int32, _c_size_t_p)
+
+_check_layout("qkv_encoder_info", _EncoderInfo, lambda a: _enc_get_info(None, a))
+
+
+def _text_bytes(t):
+    """A text as the bytes the library reads: str is encoded as UTF-8 (lone
+    surrogates pass through, so that the library refuses them with its own
+    message, as it refuses invalid UTF-8 bytes); bytes-like objects as they are."""
+    if isinstance(t, str):
+        return t.encode("utf-8", "surrogatepass")
+    if isinstance(t, (bytes, bytearray, memoryview)):
+        return bytes(t)
+    raise TypeError("qkv: a text must be str or bytes, not %s" % type(t).__name__)
+
+
+def _is_one_text(x):
+    return isinstance(x, (str, bytes, bytearray, memoryview))
+
+
+class _Texts:
+    """The C arrays (const char *texts[], size_t lens[]) of a list of texts,
+    keeping the bytes alive while a call uses them."""
+
+    def __init__(self, texts):
+        self.data = [_text_bytes(t) for t in texts]
+        n = len(self.data)
+        self.ptrs = (ctypes.c_char_p * n)(*self.data)
+        self.lens = (ctypes.c_size_t * n)(*[len(b) for b in self.data])
+        self.count = n
+
+
+class Encoder:
+    """A pretrained BERT-family encoder (qkv_encoder_*) read from a Hugging
+    Face / sentence-transformers model directory (config.json,
+    model.safetensors, vocab.txt and, optionally, modules.json,
+    1_Pooling/config.json, sentence_bert_config.json; see docs/ENCODER.md).
+
+    threads: worker threads of every call (0: $QKV_NUM_THREADS or the cores);
+    max_length: truncation in tokens, [CLS] and [SEP] included (0: from the
+    model). Texts are str (encoded as UTF-8) or bytes (UTF-8); invalid UTF-8
+    is refused, never replaced. Failures raise qkv.Error with the library's
+    sentence (the file and field, or the text's index). One encoder runs one
+    call at a time (calls from several Python threads take turns). Use it as
+    a context manager, or close() it, to free it at once."""
+
+    def __init__(self, model_dir, threads=0, max_length=0):
+        self._h = None
+        self._lock = threading.Lock()
+        path = os.fsencode(model_dir)
+        opt = _EncoderOptions(int(threads), int(max_length))
+        h = _p()
+        why = ctypes.create_string_buffer(_WHY_LEN)
+        status = _enc_load(path, ctypes.byref(opt), ctypes.byref(h), why, _WHY_LEN)
+        if status != 0:
+            raise Error(status, "qkv_encoder_load", why.value.decode("utf-8", "replace"))
+        self._h = h
+        info = _EncoderInfo()
+        _enc_get_info(h, ctypes.byref(info))
+        self._tok = _enc_tokenizer(h)
+        self._info = {
+            "model_dir": os.fsdecode(model_dir),
+            "hidden": info.hidden, "layers": info.layers, "heads": info.heads,
+            "intermediate": info.intermediate, "vocab_size": info.vocab_size,
+            "max_positions": info.max_positions, "type_vocab_size": info.type_vocab_size,
+            "max_length": info.max_length,
+            "pooling": _POOLING_NAMES.get(info.pooling, info.pooling),
+            "normalize": bool(info.normalize), "layer_norm_eps": info.layer_norm_eps,
+            "hidden_act": _ACTS.get(info.hidden_act, info.hidden_act),
+        }
+
+    # -- lifetime ---------------------------------------------------------
+
+    def close(self):
+        """Free the encoder (its weights' mapping, tokenizer and workspace).
+        Further calls raise ValueError; closing twice is harmless."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            h, self._h = self._h, None
+            if h:
+                _enc_free(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        # getattr: __init__ may have failed before _h existed; at interpreter
+        # exit the module's globals may already be gone.
+        h = getattr(self, "_h", None)
+        if h and _enc_free is not None:
+            self._h = None
+            _enc_free(h)
+
+    def __repr__(self):
+        if not self._h:
+            return "<qkv.Encoder (closed)>"
+        i = self._info
+        return "<qkv.Encoder %r: hidden %d, %d layers, %d heads, max_length %d>" % (
+            i["model_dir"], i["hidden"], i["layers"], i["heads"], i["max_length"])
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("qkv: the encoder is closed")
+        return self._h
+
+    @property
+    def info(self):
+        """A dict: model_dir, hidden, layers, heads, intermediate, vocab_size,
+        max_positions, type_vocab_size, max_length (the truncation in
+        effect), pooling ('mean' | 'cls' | 'max': the model's), normalize
+        (bool: the model's), layer_norm_eps, hidden_act ('gelu' | 'gelu_new'
+        | 'relu')."""
+        return dict(self._info)
+
+    @property
+    def hidden(self):
+        return self._info["hidden"]
+
+    # -- sentence vectors and token states -------------------------------
+
+    def encode(self, texts, pooling=None, normalize=None, batch_size=32):
+        """Sentence vectors of a list of texts: float32 [len(texts), hidden]
+        (a single text gives [hidden]).
+
+        pooling: None (the model's), 'mean' (over every token, [CLS] and
+        [SEP] included), 'cls', 'max', or 'none': the last layer's token
+        states instead, a list of float32 [n_i, hidden] arrays (n_i the
+        i-th text's token count; see token_states for the packed form).
+        normalize: None (the model's), True (L2-normalised, x / max(|x|,
+        1e-12)) or False; not allowed with pooling='none'. batch_size texts
+        go to the library per call (the results do not depend on it)."""
+        one = _is_one_text(texts)
+        items = [texts] if one else list(texts)
+        b = int(batch_size)
+        if b < 1:
+            raise ValueError("qkv: batch_size must be >= 1, not %d" % b)
+        if pooling == "none":
+            if normalize:
+                raise ValueError("qkv: normalize applies to pooled vectors, not to pooling='none'")
+            states, off = self.token_states(items, batch_size=b)
+            res = [states[off[i]:off[i + 1]] for i in range(len(items))]
+            return res[0] if one else res
+        if pooling is None:
+            pool = -1
+        elif pooling in _POOLINGS:
+            pool = _POOLINGS[pooling]
+        else:
+            raise ValueError("qkv: pooling must be None, 'mean', 'cls', 'max' or 'none', not %r"
+                             % (pooling,))
+        norm = -1 if normalize is None else int(bool(normalize))
+        out = np.empty((len(items), self.hidden), dtype=np.float32)
+        why = ctypes.create_string_buffer(_WHY_LEN)
+        with self._lock:
+            h = self._handle()
+            for s0 in range(0, len(items), b):
+                t = _Texts(items[s0:s0 + b])
+                status = _enc_embed(h, t.ptrs, t.lens, t.count, pool, norm, _ptr(out[s0:]), why,
+                                    _WHY_LEN)
+                if status != 0:
+                    raise Error(status, "qkv_encoder_embed", _batch_why(why, s0))
+        return out[0] if one else out
+
+    def token_states(self, texts, batch_size=32):
+        """The last layer's token states of a list of texts, packed end to
+        end: (states float32 [tokens, hidden], offsets int64 [len(texts) + 1]);
+        text i's rows are states[offsets[i]:offsets[i + 1]]."""
+        items = [texts] if _is_one_text(texts) else list(texts)
+        b = int(batch_size)
+        if b < 1:
+            raise ValueError("qkv: batch_size must be >= 1, not %d" % b)
+        parts, offsets, base = [], [0], 0
+        why = ctypes.create_string_buffer(_WHY_LEN)
+        with self._lock:
+            h = self._handle()
+            for s0 in range(0, len(items), b):
+                t = _Texts(items[s0:s0 + b])
+                tokens = _i64(-1)
+                # Capacity 0 to learn the token count (or the error of the texts).
+                status = _enc_token_states(h, t.ptrs, t.lens, t.count, None, 0, None,
+                                           ctypes.byref(tokens), why, _WHY_LEN)
+                if status != 0 and not (status == _ERR_BAD_SIZE and tokens.value > 0):
+                    raise Error(status, "qkv_encoder_token_states", _batch_why(why, s0))
+                x = np.empty((tokens.value, self.hidden), dtype=np.float32)
+                off = np.empty(t.count + 1, dtype=np.int64)
+                status = _enc_token_states(h, t.ptrs, t.lens, t.count, _ptr(x), tokens.value,
+                                           _ptr(off), ctypes.byref(tokens), why, _WHY_LEN)
+                if status != 0:
+                    raise Error(status, "qkv_encoder_token_states", _batch_why(why, s0))
+                parts.append(x)
+                offsets.extend((off[1:] + base).tolist())
+                base += int(off[-1])
+        states = np.concatenate(parts) if parts else np.empty((0, self.hidden), np.float32)
+        return states, np.asarray(offsets, dtype=np.int64)
+
+    # -- attention maps ---------------------------------------------------
+
+    def attentions(self, text, layer=None):
+        """The attention maps of one text: float32 [layers, heads, n, n] for
+        every layer (layer None), or [heads, n, n] for layer `layer`
+        (0-based); n is the text's token count and row i says how token i
+        weighs the tokens j (each row sums to 1). Each layer asked for runs
+        the forward up to it once."""
+        data = _text_bytes(text)
+        layers = range(self._info["layers"]) if layer is None else [int(layer)]
+        maps = []
+        why = ctypes.create_string_buffer(_WHY_LEN)
+        with self._lock:
+            h = self._handle()
+            for l in layers:
+                n = _i64(-1)
+                status = _enc_attention(h, data, len(data), l, None, 0, ctypes.byref(n), why,
+                                        _WHY_LEN)
+                if status != 0 and not (status == _ERR_BAD_SIZE and n.value > 0):
+                    raise Error(status, "qkv_encoder_attention", _batch_why(why, 0))
+                a = np.empty((self._info["heads"], n.value, n.value), dtype=np.float32)
+                status = _enc_attention(h, data, len(data), l, _ptr(a), a.size, ctypes.byref(n),
+                                        why, _WHY_LEN)
+                if status != 0:
+                    raise Error(status, "qkv_encoder_attention", _batch_why(why, 0))
+                maps.append(a)
+        return maps[0] if layer is not None else np.stack(maps)
+
+    # -- the tokenizer ----------------------------------------------------
+
+    def tokenize(self, texts, tokens=False):
+        """The token ids of a text as the encoder reads them ([CLS] ... [SEP],
+        truncated to info['max_length']): a list of int, or with tokens=True
+        the word pieces (str, continuations with their '##'). A list of texts
+        gives a list of lists."""
+        one = _is_one_text(texts)
+        items = [texts] if one else list(texts)
+        res = []
+        why = ctypes.create_string_buffer(_WHY_LEN)
+        with self._lock:
+            self._handle()
+            tok, max_len = self._tok, self._info["max_length"]
+            for i, t in enumerate(items):
+                data = _text_bytes(t)
+                count = _i64(-1)
+                status = _tok_encode(tok, data, len(data), None, 0, max_len, None, None, 0,
+                                     ctypes.byref(count), why, _WHY_LEN)
+                if status != 0 and not (status == _ERR_BAD_SIZE and count.value > 0):
+                    raise Error(status, "qkv_tokenizer_encode", _text_why(why, None if one else i))
+                ids = (ctypes.c_int32 * max(count.value, 1))()
+                status = _tok_encode(tok, data, len(data), None, 0, max_len, ids, None, count.value,
+                                     ctypes.byref(count), why, _WHY_LEN)
+                if status != 0:
+                    raise Error(status, "qkv_tokenizer_encode", _text_why(why, None if one else i))
+                row = list(ids[:count.value])
+                if tokens:
+                    row = [self._piece(tok, j) for j in row]
+                res.append(row)
+        return res[0] if one else res
+
+    @staticmethod
+    def _piece(tok, i):
+        size = ctypes.c_size_t(0)
+        p = _tok_token(tok, i, ctypes.byref(size))
+        if not p:
+            raise ValueError("qkv: id %d is not in the vocab" % i)
+        return ctypes.string_at(p, size.value).decode("utf-8")
+
+
+def _text_why(why, i):
+    """The tokenizer's sentence about text i of a list (None: a single text):
+    its leading "text" gets the index."""
+    text = why.value.decode("utf-8", "replace")
+    if i is not None and text.startswith("text:"):
+        text = "text %d:%s" % (i, text[5:])
+    return text
+
+
+def _batch_why(why, s0):
+    """The library's sentence (why, a buffer) for a batch that starts at text
+    s0 of the list: its leading "text k" (counted in the batch) becomes the
+    list's index."""
+    text = why.value.decode("utf-8", "replace")
+    m = re.match(r"text (\d+)", text)
+    if m and s0:
+        text = "text %d%s" % (int(m.group(1)) + s0, text[m.end():])
+    return text
