@@ -156,7 +156,9 @@ static int outputs_init(outputs *o, int64_t cap) {
 }
 
 static void outputs_undo(outputs *o) {
-    for (int64_t i = 0; i < o->n; i++) unlink(o->paths[i]);
+    for (int64_t i = 0; i < o->n; i++)
+        if (unlink(o->paths[i]) == 0)
+            fprintf(stderr, "qkv %s: removed %s (written by this run before the failure)\n", CMD, o->paths[i]);
     o->n = 0;
     if (o->folder) rmdir(o->folder);
 }
