@@ -120,7 +120,7 @@ static void help(void) {
           "Examples:\n"
           "  qkv train --task text notes.txt --steps 500 --out run\n"
           "  qkv show --ckpt run --text \"self-attention\"\n"
-          "  qkv show --model models/all-MiniLM-L6-v2 --text \"Hello, I love you!\" --out pics\n"
+          "  qkv show --model models/all-MiniLM-L6-v2 --text \"Hello, I love you!\" -o pics\n"
           "  qkv show --model models/all-MiniLM-L6-v2 --text \"Hello, I love you!\" \\\n"
           "           --layer 2 --head 5 --out pics\n",
           stdout);
