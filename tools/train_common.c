@@ -194,20 +194,20 @@ int train_load_checkpoint(const char *cmd, const char *dir, qkv_safetensors **st
     return 0;
 }
 
-int64_t train_parse_prompt(const char *cmd, const train_run *r, int64_t vocab, const char *prompt, int32_t *out,
-                           int64_t cap) {
+int64_t train_parse_tokens(const char *cmd, const char *opt, int bytes, int64_t vocab, const char *text,
+                           int32_t *out, int64_t cap) {
     int64_t n = 0;
-    if (r->task.task == QKV_TASK_TEXT || r->task.task == QKV_TASK_MLM) {
-        for (const unsigned char *p = (const unsigned char *)prompt; *p; p++) {
+    if (bytes) {
+        for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
             if (n == cap) {
-                cli_error(cmd, "--prompt", NULL, "longer than the model's %lld positions", (long long)cap);
+                cli_error(cmd, opt, NULL, "longer than the model's %lld positions", (long long)cap);
                 return -1;
             }
             out[n++] = *p;
         }
         return n;
     }
-    const char *p = prompt;
+    const char *p = text;
     while (*p) {
         while (*p == ' ') p++;
         if (!*p) break;
@@ -215,16 +215,22 @@ int64_t train_parse_prompt(const char *cmd, const train_run *r, int64_t vocab, c
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || errno || v < 0 || v >= vocab || (*end && *end != ' ')) {
-            cli_error(cmd, "--prompt", NULL, "'%s': tokens are integers 0..%lld separated by spaces", prompt,
+            cli_error(cmd, opt, NULL, "'%s': tokens are integers 0..%lld separated by spaces", text,
                       (long long)vocab - 1);
             return -1;
         }
         if (n == cap) {
-            cli_error(cmd, "--prompt", NULL, "longer than the model's %lld positions", (long long)cap);
+            cli_error(cmd, opt, NULL, "longer than the model's %lld positions", (long long)cap);
             return -1;
         }
         out[n++] = (int32_t)v;
         p = end;
     }
     return n;
+}
+
+int64_t train_parse_prompt(const char *cmd, const train_run *r, int64_t vocab, const char *prompt, int32_t *out,
+                           int64_t cap) {
+    const int bytes = r->task.task == QKV_TASK_TEXT || r->task.task == QKV_TASK_MLM;
+    return train_parse_tokens(cmd, "--prompt", bytes, vocab, prompt, out, cap);
 }

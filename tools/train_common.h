@@ -49,7 +49,13 @@ void train_run_free(train_run *r);
  * -1 after printing why. The caller frees all three. */
 int train_load_checkpoint(const char *cmd, const char *dir, qkv_safetensors **st, qkv_model **m, train_run *r);
 
-/* Tokens of a prompt: bytes for text tasks, else space-separated integers
+/* Tokens of a text given by option opt: its bytes (bytes != 0), else
+ * space-separated integers below vocab; at most cap of them. Returns the
+ * count (0 for a text of blanks), or -1 after printing why. */
+int64_t train_parse_tokens(const char *cmd, const char *opt, int bytes, int64_t vocab, const char *text,
+                           int32_t *out, int64_t cap);
+
+/* Tokens of a prompt (train_parse_tokens for --prompt): bytes for text tasks, else space-separated integers
  * below vocab. Returns the count, or -1 after printing why. */
 int64_t train_parse_prompt(const char *cmd, const train_run *r, int64_t vocab, const char *prompt, int32_t *out,
                            int64_t cap);
