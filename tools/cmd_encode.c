@@ -71,7 +71,7 @@ static const char common_help[] =
 
 static const char texts_help[] =
     "Texts (one of):\n"
-    "  --text TEXT         a sentence (UTF-8); may be repeated\n"
+    "  --text TEXT         a sentence (UTF-8, not empty); may be repeated\n"
     "  --input FILE        UTF-8, one sentence per line: an empty line is the empty\n"
     "                      sentence ([CLS] [SEP]); a line's trailing CR and the file's\n"
     "                      final newline are dropped; an empty file is an error\n";
@@ -251,10 +251,12 @@ static void free_texts(text_list *l) {
     memset(l, 0, sizeof *l);
 }
 
-/* "line 3" or "--text number 3" for text i of l (for messages). */
+/* Print what is wrong with text i of l, naming it: "line 3 (from byte 40 of the
+ * file)" or "--text: number 3". */
 static void report_text(const char *cmd, const text_list *l, int64_t i, const char *what) {
     if (l->path)
-        cli_error(cmd, l->opt, l->path, "line %lld: %s", (long long)i + 1, what);
+        cli_error(cmd, l->opt, l->path, "line %lld (from byte %lld of the file): %s", (long long)i + 1,
+                  (long long)(l->p[i] - (const char *)l->file), what);
     else
         cli_error(cmd, l->opt, NULL, "number %lld: %s", (long long)i + 1, what);
 }
@@ -393,8 +395,8 @@ static int load_model(job *j) {
     char why[512] = "";
     qkv_status s = qkv_encoder_load(j->val[OPT_MODEL], &o, &j->enc, why, sizeof why);
     if (s != QKV_OK) {
-        cli_error(j->cmd, s == QKV_ERR_BAD_SIZE && j->given[OPT_MAX_LENGTH] ? "--max-length" : "--model",
-                  j->val[OPT_MODEL], "%s", why[0] ? why : qkv_status_string(s));
+        int opt = s == QKV_ERR_BAD_SIZE && j->given[OPT_MAX_LENGTH] ? OPT_MAX_LENGTH : OPT_MODEL;
+        cli_error(j->cmd, all_options[opt].name, j->val[opt], "%s", why[0] ? why : qkv_status_string(s));
         return -1;
     }
     qkv_encoder_get_info(j->enc, &j->info);
