@@ -25,14 +25,14 @@ static char model[1024], sentences[1024], ref_dir[1024], out_dir[1024];
 
 /* Run `qkv <args>` through the shell; args are formatted. 1 when it exits 0. */
 static int qkv_ok(const char *fmt, ...) {
-    char args[4096], line[6144];
+    char line[6144];
+    int at = snprintf(line, sizeof line, "'%s' ", cli);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
+    vsnprintf(line + at, sizeof line - (size_t)at, fmt, ap);
     va_end(ap);
-    snprintf(line, sizeof line, "'%s' %s", cli, args);
     int rc = system(line);
-    CHECK(rc == 0, "qkv %s: exit status %d", args, rc);
+    CHECK(rc == 0, "%s: exit status %d", line, rc);
     return rc == 0;
 }
 

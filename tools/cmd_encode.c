@@ -76,114 +76,99 @@ static const char texts_help[] =
     "                      sentence ([CLS] [SEP]); a line's trailing CR and the file's\n"
     "                      final newline are dropped; an empty file is an error\n";
 
+/* The help of a command: its synopsis, what it does, the model's options,
+ * the texts' options (when texts is not NULL) and the rest. */
+static void print_help(const char *synopsis, const char *intro, const char *texts, const char *rest) {
+    fputs(synopsis, stdout);
+    printf("\n%s\n", intro);
+    fputs(common_help, stdout);
+    if (texts) printf("\n%s", texts);
+    printf("\n%s", rest);
+}
+
 static const char embed_synopsis[] =
     "Usage: qkv embed --model DIR (--text TEXT ... | --input FILE) -o OUT.npy [options]\n"
     "       qkv embed ... --pooling none -o STATES.npy [--offsets OFF.npy]\n";
 
 static void embed_help(void) {
-    fputs(embed_synopsis, stdout);
-    fputs("\n"
-          "Sentence vectors of a pretrained BERT-family encoder, as sentence-transformers\n"
-          "computes them (pooling and normalisation as the model folder says), or the\n"
-          "last layer's token states.\n"
-          "\n",
-          stdout);
-    fputs(common_help, stdout);
-    fputs("\n", stdout);
-    fputs(texts_help, stdout);
-    fputs("\n"
-          "Output (written only when every text succeeded; nothing on any error):\n"
-          "  -o, --out FILE      float32 [sentences, hidden], or with --pooling none the\n"
-          "                      token states [tokens, hidden] of all sentences end to end\n"
-          "  --offsets FILE      with --pooling none: int64 [sentences + 1], sentence s is\n"
-          "                      rows offsets[s] .. offsets[s+1]-1 (offsets[0] = 0)\n"
-          "  --pooling KIND      mean, cls, max (default: the model's), or none\n"
-          "  --no-normalize      leave the pooled vectors' length as it is (default: the\n"
-          "                      model's Normalize module decides)\n"
-          "  --batch N           sentences per forward call (default 32); the result does\n"
-          "                      not depend on it\n"
-          "\n"
-          "A progress line goes to stderr when it is a terminal and there is more than\n"
-          "one batch.\n"
-          "\n"
-          "Example:\n"
-          "  qkv embed --model all-MiniLM-L6-v2 --input sentences.txt -o vectors.npy\n",
-          stdout);
+    print_help(embed_synopsis,
+               "Sentence vectors of a pretrained BERT-family encoder, as sentence-transformers\n"
+               "computes them (pooling and normalisation as the model folder says), or the\n"
+               "last layer's token states.\n",
+               texts_help,
+               "Output (written only when every text succeeded; nothing on any error):\n"
+               "  -o, --out FILE      float32 [sentences, hidden], or with --pooling none the\n"
+               "                      token states [tokens, hidden] of all sentences end to end\n"
+               "  --offsets FILE      with --pooling none: int64 [sentences + 1], sentence s is\n"
+               "                      rows offsets[s] .. offsets[s+1]-1 (offsets[0] = 0)\n"
+               "  --pooling KIND      mean, cls, max (default: the model's), or none\n"
+               "  --no-normalize      leave the pooled vectors' length as it is (default: the\n"
+               "                      model's Normalize module decides)\n"
+               "  --batch N           sentences per forward call (default 32); the result does\n"
+               "                      not depend on it\n"
+               "\n"
+               "A progress line goes to stderr when it is a terminal and there is more than\n"
+               "one batch.\n"
+               "\n"
+               "Example:\n"
+               "  qkv embed --model all-MiniLM-L6-v2 --input sentences.txt -o vectors.npy\n");
 }
 
 static const char tokenize_synopsis[] =
     "Usage: qkv tokenize --model DIR (--text TEXT ... | --input FILE) [--tokens]\n";
 
 static void tokenize_help(void) {
-    fputs(tokenize_synopsis, stdout);
-    fputs("\n"
-          "The token ids the encoder reads: one line per sentence, space-separated,\n"
-          "[CLS] and [SEP] included, truncated at the model's maximum length (or\n"
-          "--max-length) exactly as qkv embed truncates.\n"
-          "\n",
-          stdout);
-    fputs(common_help, stdout);
-    fputs("\n", stdout);
-    fputs(texts_help, stdout);
-    fputs("\n"
-          "Output:\n"
-          "  --tokens            print the word pieces (e.g. [CLS] hello , i love you ! [SEP])\n"
-          "                      instead of their ids\n"
-          "\n"
-          "Example:\n"
-          "  qkv tokenize --model all-MiniLM-L6-v2 --text 'Hello, I love you!'\n",
-          stdout);
+    print_help(tokenize_synopsis,
+               "The token ids the encoder reads: one line per sentence, space-separated,\n"
+               "[CLS] and [SEP] included, truncated at the model's maximum length (or\n"
+               "--max-length) exactly as qkv embed truncates.\n",
+               texts_help,
+               "Output:\n"
+               "  --tokens            print the word pieces (e.g. [CLS] hello , i love you ! [SEP])\n"
+               "                      instead of their ids\n"
+               "\n"
+               "Example:\n"
+               "  qkv tokenize --model all-MiniLM-L6-v2 --text 'Hello, I love you!'\n");
 }
 
 static const char similarity_synopsis[] =
     "Usage: qkv similarity --model DIR (--text A --text B ... | --input FILE) [options]\n";
 
 static void similarity_help(void) {
-    fputs(similarity_synopsis, stdout);
-    fputs("\n"
-          "The cosine similarity of every pair of at least two sentences: a matrix with\n"
-          "a row and a column per text, numbered [1] .. [n], each row followed by its\n"
-          "text (cut after 60 bytes, then '...'). The diagonal is 1; a sentence\n"
-          "vector of length zero has cosine 0 with everything.\n"
-          "\n",
-          stdout);
-    fputs(common_help, stdout);
-    fputs("\n", stdout);
-    fputs(texts_help, stdout);
-    fputs("\n"
-          "  --pooling KIND      mean, cls or max (default: the model's)\n"
-          "  --batch N           sentences per forward call (default 32)\n"
-          "\n"
-          "Example:\n"
-          "  qkv similarity --model all-MiniLM-L6-v2 --text 'A cat sits.' --text 'A dog runs.'\n",
-          stdout);
+    print_help(similarity_synopsis,
+               "The cosine similarity of every pair of at least two sentences: a matrix with\n"
+               "a row and a column per text, numbered [1] .. [n], each row followed by its\n"
+               "text (cut after 60 bytes, then '...'). The diagonal is 1; a sentence\n"
+               "vector of length zero has cosine 0 with everything.\n",
+               texts_help,
+               "Vectors:\n"
+               "  --pooling KIND      mean, cls or max (default: the model's)\n"
+               "  --batch N           sentences per forward call (default 32)\n"
+               "\n"
+               "Example:\n"
+               "  qkv similarity --model all-MiniLM-L6-v2 --text 'A cat sits.' --text 'A dog runs.'\n");
 }
 
 static const char search_synopsis[] =
     "Usage: qkv search --model DIR --corpus FILE --query TEXT ... [--top K] [options]\n";
 
 static void search_help(void) {
-    fputs(search_synopsis, stdout);
-    fputs("\n"
-          "Semantic search: for each query, the K lines of the corpus whose sentence\n"
-          "vectors have the largest cosine with the query's, best first (ties: the\n"
-          "earlier line first), each with its cosine, its line number (from 1) and\n"
-          "its text (cut after 60 bytes, then '...').\n"
-          "\n",
-          stdout);
-    fputs(common_help, stdout);
-    fputs("\n"
-          "Texts:\n"
-          "  --corpus FILE       UTF-8, one sentence per line (as --input of qkv embed)\n"
-          "  --query TEXT        a sentence to look up; may be repeated\n"
-          "  --top K             how many lines per query (default 5; fewer when the\n"
-          "                      corpus is shorter)\n"
-          "  --pooling KIND      mean, cls or max (default: the model's)\n"
-          "  --batch N           sentences per forward call (default 32)\n"
-          "\n"
-          "Example:\n"
-          "  qkv search --model all-MiniLM-L6-v2 --corpus faq.txt --query 'how do I reset it'\n",
-          stdout);
+    print_help(search_synopsis,
+               "Semantic search: for each query, the K lines of the corpus whose sentence\n"
+               "vectors have the largest cosine with the query's, best first (ties: the\n"
+               "earlier line first), each with its cosine, its line number (from 1) and\n"
+               "its text (cut after 60 bytes, then '...').\n",
+               NULL,
+               "Texts:\n"
+               "  --corpus FILE       UTF-8, one sentence per line (as --input of qkv embed)\n"
+               "  --query TEXT        a sentence to look up; may be repeated\n"
+               "  --top K             how many lines per query (default 5; fewer when the\n"
+               "                      corpus is shorter)\n"
+               "  --pooling KIND      mean, cls or max (default: the model's)\n"
+               "  --batch N           sentences per forward call (default 32)\n"
+               "\n"
+               "Example:\n"
+               "  qkv search --model all-MiniLM-L6-v2 --corpus faq.txt --query 'how do I reset it'\n");
 }
 
 /* ------------------------------------------------------------------------- */
@@ -293,21 +278,18 @@ static int take_value(job *j, int id, const char *v) {
     case OPT_TEXT: return push_text(j->cmd, &j->texts, v, strlen(v));
     case OPT_QUERY: return push_text(j->cmd, &j->queries, v, strlen(v));
     case OPT_BATCH:
-        if (cli_parse_int64(j->cmd, "--batch", v, 1, MAX_BATCH, &n) != 0) return -1;
-        j->batch = n;
-        return 0;
     case OPT_THREADS:
-        if (cli_parse_int64(j->cmd, "--threads", v, 0, MAX_THREADS, &n) != 0) return -1;
-        j->threads = n;
-        return 0;
     case OPT_MAX_LENGTH:
-        if (cli_parse_int64(j->cmd, "--max-length", v, 2, INT32_MAX, &n) != 0) return -1;
-        j->max_length = n;
+    case OPT_TOP: {
+        /* The integers: their range, and where each goes. */
+        int64_t lo = id == OPT_THREADS ? 0 : id == OPT_MAX_LENGTH ? 2 : 1;
+        int64_t hi = id == OPT_BATCH ? MAX_BATCH : id == OPT_THREADS ? MAX_THREADS : INT32_MAX;
+        int64_t *to = id == OPT_BATCH ? &j->batch : id == OPT_THREADS ? &j->threads
+                                                  : id == OPT_MAX_LENGTH ? &j->max_length : &j->top;
+        if (cli_parse_int64(j->cmd, all_options[id].name, v, lo, hi, &n) != 0) return -1;
+        *to = n;
         return 0;
-    case OPT_TOP:
-        if (cli_parse_int64(j->cmd, "--top", v, 1, INT32_MAX, &n) != 0) return -1;
-        j->top = n;
-        return 0;
+    }
     case OPT_POOLING:
         if (strcmp(v, "mean") == 0) j->pooling = QKV_POOLING_MEAN;
         else if (strcmp(v, "cls") == 0) j->pooling = QKV_POOLING_CLS;
@@ -486,38 +468,29 @@ static void report_batch(const job *j, const text_list *l, int64_t first, qkv_st
     }
 }
 
-/* Sentence vectors of every text of l into out [l->n, hidden]. 0 or -1. */
-static int embed_texts(job *j, const text_list *l, int normalize, float *out) {
+/* Every text of l through the encoder, --batch at a time, into out: with
+ * offsets NULL the sentence vectors [l->n, hidden] (pooling j->pooling,
+ * normalize as qkv_encoder_embed takes it), else the token states
+ * [offsets[l->n], hidden] (offsets from check_texts). 0 or -1. */
+static int run_batches(job *j, const text_list *l, const int64_t *offsets, int normalize, float *out) {
     progress pr;
     progress_start(&pr, j, l->n);
     for (int64_t i = 0; i < l->n; i += j->batch) {
         int64_t n = l->n - i < j->batch ? l->n - i : j->batch;
         char why[512] = "";
-        qkv_status s = qkv_encoder_embed(j->enc, l->p + i, l->len + i, n, (qkv_pooling)j->pooling, normalize,
-                                         out + i * j->info.hidden, why, sizeof why);
-        if (s != QKV_OK) {
-            if (pr.on) fputc('\n', stderr);
-            report_batch(j, l, i, s, why);
-            return -1;
-        }
-        progress_show(&pr, i + n);
-    }
-    return 0;
-}
-
-/* The token states of every text of l into out [offsets[l->n], hidden]. 0 or -1. */
-static int token_states(job *j, const text_list *l, const int64_t *offsets, float *out) {
-    progress pr;
-    progress_start(&pr, j, l->n);
-    for (int64_t i = 0; i < l->n; i += j->batch) {
-        int64_t n = l->n - i < j->batch ? l->n - i : j->batch, rows = offsets[i + n] - offsets[i], got = 0;
-        char why[512] = "";
-        qkv_status s = qkv_encoder_token_states(j->enc, l->p + i, l->len + i, n, out + offsets[i] * j->info.hidden,
-                                                rows, NULL, &got, why, sizeof why);
-        if (s == QKV_OK && got != rows) {
-            snprintf(why, sizeof why, "the encoder made %lld token rows where its tokenizer gave %lld",
-                     (long long)got, (long long)rows);
-            s = QKV_ERR_SHAPE;
+        qkv_status s;
+        if (!offsets) {
+            s = qkv_encoder_embed(j->enc, l->p + i, l->len + i, n, (qkv_pooling)j->pooling, normalize,
+                                  out + i * j->info.hidden, why, sizeof why);
+        } else {
+            int64_t rows = offsets[i + n] - offsets[i], got = 0;
+            s = qkv_encoder_token_states(j->enc, l->p + i, l->len + i, n, out + offsets[i] * j->info.hidden, rows,
+                                         NULL, &got, why, sizeof why);
+            if (s == QKV_OK && got != rows) {
+                snprintf(why, sizeof why, "the encoder made %lld token rows where its tokenizer gave %lld",
+                         (long long)got, (long long)rows);
+                s = QKV_ERR_SHAPE;
+            }
         }
         if (s != QKV_OK) {
             if (pr.on) fputc('\n', stderr);
@@ -545,7 +518,7 @@ static float *unit_vectors(job *j, const text_list *l) {
         cli_error(j->cmd, l->opt, l->path, "out of memory for %lld sentence vectors", (long long)l->n);
         return NULL;
     }
-    if (embed_texts(j, l, 1, v) != 0) {
+    if (run_batches(j, l, NULL, 1, v) != 0) {
         free(v);
         return NULL;
     }
@@ -615,8 +588,8 @@ int cli_cmd_embed(int argc, char **argv) {
         int64_t shape[2] = {none ? offsets[j.texts.n] : j.texts.n, j.info.hidden}, oshape[1] = {j.texts.n + 1};
         if (cli_file_alloc(j.cmd, &out[0], "-o", QKV_F32, 2, shape, none ? "token states" : "sentence vectors") == 0 &&
             (!out[1].path || cli_file_alloc(j.cmd, &out[1], "--offsets", QKV_I64, 1, oshape, "offsets") == 0)) {
-            int ok = none ? token_states(&j, &j.texts, offsets, out[0].a.data)
-                          : embed_texts(&j, &j.texts, j.given[OPT_NO_NORMALIZE] ? 0 : -1, out[0].a.data);
+            int ok = run_batches(&j, &j.texts, none ? offsets : NULL, j.given[OPT_NO_NORMALIZE] ? 0 : -1,
+                                 out[0].a.data);
             if (ok == 0 && out[1].path) memcpy(out[1].a.data, offsets, ((size_t)j.texts.n + 1) * sizeof *offsets);
             if (ok == 0 && cli_files_write(j.cmd, out, 2) == 0) rc = CLI_EXIT_OK;
         }
