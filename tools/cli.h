@@ -25,4 +25,10 @@ int cli_cmd_conv_as_attention(int argc, char **argv);
 /* qkv complexity: the complexity table of self-attention, recurrent and convolutional layers, measured. */
 int cli_cmd_complexity(int argc, char **argv);
 
+/* qkv embed / tokenize / similarity / search: a pretrained BERT-family encoder on texts. */
+int cli_cmd_embed(int argc, char **argv);
+int cli_cmd_tokenize(int argc, char **argv);
+int cli_cmd_similarity(int argc, char **argv);
+int cli_cmd_search(int argc, char **argv);
+
 #endif

@@ -26,6 +26,10 @@ static const command commands[] = {
     {"image", cli_cmd_image, "self-attention over an image's pixels: one pixel's attention as a heat map"},
     {"conv-as-attention", cli_cmd_conv_as_attention, "a K x K convolution computed as K^2-head self-attention (Cordonnier et al.)"},
     {"complexity", cli_cmd_complexity, "measure Vaswani et al. Table 1: time, sequential ops, path length"},
+    {"embed", cli_cmd_embed, "sentence vectors (or token states) of a pretrained BERT encoder, to .npy"},
+    {"tokenize", cli_cmd_tokenize, "the token ids (or word pieces) a BERT encoder reads"},
+    {"similarity", cli_cmd_similarity, "the cosine matrix of sentences under a BERT encoder"},
+    {"search", cli_cmd_search, "the lines of a file nearest to a query under a BERT encoder"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
