@@ -32,7 +32,7 @@
 #define MAX_ABS 1e-4
 
 /* A file's bytes split at '\n' into lines (the last newline ends the last
- * line); NULL with a failed CHECK when it cannot be read. */
+ * line); 0 with a failed CHECK when it cannot be read. */
 typedef struct lines {
     char *buf;
     char **line;
@@ -45,24 +45,15 @@ static int read_lines(const char *path, lines *out) {
     FILE *f = fopen(path, "rb");
     CHECK(f != NULL, "cannot open %s", path);
     if (!f) return 0;
-    size_t cap = 1 << 14, n = 0;
-    char *buf = malloc(cap + 1);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            char *b = realloc(buf, 2 * cap + 1);
-            if (!b) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = b;
-            cap *= 2;
-        }
-    }
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *buf = size >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)size + 1) : NULL;
+    size_t n = buf ? fread(buf, 1, (size_t)size, f) : 0;
     fclose(f);
-    CHECK(buf != NULL, "out of memory reading %s", path);
+    if (buf && n != (size_t)size) {
+        free(buf);
+        buf = NULL;
+    }
+    CHECK(buf != NULL, "cannot read %s", path);
     if (!buf) return 0;
     buf[n] = '\0';
     int count = 0;
@@ -71,10 +62,11 @@ static int read_lines(const char *path, lines *out) {
     out->buf = buf;
     out->line = malloc(((size_t)count + 1) * sizeof *out->line);
     out->len = malloc(((size_t)count + 1) * sizeof *out->len);
+    CHECK(out->line && out->len, "out of memory reading %s", path);
     if (!out->line || !out->len) return 0;
     char *p = buf;
     for (int i = 0; i < count; i++) {
-        char *nl = strchr(p, '\n');
+        char *nl = memchr(p, '\n', (size_t)(buf + n - p));
         *nl = '\0';
         out->line[i] = p;
         out->len[i] = (size_t)(nl - p);
@@ -250,8 +242,8 @@ int main(void) {
     CHECK(rss0 > 0 && rss1 > 0, "cannot read the resident memory (/proc/self/statm)");
     if (rss0 > 0 && rss1 > 0) {
         double added = (rss1 - rss0) / 1e6;
-        printf("load: %.3f s, resident memory %.1f MB after (+%.1f MB; model.safetensors is %.1f MB)\n", t1 - t0,
-               rss1 / 1e6, added, file_mb);
+        printf("load: %.1f ms, resident memory %.1f MB after (+%.1f MB; model.safetensors is %.1f MB)\n",
+               1e3 * (t1 - t0), rss1 / 1e6, added, file_mb);
         /* Read into memory, the weights alone would add the file's size. */
         CHECK(added < file_mb / 4, "loading added %.1f MB of resident memory: the weights (%.1f MB) are not mapped",
               added, file_mb);
