@@ -45,6 +45,7 @@
 
 #include "core/internal.h"
 #include "io/atomic_write.h"
+#include "io/byte_order.h"
 #include "io/json.h"
 #include "io/safetensors_map.h"
 
@@ -108,23 +109,6 @@ static const char *st_dtype_name(qkv_dtype d) {
 }
 
 /* ---- small helpers ----------------------------------------------------- */
-
-static int host_is_le(void) {
-    const uint16_t one = 1;
-    unsigned char c;
-    memcpy(&c, &one, 1);
-    return c == 1;
-}
-
-static void swap_bytes(void *data, size_t count, size_t elem) {
-    unsigned char *p = data;
-    for (size_t i = 0; i < count; i++, p += elem)
-        for (size_t a = 0, b = elem - 1; a < b; a++, b--) {
-            unsigned char t = p[a];
-            p[a] = p[b];
-            p[b] = t;
-        }
-}
 
 /* IEEE binary16 -> binary32, exact for every value: subnormals become
  * normal floats, infinities stay infinite, NaNs keep sign and payload. */
@@ -386,12 +370,10 @@ typedef struct st_ctx {
 static qkv_status st_fail(st_ctx *c, qkv_status s, const char *fmt, ...) {
     if (c->status == QKV_OK) {
         c->status = s;
-        if (c->why && c->why_len) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(c->why, c->why_len, fmt, ap);
-            va_end(ap);
-        }
+        va_list ap;
+        va_start(ap, fmt);
+        qkv_vset_why(c->why, c->why_len, fmt, ap);
+        va_end(ap);
     }
     return c->status;
 }
@@ -757,7 +739,7 @@ static qkv_status load_data(st_ctx *c, const st_entry *e, qkv_array *arr) {
     if (e->dtype != ST_F16 && e->dtype != ST_BF16) {
         if (nbytes && !src_read(c->src, off, arr->data, (size_t)nbytes))
             return st_fail(c, QKV_ERR_IO, "read error (did the file change while loading?)");
-        if (!host_is_le()) swap_bytes(arr->data, count, d->elem);
+        if (!qkv_host_is_le()) qkv_swap_bytes(arr->data, count, d->elem);
         return QKV_OK;
     }
     unsigned char buf[4096];
@@ -844,7 +826,7 @@ static qkv_status st_read(const st_src *src, qkv_safetensors **out, char *why, s
         st_tensor *t = &c.set->t[i];
         const st_dtype_info *d = &st_dtypes[e->dtype];
         const unsigned char *at = src->mem ? src->mem + c.data_start + e->begin : NULL;
-        if (src->borrow && host_is_le() && e->dtype != ST_F16 && e->dtype != ST_BF16 &&
+        if (src->borrow && qkv_host_is_le() && e->dtype != ST_F16 && e->dtype != ST_BF16 &&
             (uintptr_t)at % d->elem == 0) {
             t->arr.dtype = (qkv_dtype)d->load;
             t->arr.ndim = e->ndim;
