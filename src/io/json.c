@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "io/json.h"
+#include "io/utf8.h"
 
 void qkv_json_init(qkv_json *j, const void *text, size_t len) {
     j->begin = j->p = (const unsigned char *)text;
@@ -56,53 +57,10 @@ static int hex4(const unsigned char *p, unsigned *v) {
     return 1;
 }
 
-/* Length of the valid UTF-8 sequence of 2..4 bytes at p (lead byte >= 0x80),
- * or 0 when it is invalid: overlong forms, surrogates and code points past
- * U+10FFFF are refused (the Unicode table 3-7 of well-formed sequences). */
-static size_t utf8_seq(const unsigned char *p, const unsigned char *end) {
-    unsigned c = p[0];
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF; /* range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) n = 2;
-    else if (c == 0xE0) { n = 3; lo = 0xA0; }
-    else if (c >= 0xE1 && c <= 0xEC) n = 3;
-    else if (c == 0xED) { n = 3; hi = 0x9F; }
-    else if (c >= 0xEE && c <= 0xEF) n = 3;
-    else if (c == 0xF0) { n = 4; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) n = 4;
-    else if (c == 0xF4) { n = 4; hi = 0x8F; }
-    else return 0;
-    if ((size_t)(end - p) < n) return 0;
-    if (p[1] < lo || p[1] > hi) return 0;
-    for (size_t i = 2; i < n; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
-    return n;
-}
-
 /* Bytes written so far (*len) grow by n; the first cap - 1 are kept. */
 static void emit(char *buf, size_t cap, size_t *len, const unsigned char *src, size_t n) {
     for (size_t i = 0; i < n; i++, (*len)++)
         if (buf && *len + 1 < cap) buf[*len] = (char)src[i];
-}
-
-static size_t utf8_encode(unsigned cp, unsigned char *o) {
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) {
-        o[0] = (unsigned char)(0xC0 | (cp >> 6));
-        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | (cp >> 12));
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | (cp >> 18));
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 /* Validate (and decode into buf when given) the string at the cursor.
@@ -141,7 +99,7 @@ static int scan_string(qkv_json *j, char *buf, size_t cap, size_t *len, int *has
                     used = 12;
                 }
                 if (cp == 0) nul = 1;
-                emit(buf, cap, &n, out, utf8_encode(cp, out));
+                emit(buf, cap, &n, out, qkv_utf8_encode(cp, out));
                 p += used;
                 continue;
             }
@@ -157,7 +115,8 @@ static int scan_string(qkv_json *j, char *buf, size_t cap, size_t *len, int *has
             p++;
             continue;
         }
-        size_t k = utf8_seq(p, end);
+        uint32_t dec;
+        size_t k = qkv_utf8_decode(p, (size_t)(end - p), &dec);
         if (!k) return fail_at(j, p, "invalid UTF-8 in a string");
         emit(buf, cap, &n, p, k);
         p += k;
