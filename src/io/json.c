@@ -197,3 +197,62 @@ qkv_json_uint_kind qkv_json_uint(qkv_json *j, uint64_t *value) {
     if (big) return QKV_JSON_UINT_TOO_LARGE;
     return QKV_JSON_UINT_OK;
 }
+
+/* A string, number or literal at the cursor (c, its first byte), consumed. */
+static int skip_scalar(qkv_json *j, int c) {
+    static const char *const words[3] = {"true", "false", "null"};
+    size_t n;
+    uint64_t v;
+    if (c == '"') return qkv_json_string_read(j, NULL, 0, &n, NULL);
+    if (c == '-' || (c >= '0' && c <= '9')) return qkv_json_uint(j, &v) != QKV_JSON_UINT_SYNTAX;
+    for (int k = 0; k < 3; k++) {
+        n = strlen(words[k]);
+        if ((size_t)(j->end - j->p) >= n && memcmp(j->p, words[k], n) == 0) {
+            j->p += n;
+            return 1;
+        }
+    }
+    return qkv_json_fail(j, "expected a value");
+}
+
+/* An object's key and its ':'. */
+static int skip_key(qkv_json *j) {
+    size_t n;
+    if (qkv_json_peek(j) != '"') return qkv_json_fail(j, "expected a key");
+    return qkv_json_string_read(j, NULL, 0, &n, NULL) && qkv_json_expect(j, ':', "expected ':'");
+}
+
+int qkv_json_skip(qkv_json *j) {
+    char stack[64]; /* the open containers, '[' or '{' */
+    int depth = 0;
+    for (;;) {
+        int c = qkv_json_peek(j);
+        if (c == '[' || c == '{') {
+            if (depth == (int)sizeof stack) return qkv_json_fail(j, "nesting deeper than 64 levels");
+            j->p++;
+            stack[depth++] = (char)c;
+            if (qkv_json_peek(j) == (c == '[' ? ']' : '}')) {
+                j->p++;
+                depth--;
+            } else {
+                if (c == '{' && !skip_key(j)) return 0;
+                continue;
+            }
+        } else if (!skip_scalar(j, c)) {
+            return 0;
+        }
+        /* After a value: close containers, or a comma (and a key in an object). */
+        for (;;) {
+            if (depth == 0) return 1;
+            char open = stack[depth - 1];
+            if (qkv_json_peek(j) == (open == '[' ? ']' : '}')) {
+                j->p++;
+                depth--;
+                continue;
+            }
+            if (!qkv_json_expect(j, ',', "expected ',' or the end of a container")) return 0;
+            if (open == '{' && !skip_key(j)) return 0;
+            break;
+        }
+    }
+}

@@ -123,53 +123,6 @@ static int number(qkv_json *j, jv *v) {
     return 1;
 }
 
-/* Skip an array or object (the cursor at its '[' or '{'), iteratively with
- * a stack of the open containers (at most 64 deep). */
-static int skip_container(qkv_json *j) {
-    char stack[64];
-    int depth = 0;
-    size_t n;
-    for (;;) {
-        int c = qkv_json_peek(j);
-        if (c == '[' || c == '{') {
-            if (depth == (int)sizeof stack) return qkv_json_fail(j, "nesting deeper than 64 levels");
-            j->p++;
-            stack[depth++] = (char)c;
-            if (qkv_json_peek(j) == (c == '[' ? ']' : '}')) {
-                j->p++;
-                depth--;
-            } else {
-                if (c == '{' && (qkv_json_peek(j) != '"' || !qkv_json_string_read(j, NULL, 0, &n, NULL) ||
-                                 !qkv_json_expect(j, ':', "expected ':'")))
-                    return qkv_json_fail(j, "expected a key");
-                continue;
-            }
-        } else if (c == '"') {
-            if (!qkv_json_string_read(j, NULL, 0, &n, NULL)) return 0;
-        } else if (c == '-' || (c >= '0' && c <= '9')) {
-            jv tmp;
-            if (!number(j, &tmp)) return 0;
-        } else if (!(c == 't' ? literal(j, "true") : c == 'f' ? literal(j, "false") : c == 'n' ? literal(j, "null") : 0)) {
-            return qkv_json_fail(j, "expected a value");
-        }
-        /* After a value: close containers, or a comma (and a key in an object). */
-        for (;;) {
-            if (depth == 0) return 1;
-            c = qkv_json_peek(j);
-            if (c == (stack[depth - 1] == '[' ? ']' : '}')) {
-                j->p++;
-                depth--;
-                continue;
-            }
-            if (!qkv_json_expect(j, ',', "expected ',' or the end of a container")) return 0;
-            if (stack[depth - 1] == '{' && (qkv_json_peek(j) != '"' || !qkv_json_string_read(j, NULL, 0, &n, NULL) ||
-                                            !qkv_json_expect(j, ':', "expected ':'")))
-                return qkv_json_fail(j, "expected a key");
-            break;
-        }
-    }
-}
-
 /* One value at the cursor: scalars read, containers skipped (JV_OTHER). */
 static int value(qkv_json *j, jv *v) {
     int c = qkv_json_peek(j);
@@ -183,7 +136,7 @@ static int value(qkv_json *j, jv *v) {
         v->kind = JV_STRING;
         return 1;
     }
-    if (c == '[' || c == '{') return skip_container(j);
+    if (c == '[' || c == '{') return qkv_json_skip(j);
     if (c == '-' || (c >= '0' && c <= '9')) {
         v->kind = JV_NUMBER;
         return number(j, v);

@@ -484,64 +484,6 @@ static int json_literal(qkv_json *j, int *kind) {
     return 0;
 }
 
-/* Skip one value of any kind; nesting is walked with a bounded stack. */
-static int json_skip(qkv_json *j) {
-    char stack[64];
-    int depth = 0;
-    for (;;) {
-        int c = qkv_json_peek(j);
-        int done_value = 1;
-        if (c == '{' || c == '[') {
-            if (depth == (int)sizeof stack) return qkv_json_fail(j, "nesting deeper than 64 levels");
-            j->p++;
-            stack[depth++] = (char)c;
-            int e = qkv_json_peek(j);
-            if (e == (c == '{' ? '}' : ']')) {
-                j->p++;
-                depth--;
-            } else {
-                done_value = 0;
-                if (c == '{') {
-                    size_t n;
-                    char tmp[1];
-                    if (!qkv_json_string_read(j, tmp, 1, &n, NULL) || !qkv_json_expect(j, ':', "expected ':'"))
-                        return 0;
-                }
-            }
-        } else if (c == '"') {
-            size_t n;
-            char tmp[1];
-            if (!qkv_json_string_read(j, tmp, 1, &n, NULL)) return 0;
-        } else if (c == '-' || (c >= '0' && c <= '9')) {
-            uint64_t v;
-            if (qkv_json_uint(j, &v) == QKV_JSON_UINT_SYNTAX) return 0;
-        } else {
-            int kind;
-            if (!json_literal(j, &kind)) return qkv_json_fail(j, "expected a value");
-        }
-        if (!done_value) continue;
-        /* After a value: close containers, or go on to the next element. */
-        for (;;) {
-            if (depth == 0) return 1;
-            char open = stack[depth - 1];
-            int e = qkv_json_peek(j);
-            if (e == (open == '{' ? '}' : ']')) {
-                j->p++;
-                depth--;
-                continue;
-            }
-            if (!qkv_json_expect(j, ',', "expected ',' or the end of a container")) return 0;
-            if (open == '{') {
-                size_t n;
-                char tmp[1];
-                if (!qkv_json_string_read(j, tmp, 1, &n, NULL) || !qkv_json_expect(j, ':', "expected ':'"))
-                    return 0;
-            }
-            break;
-        }
-    }
-}
-
 /* A string value into a new allocation (NULL: error recorded or no memory, *oom set). */
 static char *json_string_dup(qkv_json *j, size_t *len, int *oom) {
     size_t n;
@@ -594,7 +536,7 @@ static int json_token_name(qkv_json *j, char **dst, int *oom) {
             qkv_free(*dst);
             *dst = s;
             found = 1;
-        } else if (!json_skip(j)) {
+        } else if (!qkv_json_skip(j)) {
             return 0;
         }
         if (qkv_json_peek(j) == '}') {
@@ -664,7 +606,7 @@ static qkv_status parse_config(const unsigned char *text, size_t len, const char
                         j.p++;
                     } else {
                         j.p = list;
-                        if (!json_skip(&j)) goto bad;
+                        if (!qkv_json_skip(&j)) goto bad;
                         if (unsupported == QKV_OK)
                             unsupported = qkv_fail(why, why_len, QKV_ERR_UNSUPPORTED,
                                                         "%s: a never_split list is not supported", path);
@@ -699,7 +641,7 @@ static qkv_status parse_config(const unsigned char *text, size_t len, const char
                         handled = 1;
                     }
             }
-            if (!handled && !json_skip(&j)) goto bad;
+            if (!handled && !qkv_json_skip(&j)) goto bad;
             if (qkv_json_peek(&j) == '}') {
                 j.p++;
                 break;
