@@ -10,6 +10,7 @@
 #include "core/internal.h"
 #include "layers/linear.h"
 #include "model/encoder_internal.h"
+#include "model/model_internal.h"
 
 #define ENC_CHUNK_TOKENS 4096
 
@@ -111,16 +112,9 @@ static void ln_rows(void *ctx, int64_t r0, int64_t r1) {
     int64_t n = j->width;
     for (int64_t r = r0; r < r1; r++) {
         float *x = j->x + r * n;
-        const float *res = j->res ? j->res + r * n : NULL;
-        double mean = 0, var = 0;
-        for (int64_t i = 0; i < n; i++) {
-            if (res) x[i] += res[i];
-            mean += x[i];
-        }
-        mean /= (double)n;
-        for (int64_t i = 0; i < n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
-        double inv = 1.0 / sqrt(var / (double)n + j->eps);
-        for (int64_t i = 0; i < n; i++) x[i] = (float)(((double)x[i] - mean) * inv * j->g[i] + j->b[i]);
+        if (j->res)
+            for (int64_t i = 0; i < n; i++) x[i] += j->res[r * n + i];
+        model_layernorm_row(x, j->g, j->b, n, j->eps, x, NULL, NULL);
     }
 }
 

@@ -49,20 +49,23 @@ typedef struct {
     int accumulate;
 } ln_job;
 
+void model_layernorm_row(const float *x, const float *g, const float *b, int64_t n, double eps, float *y,
+                         float *mean, float *rstd) {
+    double mu = 0, var = 0;
+    for (int64_t i = 0; i < n; i++) mu += x[i];
+    mu /= (double)n;
+    for (int64_t i = 0; i < n; i++) var += (x[i] - mu) * (x[i] - mu);
+    double rs = 1.0 / sqrt(var / (double)n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = (float)((x[i] - mu) * rs * g[i] + b[i]);
+    if (mean) *mean = (float)mu;
+    if (rstd) *rstd = (float)rs;
+}
+
 static void ln_forward_rows(void *ctx, int64_t r0, int64_t r1) {
     const ln_job *j = ctx;
     const int64_t E = j->E;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = j->x + r * E;
-        double mu = 0, var = 0;
-        for (int64_t i = 0; i < E; i++) mu += xr[i];
-        mu /= (double)E;
-        for (int64_t i = 0; i < E; i++) var += (xr[i] - mu) * (xr[i] - mu);
-        double rs = 1.0 / sqrt(var / (double)E + LN_EPS);
-        for (int64_t i = 0; i < E; i++) j->y[r * E + i] = (float)((xr[i] - mu) * rs * j->g[i] + j->b[i]);
-        j->out_mean[r] = (float)mu;
-        j->out_rstd[r] = (float)rs;
-    }
+    for (int64_t r = r0; r < r1; r++)
+        model_layernorm_row(j->x + r * E, j->g, j->b, E, LN_EPS, j->y + r * E, &j->out_mean[r], &j->out_rstd[r]);
 }
 
 static void model_layernorm_forward_t(const float *x, const float *g, const float *b, int64_t rows, int64_t E,
