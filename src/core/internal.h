@@ -21,6 +21,12 @@ void qkv_free(void *p);
 int qkv_reserve(void *pbuf, int64_t *cap, int64_t n, size_t elem);
 /* qkv_free on each of the n pointers of p. */
 void qkv_free_each(void *const *p, size_t n);
+/* qkv_free on each pointer given: QKV_FREE_ALL(a->x, a->y, a->z). */
+#define QKV_FREE_ALL(...)                                                  \
+    do {                                                                   \
+        void *const qkv_free_all_[] = {__VA_ARGS__};                       \
+        qkv_free_each(qkv_free_all_, sizeof qkv_free_all_ / sizeof(void *)); \
+    } while (0)
 /* A layer's parameter or gradient view: *count = n (when count is given),
  * returns buf. */
 static inline float *qkv_param_view(float *buf, int64_t n, int64_t *count) {

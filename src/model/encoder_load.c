@@ -513,12 +513,7 @@ void qkv_encoder_free(qkv_encoder *e) {
     if (!e) return;
     qkv_tokenizer_free(e->tok);
     qkv_safetensors_free(e->weights);
-    qkv_free(e->layer);
-    qkv_free(e->ws);
-    qkv_free(e->offsets);
-    qkv_free(e->ids);
-    qkv_free(e->types);
-    qkv_free(e);
+    QKV_FREE_ALL(e->layer, e->ws, e->offsets, e->ids, e->types, e);
 }
 
 void qkv_encoder_get_info(const qkv_encoder *e, qkv_encoder_info *info) {
