@@ -18,16 +18,12 @@
 #define QKV_PI 3.14159265358979323846
 
 void qkv_model_config_init(qkv_model_config *cfg, int64_t vocab, int64_t max_seq) {
+    static const qkv_model_config defaults = {.dim = 128, .heads = 4, .layers = 2, .causal = 1,
+                                              .tie_embeddings = 1, .pos = QKV_POSENC_SINUSOIDAL};
     if (!cfg) return;
-    memset(cfg, 0, sizeof *cfg);
+    memcpy(cfg, &defaults, sizeof *cfg);
     cfg->vocab = vocab;
     cfg->max_seq = max_seq;
-    cfg->dim = 128;
-    cfg->heads = 4;
-    cfg->layers = 2;
-    cfg->causal = 1;
-    cfg->tie_embeddings = 1;
-    cfg->pos = QKV_POSENC_SINUSOIDAL;
 }
 
 const qkv_model_config *qkv_model_get_config(const qkv_model *m) { return m ? &m->cfg : NULL; }
@@ -382,16 +378,12 @@ static void free_acts(qkv_model *m) {
     if (m->blk)
         for (int64_t l = 0; l < m->cfg.layers; l++) {
             block_act *b = &m->blk[l];
-            float *ps[] = {b->x, b->ln1, b->ln1_mean, b->ln1_rstd, b->attn_out, b->mid, b->ln2, b->ln2_mean,
-                           b->ln2_rstd, b->pre, b->act, b->mlp_out};
-            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) qkv_free(ps[i]);
+            QKV_FREE_ALL(b->x, b->ln1, b->ln1_mean, b->ln1_rstd, b->attn_out, b->mid, b->ln2, b->ln2_mean,
+                         b->ln2_rstd, b->pre, b->act, b->mlp_out);
             memset(b, 0, sizeof *b);
         }
-    float *ps[] = {m->h, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits, m->floater_pos, m->floater_dpos,
-                   m->dh, m->dtmp, m->dtmp2, m->dF};
-    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) qkv_free(ps[i]);
-    qkv_free(m->tokens);
-    qkv_free(m->targets);
+    QKV_FREE_ALL(m->h, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits, m->floater_pos, m->floater_dpos, m->dh, m->dtmp,
+                 m->dtmp2, m->dF, m->tokens, m->targets);
     m->h = m->lnf = m->lnf_mean = m->lnf_rstd = m->logits = m->floater_pos = m->floater_dpos = NULL;
     m->dh = m->dtmp = m->dtmp2 = m->dF = NULL;
     m->tokens = m->targets = NULL;
@@ -419,14 +411,7 @@ void qkv_model_free(qkv_model *m) {
     if (m->attn_keep)
         for (int64_t l = 0; l < m->cfg.layers; l++) qkv_free(m->attn_keep[l]);
     qkv_floater_free(m->floater);
-    qkv_free(m->attn);
-    qkv_free(m->attn_keep);
-    qkv_free(m->blk);
-    qkv_free(m->o_ln1_w);
-    qkv_free(m->params);
-    qkv_free(m->grads);
-    qkv_free(m->sinusoid);
-    qkv_free(m);
+    QKV_FREE_ALL(m->attn, m->attn_keep, m->blk, m->o_ln1_w, m->params, m->grads, m->sinusoid, m);
 }
 
 /* Grow the activations to `rows` rows (B * n). */
@@ -435,35 +420,24 @@ static int reserve_acts(qkv_model *m, int64_t rows, int64_t n) {
     free_acts(m);
     const int64_t E = m->cfg.dim, F = m->F, V = m->cfg.vocab;
     int ok = 1;
-#define GET(p, cnt) ok = ok && ((p) = qkv_alloc((size_t)(cnt) * sizeof(float))) != NULL
+    /* Each buffer given gets cnt floats (none once one allocation failed). */
+#define GET(cnt, ...)                                                                  \
+    do {                                                                               \
+        float **slot_[] = {__VA_ARGS__};                                               \
+        for (size_t i_ = 0; i_ < sizeof slot_ / sizeof slot_[0]; i_++)                 \
+            ok = ok && (*slot_[i_] = qkv_alloc((size_t)(cnt) * sizeof(float))) != NULL; \
+    } while (0)
     for (int64_t l = 0; l < m->cfg.layers; l++) {
         block_act *b = &m->blk[l];
-        GET(b->x, rows * E);
-        GET(b->ln1, rows * E);
-        GET(b->ln1_mean, rows);
-        GET(b->ln1_rstd, rows);
-        GET(b->attn_out, rows * E);
-        GET(b->mid, rows * E);
-        GET(b->ln2, rows * E);
-        GET(b->ln2_mean, rows);
-        GET(b->ln2_rstd, rows);
-        GET(b->pre, rows * F);
-        GET(b->act, rows * F);
-        GET(b->mlp_out, rows * E);
+        GET(rows * E, &b->x, &b->ln1, &b->attn_out, &b->mid, &b->ln2, &b->mlp_out);
+        GET(rows, &b->ln1_mean, &b->ln1_rstd, &b->ln2_mean, &b->ln2_rstd);
+        GET(rows * F, &b->pre, &b->act);
     }
-    GET(m->h, rows * E);
-    GET(m->lnf, rows * E);
-    GET(m->lnf_mean, rows);
-    GET(m->lnf_rstd, rows);
-    GET(m->logits, rows * V);
-    GET(m->dh, rows * E);
-    GET(m->dtmp, rows * E);
-    GET(m->dtmp2, rows * E);
-    GET(m->dF, rows * F);
-    if (m->floater) {
-        GET(m->floater_pos, m->cfg.max_seq * E);
-        GET(m->floater_dpos, m->cfg.max_seq * E);
-    }
+    GET(rows * E, &m->h, &m->lnf, &m->dh, &m->dtmp, &m->dtmp2);
+    GET(rows, &m->lnf_mean, &m->lnf_rstd);
+    GET(rows * V, &m->logits);
+    GET(rows * F, &m->dF);
+    if (m->floater) GET(m->cfg.max_seq * E, &m->floater_pos, &m->floater_dpos);
 #undef GET
     m->tokens = qkv_alloc((size_t)rows * sizeof(int32_t));
     m->targets = qkv_alloc((size_t)rows * sizeof(int32_t));
