@@ -491,9 +491,20 @@ qkv_status qkv_model_set_loss_scale(qkv_model *m, double scale) {
  * are scaled by sqrt(E), as in Vaswani et al. 2017 section 3.4; otherwise
  * small embeddings (std 0.02) are drowned by the positions and the tokens
  * are hard to tell apart (copy then stays at chance). */
-static float emb_scale_of(const qkv_model *m) {
+float model_emb_scale(const qkv_model *m) {
     qkv_posenc p = m->cfg.pos;
     return p == QKV_POSENC_SINUSOIDAL || p == QKV_POSENC_FLOATER ? (float)sqrt((double)m->cfg.dim) : 1.0f;
+}
+
+void model_embed_row(const qkv_model *m, float scale, int32_t token, int64_t pos, float *out) {
+    const int64_t E = m->cfg.dim;
+    const float *P = m->params, *e = P + m->o_emb + (int64_t)token * E;
+    for (int64_t i = 0; i < E; i++) {
+        float v = e[i] * scale;
+        if (m->sinusoid) v += m->sinusoid[pos * E + i];
+        if (m->o_pos >= 0) v += P[m->o_pos + pos * E + i];
+        out[i] = v;
+    }
 }
 
 qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32_t *tokens,
@@ -531,17 +542,8 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
 
     /* Embedding and absolute positions. */
     float *h = m->h;
-    const float emb_scale = emb_scale_of(m);
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t pos = r % n;
-        const float *e = P + m->o_emb + (int64_t)tokens[r] * E;
-        for (int64_t i = 0; i < E; i++) {
-            float v = e[i] * emb_scale;
-            if (m->sinusoid) v += m->sinusoid[pos * E + i];
-            if (m->o_pos >= 0) v += P[m->o_pos + pos * E + i];
-            h[r * E + i] = v;
-        }
-    }
+    const float emb_scale = model_emb_scale(m);
+    for (int64_t r = 0; r < rows; r++) model_embed_row(m, emb_scale, tokens[r], r % n, h + r * E);
     if (m->floater && (s = qkv_floater_forward(m->floater, n, m->floater_pos)) != QKV_OK) return s;
 
     for (int64_t l = 0; l < L; l++) {
@@ -682,7 +684,7 @@ qkv_status qkv_model_backward(qkv_model *m) {
     }
     if (m->floater && (s = qkv_floater_backward(m->floater, m->floater_dpos)) != QKV_OK) return s;
     /* Embedding rows and learned positions, in a fixed order. */
-    const float emb_scale = emb_scale_of(m);
+    const float emb_scale = model_emb_scale(m);
     for (int64_t r = 0; r < rows; r++) {
         float *ge = G + m->o_emb + (int64_t)m->tokens[r] * E;
         for (int64_t i = 0; i < E; i++) ge[i] += dh[r * E + i] * emb_scale;
