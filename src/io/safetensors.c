@@ -878,22 +878,23 @@ qkv_status qkv_safetensors_parse(const void *bytes, size_t len, qkv_safetensors 
 static qkv_status st_open(const char *path, qkv_safetensors **out, int *fd, struct stat *sb, char *why,
                           size_t why_len) {
     if (out) *out = NULL;
-    if (!out || !path) {
-        if (why && why_len) snprintf(why, why_len, "NULL argument");
-        return QKV_ERR_NULL_POINTER;
-    }
+    if (!out || !path) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
     do *fd = open(path, O_RDONLY | O_CLOEXEC);
     while (*fd < 0 && errno == EINTR);
-    if (*fd < 0) {
-        if (why && why_len) snprintf(why, why_len, "cannot open: %s", strerror(errno));
-        return QKV_ERR_IO;
-    }
+    if (*fd < 0) return qkv_fail(why, why_len, QKV_ERR_IO, "cannot open: %s", strerror(errno));
     if (fstat(*fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
-        if (why && why_len) snprintf(why, why_len, "not a regular file");
         close(*fd);
-        return QKV_ERR_IO;
+        return qkv_fail(why, why_len, QKV_ERR_IO, "not a regular file");
     }
     return QKV_OK;
+}
+
+/* Read the whole file open at fd (size bytes), then close it. */
+static qkv_status st_read_fd(int fd, uint64_t size, qkv_safetensors **out, char *why, size_t why_len) {
+    st_src src = {NULL, fd, size, 0};
+    qkv_status s = st_read(&src, out, why, why_len);
+    close(fd);
+    return s;
 }
 
 qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *why, size_t why_len) {
@@ -901,10 +902,7 @@ qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *w
     struct stat sb;
     qkv_status os = st_open(path, out, &fd, &sb, why, why_len);
     if (os != QKV_OK) return os;
-    st_src src = {NULL, fd, (uint64_t)sb.st_size, 0};
-    qkv_status s = st_read(&src, out, why, why_len);
-    close(fd);
-    return s;
+    return st_read_fd(fd, (uint64_t)sb.st_size, out, why, why_len);
 }
 
 qkv_status qkv_safetensors_map(const char *path, qkv_safetensors **out, char *why, size_t why_len) {
@@ -915,10 +913,7 @@ qkv_status qkv_safetensors_map(const char *path, qkv_safetensors **out, char *wh
     if ((uint64_t)sb.st_size < 8 || (uint64_t)sb.st_size > SIZE_MAX) {
         /* Too short for a header (st_read names the problem), or too large
          * to map: read it the ordinary way. */
-        st_src src = {NULL, fd, (uint64_t)sb.st_size, 0};
-        qkv_status s = st_read(&src, out, why, why_len);
-        close(fd);
-        return s;
+        return st_read_fd(fd, (uint64_t)sb.st_size, out, why, why_len);
     }
     size_t len = (size_t)sb.st_size;
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
