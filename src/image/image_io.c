@@ -36,10 +36,7 @@ qkv_status qkv_image_alloc(qkv_image *out, int64_t height, int64_t width, int64_
     if (!qkv_count_ok(&n, sizeof(float), 3, f)) return QKV_ERR_SIZE_OVERFLOW;
     float *d = qkv_alloc_zeroed((size_t)n * sizeof(float));
     if (!d) return QKV_ERR_OUT_OF_MEMORY;
-    out->height = height;
-    out->width = width;
-    out->channels = channels;
-    out->data = d;
+    *out = (qkv_image){.height = height, .width = width, .channels = channels, .data = d};
     return QKV_OK;
 }
 

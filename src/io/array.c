@@ -46,10 +46,8 @@ qkv_status qkv_array_alloc(qkv_array *out, qkv_dtype dtype, int ndim, const int6
     /* Always a real buffer, even for 0 elements, so data != NULL means "owned". */
     void *data = qkv_alloc_zeroed((size_t)n * elem);
     if (!data) return QKV_ERR_OUT_OF_MEMORY;
-    out->dtype = dtype;
-    out->ndim = ndim;
+    *out = (qkv_array){.dtype = dtype, .ndim = ndim, .data = data};
     for (int i = 0; i < ndim; i++) out->shape[i] = shape[i];
-    out->data = data;
     return QKV_OK;
 }
 
