@@ -299,7 +299,6 @@ typedef struct st_cfg {
     int normalize;
     int modes[6]; /* mean, cls, max, mean_sqrt_len, weightedmean, lasttoken: -1 absent, 0/1 */
     int64_t max_seq;
-    const char *file;
     char *why;
     size_t why_len;
 } st_cfg;
@@ -355,7 +354,7 @@ static qkv_status read_config(qkv_encoder *e, const char *dir, char *why, size_t
         return qkv_fail(why, why_len, QKV_ERR_SHAPE, "%s/config.json: hidden_size %lld is not a multiple of "
                         "num_attention_heads %lld", dir, (long long)in->hidden, (long long)in->heads);
 
-    st_cfg st = {0, {-1, -1, -1, -1, -1, -1}, 0, NULL, why, why_len};
+    st_cfg st = {0, {-1, -1, -1, -1, -1, -1}, 0, why, why_len};
     if ((s = parse_json_file(dir, "modules.json", 1, modules_member, &st, 1, &missing, why, why_len)) != QKV_OK)
         return s;
     if ((s = parse_json_file(dir, "1_Pooling/config.json", 1, pooling_member, &st, 0, &missing, why, why_len)) !=
