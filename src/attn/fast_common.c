@@ -166,6 +166,25 @@ int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, 
     return any;
 }
 
+/* Tile entries [x, y) of one row (or column) to natural logits: times the
+ * scale, then the soft-cap (its derivative into dr when given), then the
+ * bias, read every bstride floats. */
+static inline void natural_logits(const fa_ctx *c, float *row, int x, int y, float *dr, const float *bias,
+                                  int64_t bstride) {
+    double sn = c->scale_nat;
+    if (c->cap > 0.0) {
+        for (int i = x; i < y; i++) {
+            double t = tanh((double)row[i] * sn / c->cap);
+            row[i] = (float)(c->cap * t);
+            if (dr) dr[i] = (float)(1.0 - t * t);
+        }
+    } else {
+        for (int i = x; i < y; i++) row[i] = (float)((double)row[i] * sn);
+    }
+    if (bias)
+        for (int i = x; i < y; i++) row[i] += bias[(int64_t)i * bstride];
+}
+
 void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0, int nr,
                     int64_t kt, int ncols, const int64_t *lo, const int64_t *hi, int *a, int *e,
                     float *dcap, size_t ldd) {
@@ -174,23 +193,9 @@ void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
         float *row = s + (size_t)r * lds;
         fa_tile_range(lo[r], hi[r], kt, ncols, &a[r], &e[r]);
         const int x = a[r], y = e[r];
-        if (c->natural) {
-            double sn = c->scale_nat;
-            if (c->cap > 0.0) {
-                float *dr = dcap ? dcap + (size_t)r * ldd : NULL;
-                for (int64_t j = x; j < y; j++) {
-                    double t = tanh((double)row[j] * sn / c->cap);
-                    row[j] = (float)(c->cap * t);
-                    if (dr) dr[j] = (float)(1.0 - t * t);
-                }
-            } else {
-                for (int64_t j = x; j < y; j++) row[j] = (float)((double)row[j] * sn);
-            }
-            if (c->bias) {
-                const float *br = c->bias + h * c->bias_head_stride + (i0 + r) * c->nk + kt;
-                for (int64_t j = x; j < y; j++) row[j] += br[j];
-            }
-        }
+        if (c->natural)
+            natural_logits(c, row, x, y, dcap ? dcap + (size_t)r * ldd : NULL,
+                           c->bias ? c->bias + h * c->bias_head_stride + (i0 + r) * c->nk + kt : NULL, 1);
         for (int64_t j = 0; j < x; j++) row[j] = ninf;
         for (int64_t j = y; j < ncols; j++) row[j] = ninf;
     }
@@ -227,22 +232,9 @@ void fa_scores_cols(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
         }
         a[r] = x;
         e[r] = y;
-        if (!c->natural) continue;
-        double sn = c->scale_nat;
-        if (c->cap > 0.0) {
-            float *dr = dcap ? dcap + (size_t)r * ldd : NULL;
-            for (int i = x; i < y; i++) {
-                double t = tanh((double)row[i] * sn / c->cap);
-                row[i] = (float)(c->cap * t);
-                if (dr) dr[i] = (float)(1.0 - t * t);
-            }
-        } else {
-            for (int i = x; i < y; i++) row[i] = (float)((double)row[i] * sn);
-        }
-        if (c->bias) {
-            const float *bc = c->bias + h * c->bias_head_stride + i0 * c->nk + j;
-            for (int i = x; i < y; i++) row[i] += bc[(int64_t)i * c->nk];
-        }
+        if (c->natural)
+            natural_logits(c, row, x, y, dcap ? dcap + (size_t)r * ldd : NULL,
+                           c->bias ? c->bias + h * c->bias_head_stride + i0 * c->nk + j : NULL, c->nk);
     }
 }
 

@@ -60,13 +60,6 @@ void qkv_half_narrow(const qkv_plan *p, void *dst, const float *src, int64_t n) 
 }
 
 void qkv_half_copy_free(qkv_half_copy *c) {
-    qkv_free(c->q);
-    qkv_free(c->k);
-    qkv_free(c->v);
-    qkv_free(c->out);
-    qkv_free(c->dout);
-    qkv_free(c->dq);
-    qkv_free(c->dk);
-    qkv_free(c->dv);
+    QKV_FREE_ALL(c->q, c->k, c->v, c->out, c->dout, c->dq, c->dk, c->dv);
     memset(c, 0, sizeof *c);
 }

@@ -119,6 +119,20 @@ int qkv_count_ok(int64_t *out, size_t elem, int n, const int64_t *factors) {
     return 1;
 }
 
+int qkv_shape_count(int ndim, const int64_t *shape, size_t elem, int64_t *count) {
+    int64_t nz = 1;
+    int zero = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == 0)
+            zero = 1;
+        else if (!qkv_mul_ok(nz, shape[i], &nz))
+            return 0;
+    }
+    if (elem && (uint64_t)nz > (uint64_t)(SIZE_MAX / elem)) return 0;
+    *count = zero ? 0 : nz;
+    return 1;
+}
+
 int qkv_reserve(void *pbuf, int64_t *cap, int64_t n, size_t elem) {
     if (*cap >= n) return 1;
     void *p = qkv_alloc((size_t)n * elem), *old;

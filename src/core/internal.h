@@ -4,6 +4,7 @@
 #ifndef QKV_CORE_INTERNAL_H
 #define QKV_CORE_INTERNAL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,12 @@ void qkv_free(void *p);
 int qkv_reserve(void *pbuf, int64_t *cap, int64_t n, size_t elem);
 /* qkv_free on each of the n pointers of p. */
 void qkv_free_each(void *const *p, size_t n);
+/* qkv_free on each pointer given: QKV_FREE_ALL(a->x, a->y, a->z). */
+#define QKV_FREE_ALL(...)                                                  \
+    do {                                                                   \
+        void *const qkv_free_all_[] = {__VA_ARGS__};                       \
+        qkv_free_each(qkv_free_all_, sizeof qkv_free_all_ / sizeof(void *)); \
+    } while (0)
 /* A layer's parameter or gradient view: *count = n (when count is given),
  * returns buf. */
 static inline float *qkv_param_view(float *buf, int64_t n, int64_t *count) {
@@ -66,6 +73,26 @@ void qkv_par_range(int threads, int64_t total, int64_t work_per_item, qkv_range_
 /* Product of n non-negative factors, with overflow check against both int64
  * and size_t of `elem` bytes each. Returns 0 on overflow. */
 int qkv_count_ok(int64_t *out, size_t elem, int n, const int64_t *factors);
+/* Elements of an array shape of ndim dims >= 0 (already checked), into
+ * *count. Fails (0) when the product of the non-zero dims overflows int64,
+ * or times elem bytes overflows size_t. Zero dims are left out of the
+ * product so that the answer does not depend on their position: (0, 2^62,
+ * 2^62) and (2^62, 2^62, 0) are both rejected, since their strides would
+ * overflow all the same. The rule of qkv_array_alloc and of .npy headers. */
+int qkv_shape_count(int ndim, const int64_t *shape, size_t elem, int64_t *count);
+
+/* The reason of a failure, for the functions that take (why, why_len): the
+ * message formatted into why when why is given and why_len > 0 (cut to
+ * why_len - 1 bytes). qkv_fail also returns status, so that a check reads
+ * `return qkv_fail(why, why_len, QKV_ERR_FORMAT, "...", ...)`. */
+#if defined(__GNUC__)
+#define QKV_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define QKV_PRINTF(f, a)
+#endif
+QKV_PRINTF(4, 5) qkv_status qkv_fail(char *why, size_t why_len, qkv_status status, const char *fmt, ...);
+QKV_PRINTF(3, 4) void qkv_set_why(char *why, size_t why_len, const char *fmt, ...);
+void qkv_vset_why(char *why, size_t why_len, const char *fmt, va_list ap);
 
 /* A descriptor after validation: defaults resolved, every element count
  * computed once (overflow-checked), and the mask reduced to a window

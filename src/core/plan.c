@@ -9,15 +9,11 @@
 #include "core/rng.h"
 
 void qkv_attn_desc_init(qkv_attn_desc *desc) {
-    if (!desc) return;
-    memset(desc, 0, sizeof *desc);
-    desc->dtype = QKV_F32;
-    desc->score = QKV_SCORE_SCALED_DOT;
-    desc->temperature = 1.0;
-    desc->norm = QKV_NORM_SOFTMAX;
-    desc->mask = QKV_MASK_NONE;
-    desc->bias_kind = QKV_BIAS_NONE;
-    desc->impl = QKV_IMPL_AUTO;
+    /* Static: every other field, and the padding, zero. */
+    static const qkv_attn_desc defaults = {.dtype = QKV_F32, .score = QKV_SCORE_SCALED_DOT, .temperature = 1.0,
+                                           .norm = QKV_NORM_SOFTMAX, .mask = QKV_MASK_NONE,
+                                           .bias_kind = QKV_BIAS_NONE, .impl = QKV_IMPL_AUTO};
+    if (desc) memcpy(desc, &defaults, sizeof *desc);
 }
 
 static qkv_status check_offsets(const int64_t *off, int64_t num_seqs, int64_t total) {

@@ -1,5 +1,8 @@
-/* Status texts and the version string. */
-#include "qkv.h"
+/* Status texts, the version string, and the one writer of failure reasons. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "core/internal.h"
 
 const char *qkv_status_string(qkv_status status) {
     switch (status) {
@@ -29,3 +32,22 @@ const char *qkv_status_string(qkv_status status) {
 }
 
 const char *qkv_version(void) { return QKV_VERSION_STRING; }
+
+void qkv_vset_why(char *why, size_t why_len, const char *fmt, va_list ap) {
+    if (why && why_len) vsnprintf(why, why_len, fmt, ap);
+}
+
+void qkv_set_why(char *why, size_t why_len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    qkv_vset_why(why, why_len, fmt, ap);
+    va_end(ap);
+}
+
+qkv_status qkv_fail(char *why, size_t why_len, qkv_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    qkv_vset_why(why, why_len, fmt, ap);
+    va_end(ap);
+    return status;
+}

@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -21,14 +20,6 @@
 #include "core/internal.h"
 #include "image/png_io.h"
 #include "io/atomic_write.h"
-
-static void set_why(char *why, size_t why_len, const char *fmt, ...) {
-    if (!why || why_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-}
 
 int64_t qkv_image_count(const qkv_image *img) {
     if (!img || img->height < 0 || img->width < 0 || img->channels < 0) return 0;
@@ -45,10 +36,7 @@ qkv_status qkv_image_alloc(qkv_image *out, int64_t height, int64_t width, int64_
     if (!qkv_count_ok(&n, sizeof(float), 3, f)) return QKV_ERR_SIZE_OVERFLOW;
     float *d = qkv_alloc_zeroed((size_t)n * sizeof(float));
     if (!d) return QKV_ERR_OUT_OF_MEMORY;
-    out->height = height;
-    out->width = width;
-    out->channels = channels;
-    out->data = d;
+    *out = (qkv_image){.height = height, .width = width, .channels = channels, .data = d};
     return QKV_OK;
 }
 
@@ -104,35 +92,25 @@ static qkv_status parse_pnm(const unsigned char *p, size_t len, qkv_image *out, 
     int64_t channels = p[1] == '5' ? 1 : 3;
     pnm_cursor c = {p, len, 2};
     int64_t w, h, maxval;
-    if (pnm_number(&c, INT32_MAX, &w) != 0 || pnm_number(&c, INT32_MAX, &h) != 0) {
-        set_why(why, why_len, "PNM header: bad or missing width/height");
-        return QKV_ERR_FORMAT;
-    }
-    if (pnm_number(&c, 65535, &maxval) != 0 || maxval < 1) {
-        set_why(why, why_len, "PNM header: maxval must be 1..65535");
-        return QKV_ERR_FORMAT;
-    }
-    if (w < 1 || h < 1) {
-        set_why(why, why_len, "PNM header: zero width or height (%lld x %lld)", (long long)w,
-                (long long)h);
-        return QKV_ERR_FORMAT;
-    }
-    if (c.pos >= len || !pnm_is_space(p[c.pos])) {
-        set_why(why, why_len, "PNM header: no whitespace after maxval");
-        return QKV_ERR_FORMAT;
-    }
+    if (pnm_number(&c, INT32_MAX, &w) != 0 || pnm_number(&c, INT32_MAX, &h) != 0)
+        return qkv_fail(why, why_len, QKV_ERR_FORMAT, "PNM header: bad or missing width/height");
+    if (pnm_number(&c, 65535, &maxval) != 0 || maxval < 1)
+        return qkv_fail(why, why_len, QKV_ERR_FORMAT, "PNM header: maxval must be 1..65535");
+    if (w < 1 || h < 1)
+        return qkv_fail(why, why_len, QKV_ERR_FORMAT, "PNM header: zero width or height (%lld x %lld)",
+                        (long long)w, (long long)h);
+    if (c.pos >= len || !pnm_is_space(p[c.pos]))
+        return qkv_fail(why, why_len, QKV_ERR_FORMAT, "PNM header: no whitespace after maxval");
     c.pos++;
     int64_t bps = maxval < 256 ? 1 : 2, need;
     int64_t f[4] = {w, h, channels, bps};
-    if (!qkv_count_ok(&need, 1, 4, f)) {
-        set_why(why, why_len, "PNM: %lld x %lld pixels overflow", (long long)w, (long long)h);
-        return QKV_ERR_SIZE_OVERFLOW;
-    }
-    if ((uint64_t)need > (uint64_t)(len - c.pos)) {
-        set_why(why, why_len, "PNM: truncated: %lld x %lld x %lld needs %lld data bytes, file has %zu",
-                (long long)h, (long long)w, (long long)channels, (long long)need, len - c.pos);
-        return QKV_ERR_FORMAT;
-    }
+    if (!qkv_count_ok(&need, 1, 4, f))
+        return qkv_fail(why, why_len, QKV_ERR_SIZE_OVERFLOW, "PNM: %lld x %lld pixels overflow", (long long)w,
+                        (long long)h);
+    if ((uint64_t)need > (uint64_t)(len - c.pos))
+        return qkv_fail(why, why_len, QKV_ERR_FORMAT,
+                        "PNM: truncated: %lld x %lld x %lld needs %lld data bytes, file has %zu", (long long)h,
+                        (long long)w, (long long)channels, (long long)need, len - c.pos);
     qkv_status s = qkv_image_alloc(out, h, w, channels);
     if (s != QKV_OK) return s;
     const unsigned char *d = p + c.pos;
@@ -159,12 +137,10 @@ qkv_status qkv_image_parse(const void *bytes, size_t len, qkv_image *out, char *
     const unsigned char *p = bytes;
     if (len >= 8 && memcmp(p, png_sig, 8) == 0) return image_png_parse(p, len, out, why, why_len);
     if (len >= 2 && p[0] == 'P' && (p[1] == '5' || p[1] == '6')) return parse_pnm(p, len, out, why, why_len);
-    if (len >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7') {
-        set_why(why, why_len, "netpbm P%c is not supported (only binary P5 PGM and P6 PPM)", p[1]);
-        return QKV_ERR_FORMAT;
-    }
-    set_why(why, why_len, "not a PNG, PGM (P5) or PPM (P6) file");
-    return QKV_ERR_FORMAT;
+    if (len >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7')
+        return qkv_fail(why, why_len, QKV_ERR_FORMAT,
+                        "netpbm P%c is not supported (only binary P5 PGM and P6 PPM)", p[1]);
+    return qkv_fail(why, why_len, QKV_ERR_FORMAT, "not a PNG, PGM (P5) or PPM (P6) file");
 }
 
 qkv_status qkv_image_load(const char *path, qkv_image *out, char *why, size_t why_len) {
@@ -173,15 +149,12 @@ qkv_status qkv_image_load(const char *path, qkv_image *out, char *why, size_t wh
     memset(out, 0, sizeof *out);
     if (!path) return QKV_ERR_NULL_POINTER;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        set_why(why, why_len, "cannot open: %s", strerror(errno));
-        return QKV_ERR_IO;
-    }
+    if (fd < 0)
+        return qkv_fail(why, why_len, QKV_ERR_IO, "cannot open: %s", strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        set_why(why, why_len, "not a regular file");
-        return QKV_ERR_IO;
+        return qkv_fail(why, why_len, QKV_ERR_IO, "not a regular file");
     }
     size_t len = (size_t)st.st_size;
     unsigned char *buf = qkv_alloc(len ? len : 1);
@@ -199,8 +172,7 @@ qkv_status qkv_image_load(const char *path, qkv_image *out, char *why, size_t wh
     close(fd);
     if (got != len) {
         qkv_free(buf);
-        set_why(why, why_len, "read error");
-        return QKV_ERR_IO;
+        return qkv_fail(why, why_len, QKV_ERR_IO, "read error");
     }
     qkv_status s = qkv_image_parse(buf, len, out, why, why_len);
     qkv_free(buf);

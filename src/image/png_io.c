@@ -209,14 +209,10 @@ static void png_write_body(png_write_job *j) {
 
 qkv_status image_png_save(const char *path, int64_t width, int64_t height, int channels,
                           image_png_row_fn row, void *user) {
-    png_write_job *j = qkv_alloc_zeroed(sizeof *j);
+    png_write_job *j = qkv_alloc(sizeof *j);
     if (!j) return QKV_ERR_OUT_OF_MEMORY;
-    j->width = width;
-    j->height = height;
-    j->channels = channels;
-    j->row_fn = row;
-    j->user = user;
-    j->status = QKV_OK;
+    *j = (png_write_job){.width = width, .height = height, .channels = channels, .row_fn = row, .user = user,
+                         .status = QKV_OK};
     j->row = qkv_alloc((size_t)width * (size_t)channels);
     atomic_file file;
     qkv_status s = j->row ? atomic_file_open(&file, path) : QKV_ERR_OUT_OF_MEMORY;

@@ -17,25 +17,6 @@ size_t qkv_dtype_size(qkv_dtype dtype) {
     return 0;
 }
 
-/* Elements of a shape (dims >= 0 already checked). Fails when the product of
- * the non-zero dims overflows int64, or times elem bytes overflows size_t.
- * Zero dims are left out of the product so that the answer does not depend
- * on their position: (0, 2^62, 2^62) and (2^62, 2^62, 0) are both rejected,
- * since their strides would overflow all the same. */
-static int shape_count(int ndim, const int64_t *shape, size_t elem, int64_t *count) {
-    int64_t nz = 1;
-    int zero = 0;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] == 0)
-            zero = 1;
-        else if (!qkv_mul_ok(nz, shape[i], &nz))
-            return 0;
-    }
-    if (elem && (uint64_t)nz > (uint64_t)(SIZE_MAX / elem)) return 0;
-    *count = zero ? 0 : nz;
-    return 1;
-}
-
 /* Checks of a shape shared by alloc and convert. */
 static qkv_status shape_check(int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > QKV_NPY_MAX_DIMS) return QKV_ERR_BAD_SIZE;
@@ -49,7 +30,7 @@ int64_t qkv_array_count(const qkv_array *a) {
     int64_t n;
     /* Documented as unable to fail: an invalid array has no elements. */
     if (!a || shape_check(a->ndim, a->shape) != QKV_OK) return 0;
-    if (!shape_count(a->ndim, a->shape, 0, &n)) return 0;
+    if (!qkv_shape_count(a->ndim, a->shape, 0, &n)) return 0;
     return n;
 }
 
@@ -61,14 +42,12 @@ qkv_status qkv_array_alloc(qkv_array *out, qkv_dtype dtype, int ndim, const int6
     size_t elem = qkv_dtype_size(dtype);
     if (elem == 0) return QKV_ERR_DTYPE;
     int64_t n;
-    if (!shape_count(ndim, shape, elem, &n)) return QKV_ERR_SIZE_OVERFLOW;
+    if (!qkv_shape_count(ndim, shape, elem, &n)) return QKV_ERR_SIZE_OVERFLOW;
     /* Always a real buffer, even for 0 elements, so data != NULL means "owned". */
     void *data = qkv_alloc_zeroed((size_t)n * elem);
     if (!data) return QKV_ERR_OUT_OF_MEMORY;
-    out->dtype = dtype;
-    out->ndim = ndim;
+    *out = (qkv_array){.dtype = dtype, .ndim = ndim, .data = data};
     for (int i = 0; i < ndim; i++) out->shape[i] = shape[i];
-    out->data = data;
     return QKV_OK;
 }
 
@@ -159,7 +138,7 @@ static qkv_status convert(const qkv_array *src, qkv_dtype to, qkv_array *result)
     if (s != QKV_OK) return s;
     if (qkv_dtype_size(src->dtype) == 0 || qkv_dtype_size(to) == 0) return QKV_ERR_DTYPE;
     int64_t n;
-    if (!shape_count(src->ndim, src->shape, qkv_dtype_size(src->dtype), &n)) return QKV_ERR_SIZE_OVERFLOW;
+    if (!qkv_shape_count(src->ndim, src->shape, qkv_dtype_size(src->dtype), &n)) return QKV_ERR_SIZE_OVERFLOW;
     if (n > 0 && !src->data) return QKV_ERR_NULL_POINTER;
 
     qkv_array dst;

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L /* open/O_EXCL, fsync, getpid */
 
 #include "io/atomic_write.h"
+#include "io/byte_order.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,27 +55,15 @@ int atomic_file_write(atomic_file *f, const void *data, size_t n) {
     return f->failed ? -1 : 0;
 }
 
-static int host_is_little_endian(void) {
-    const uint16_t one = 1;
-    unsigned char b;
-    memcpy(&b, &one, 1);
-    return b == 1;
-}
-
 int atomic_file_write_le(atomic_file *f, const void *data, size_t count, size_t elem) {
-    if (host_is_little_endian() || elem == 1) return atomic_file_write(f, data, count * elem);
+    if (qkv_host_is_le() || elem == 1) return atomic_file_write(f, data, count * elem);
     unsigned char buf[4096];
     const unsigned char *p = data;
     size_t per = sizeof buf / elem;
     for (size_t i = 0; i < count && !f->failed; i += per) {
         size_t n = count - i < per ? count - i : per;
         memcpy(buf, p + i * elem, n * elem);
-        for (size_t e = 0; e < n; e++)
-            for (size_t a = 0, b = elem - 1; a < b; a++, b--) {
-                unsigned char t = buf[e * elem + a];
-                buf[e * elem + a] = buf[e * elem + b];
-                buf[e * elem + b] = t;
-            }
+        qkv_swap_bytes(buf, n, elem);
         atomic_file_write(f, buf, n * elem);
     }
     return f->failed ? -1 : 0;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "io/json.h"
+#include "io/utf8.h"
 
 void qkv_json_init(qkv_json *j, const void *text, size_t len) {
     j->begin = j->p = (const unsigned char *)text;
@@ -56,53 +57,10 @@ static int hex4(const unsigned char *p, unsigned *v) {
     return 1;
 }
 
-/* Length of the valid UTF-8 sequence of 2..4 bytes at p (lead byte >= 0x80),
- * or 0 when it is invalid: overlong forms, surrogates and code points past
- * U+10FFFF are refused (the Unicode table 3-7 of well-formed sequences). */
-static size_t utf8_seq(const unsigned char *p, const unsigned char *end) {
-    unsigned c = p[0];
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF; /* range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) n = 2;
-    else if (c == 0xE0) { n = 3; lo = 0xA0; }
-    else if (c >= 0xE1 && c <= 0xEC) n = 3;
-    else if (c == 0xED) { n = 3; hi = 0x9F; }
-    else if (c >= 0xEE && c <= 0xEF) n = 3;
-    else if (c == 0xF0) { n = 4; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) n = 4;
-    else if (c == 0xF4) { n = 4; hi = 0x8F; }
-    else return 0;
-    if ((size_t)(end - p) < n) return 0;
-    if (p[1] < lo || p[1] > hi) return 0;
-    for (size_t i = 2; i < n; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
-    return n;
-}
-
 /* Bytes written so far (*len) grow by n; the first cap - 1 are kept. */
 static void emit(char *buf, size_t cap, size_t *len, const unsigned char *src, size_t n) {
     for (size_t i = 0; i < n; i++, (*len)++)
         if (buf && *len + 1 < cap) buf[*len] = (char)src[i];
-}
-
-static size_t utf8_encode(unsigned cp, unsigned char *o) {
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) {
-        o[0] = (unsigned char)(0xC0 | (cp >> 6));
-        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | (cp >> 12));
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | (cp >> 18));
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 /* Validate (and decode into buf when given) the string at the cursor.
@@ -141,7 +99,7 @@ static int scan_string(qkv_json *j, char *buf, size_t cap, size_t *len, int *has
                     used = 12;
                 }
                 if (cp == 0) nul = 1;
-                emit(buf, cap, &n, out, utf8_encode(cp, out));
+                emit(buf, cap, &n, out, qkv_utf8_encode(cp, out));
                 p += used;
                 continue;
             }
@@ -157,7 +115,8 @@ static int scan_string(qkv_json *j, char *buf, size_t cap, size_t *len, int *has
             p++;
             continue;
         }
-        size_t k = utf8_seq(p, end);
+        uint32_t dec;
+        size_t k = qkv_utf8_decode(p, (size_t)(end - p), &dec);
         if (!k) return fail_at(j, p, "invalid UTF-8 in a string");
         emit(buf, cap, &n, p, k);
         p += k;
@@ -237,4 +196,63 @@ qkv_json_uint_kind qkv_json_uint(qkv_json *j, uint64_t *value) {
     if (frac) return QKV_JSON_UINT_FRACTION;
     if (big) return QKV_JSON_UINT_TOO_LARGE;
     return QKV_JSON_UINT_OK;
+}
+
+/* A string, number or literal at the cursor (c, its first byte), consumed. */
+static int skip_scalar(qkv_json *j, int c) {
+    static const char *const words[3] = {"true", "false", "null"};
+    size_t n;
+    uint64_t v;
+    if (c == '"') return qkv_json_string_read(j, NULL, 0, &n, NULL);
+    if (c == '-' || (c >= '0' && c <= '9')) return qkv_json_uint(j, &v) != QKV_JSON_UINT_SYNTAX;
+    for (int k = 0; k < 3; k++) {
+        n = strlen(words[k]);
+        if ((size_t)(j->end - j->p) >= n && memcmp(j->p, words[k], n) == 0) {
+            j->p += n;
+            return 1;
+        }
+    }
+    return qkv_json_fail(j, "expected a value");
+}
+
+/* An object's key and its ':'. */
+static int skip_key(qkv_json *j) {
+    size_t n;
+    if (qkv_json_peek(j) != '"') return qkv_json_fail(j, "expected a key");
+    return qkv_json_string_read(j, NULL, 0, &n, NULL) && qkv_json_expect(j, ':', "expected ':'");
+}
+
+int qkv_json_skip(qkv_json *j) {
+    char stack[64]; /* the open containers, '[' or '{' */
+    int depth = 0;
+    for (;;) {
+        int c = qkv_json_peek(j);
+        if (c == '[' || c == '{') {
+            if (depth == (int)sizeof stack) return qkv_json_fail(j, "nesting deeper than 64 levels");
+            j->p++;
+            stack[depth++] = (char)c;
+            if (qkv_json_peek(j) == (c == '[' ? ']' : '}')) {
+                j->p++;
+                depth--;
+            } else {
+                if (c == '{' && !skip_key(j)) return 0;
+                continue;
+            }
+        } else if (!skip_scalar(j, c)) {
+            return 0;
+        }
+        /* After a value: close containers, or a comma (and a key in an object). */
+        for (;;) {
+            if (depth == 0) return 1;
+            char open = stack[depth - 1];
+            if (qkv_json_peek(j) == (open == '[' ? ']' : '}')) {
+                j->p++;
+                depth--;
+                continue;
+            }
+            if (!qkv_json_expect(j, ',', "expected ',' or the end of a container")) return 0;
+            if (open == '{' && !skip_key(j)) return 0;
+            break;
+        }
+    }
 }

@@ -54,4 +54,9 @@ typedef enum qkv_json_uint_kind {
 
 qkv_json_uint_kind qkv_json_uint(qkv_json *j, uint64_t *value);
 
+/* Skip one value of any kind at the cursor (after whitespace), checking
+ * its grammar as the calls above do; containers are walked with a bounded
+ * stack (deeper than 64 levels is an error). 0 with the error recorded. */
+int qkv_json_skip(qkv_json *j);
+
 #endif

@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -26,6 +25,7 @@
 
 #include "core/internal.h"
 #include "io/atomic_write.h"
+#include "io/byte_order.h"
 
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
@@ -34,45 +34,13 @@
 
 /* ---- small helpers ------------------------------------------------------ */
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void set_why(char *why, size_t why_len, const char *fmt, ...) {
-    if (!why || why_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-}
-
 /* Return `status` with a reason; for functions that have why, why_len. */
-#define FAIL(status, ...)                      \
-    do {                                       \
-        set_why(why, why_len, __VA_ARGS__);    \
-        return (status);                       \
-    } while (0)
+#define FAIL(status, ...) return qkv_fail(why, why_len, (status), __VA_ARGS__)
 
 /* strerror is not thread-safe; the XSI strerror_r is (POSIX 2008). */
 static const char *errtext(int e, char *buf, size_t n) {
     if (strerror_r(e, buf, n) != 0) snprintf(buf, n, "error %d", e);
     return buf;
-}
-
-static int host_is_little_endian(void) {
-    const uint16_t one = 1;
-    unsigned char first;
-    memcpy(&first, &one, 1);
-    return first == 1;
-}
-
-/* Reverse the bytes of each of n elements of `elem` bytes (big-endian hosts). */
-static void swap_bytes(unsigned char *p, size_t n, size_t elem) {
-    for (size_t i = 0; i < n; i++, p += elem)
-        for (size_t a = 0, b = elem - 1; a < b; a++, b--) {
-            unsigned char t = p[a];
-            p[a] = p[b];
-            p[b] = t;
-        }
 }
 
 /* At most cap-1 bytes of s, with anything but printable ASCII shown as '?'
@@ -86,24 +54,6 @@ static const char *printable(char *buf, size_t cap, const unsigned char *s, size
         for (int d = 0; d < 3 && k < cap - 1; d++) buf[k++] = '.';
     buf[k] = '\0';
     return buf;
-}
-
-/* Elements of a shape of non-negative dims; 0 when the product of the non-zero
- * dims overflows int64 or times elem bytes overflows size_t (zero dims are left
- * out so that the answer does not depend on where they are). Same rule as
- * qkv_array_alloc. */
-static int shape_count(int ndim, const int64_t *shape, size_t elem, int64_t *count) {
-    int64_t nz = 1;
-    int zero = 0;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] == 0)
-            zero = 1;
-        else if (!qkv_mul_ok(nz, shape[i], &nz))
-            return 0;
-    }
-    if (elem && (uint64_t)nz > (uint64_t)(SIZE_MAX / elem)) return 0;
-    *count = zero ? 0 : nz;
-    return 1;
 }
 
 /* ---- the header --------------------------------------------------------- */
@@ -309,7 +259,7 @@ static qkv_status parse_header(const unsigned char *text, size_t len, int major,
 
     int64_t count;
     size_t elem = qkv_dtype_size(hd->dtype);
-    if (!shape_count(hd->ndim, hd->shape, elem, &count))
+    if (!qkv_shape_count(hd->ndim, hd->shape, elem, &count))
         FAIL(QKV_ERR_SIZE_OVERFLOW, "header: 'shape' has too many elements (the size overflows)");
     hd->nbytes = (size_t)count * elem;
     return QKV_OK;
@@ -317,7 +267,7 @@ static qkv_status parse_header(const unsigned char *text, size_t len, int major,
 
 /* Give `data` (nbytes of hd's array, from qkv_alloc) to *out. */
 static void adopt(qkv_array *out, const npy_header *hd, void *data) {
-    if (!host_is_little_endian()) swap_bytes(data, hd->nbytes / qkv_dtype_size(hd->dtype), qkv_dtype_size(hd->dtype));
+    if (!qkv_host_is_le()) qkv_swap_bytes(data, hd->nbytes / qkv_dtype_size(hd->dtype), qkv_dtype_size(hd->dtype));
     out->dtype = hd->dtype;
     out->ndim = hd->ndim;
     for (int i = 0; i < hd->ndim; i++) out->shape[i] = hd->shape[i];
@@ -325,7 +275,7 @@ static void adopt(qkv_array *out, const npy_header *hd, void *data) {
 }
 
 qkv_status qkv_npy_parse(const void *bytes, size_t len, qkv_array *out, char *why, size_t why_len) {
-    set_why(why, why_len, "%s", "");
+    qkv_set_why(why, why_len, "%s", "");
     if (out) memset(out, 0, sizeof *out);
     if (!out || !bytes) FAIL(QKV_ERR_NULL_POINTER, "a required pointer is NULL");
     const unsigned char *b = bytes;
@@ -454,7 +404,7 @@ static qkv_status load_fd(int fd, qkv_array *out, char *why, size_t why_len) {
 }
 
 qkv_status qkv_npy_load(const char *path, qkv_array *out, char *why, size_t why_len) {
-    set_why(why, why_len, "%s", "");
+    qkv_set_why(why, why_len, "%s", "");
     if (out) memset(out, 0, sizeof *out);
     if (!out || !path) FAIL(QKV_ERR_NULL_POINTER, "a required pointer is NULL");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -499,12 +449,12 @@ static qkv_status open_header(const char *path, int *fd_out, npy_header *hd, off
     int major, rr;
     size_t start = 0, hlen = 0, n = 0;
     if (fstat(fd, &st) != 0) {
-        set_why(why, why_len, "cannot read: %s", errtext(errno, e, sizeof e));
+        qkv_set_why(why, why_len, "cannot read: %s", errtext(errno, e, sizeof e));
         s = QKV_ERR_IO;
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        set_why(why, why_len, "%s", "cannot read by rows: not a regular file");
+        qkv_set_why(why, why_len, "%s", "cannot read by rows: not a regular file");
         s = QKV_ERR_IO;
         goto fail;
     }
@@ -512,27 +462,27 @@ static qkv_status open_header(const char *path, int *fd_out, npy_header *hd, off
     n = (uintmax_t)st.st_size < sizeof pre ? (size_t)st.st_size : sizeof pre;
     rr = pread_full(fd, pre, n, 0);
     if (rr != 0) {
-        set_why(why, why_len, "cannot read: %s", rr < 0 ? errtext(errno, e, sizeof e) : "the file shrank");
+        qkv_set_why(why, why_len, "cannot read: %s", rr < 0 ? errtext(errno, e, sizeof e) : "the file shrank");
         s = rr < 0 ? QKV_ERR_IO : QKV_ERR_FORMAT;
         goto fail;
     }
     s = parse_prefix(pre, n, &major, &start, &hlen, why, why_len);
     if (s != QKV_OK) goto fail;
     if ((uintmax_t)hlen > (uintmax_t)st.st_size - start) {
-        set_why(why, why_len, "header length %zu goes past the end of the file (%jd bytes)", hlen,
-                (intmax_t)st.st_size);
+        qkv_set_why(why, why_len, "header length %zu goes past the end of the file (%jd bytes)", hlen,
+                    (intmax_t)st.st_size);
         s = QKV_ERR_FORMAT;
         goto fail;
     }
     head = qkv_alloc(hlen);
     if (!head) {
-        set_why(why, why_len, "%s", "out of memory");
+        qkv_set_why(why, why_len, "%s", "out of memory");
         s = QKV_ERR_OUT_OF_MEMORY;
         goto fail;
     }
     rr = pread_full(fd, head, hlen, (off_t)start);
     if (rr != 0) {
-        set_why(why, why_len, "cannot read: %s", rr < 0 ? errtext(errno, e, sizeof e) : "the file shrank");
+        qkv_set_why(why, why_len, "cannot read: %s", rr < 0 ? errtext(errno, e, sizeof e) : "the file shrank");
         s = rr < 0 ? QKV_ERR_IO : QKV_ERR_FORMAT;
         goto fail;
     }
@@ -542,7 +492,7 @@ static qkv_status open_header(const char *path, int *fd_out, npy_header *hd, off
     if (s != QKV_OK) goto fail;
     uintmax_t have = (uintmax_t)st.st_size - start - hlen;
     if ((uintmax_t)hd->nbytes > have) {
-        set_why(why, why_len, "truncated: header says %zu bytes of data, file has %ju", hd->nbytes, have);
+        qkv_set_why(why, why_len, "truncated: header says %zu bytes of data, file has %ju", hd->nbytes, have);
         s = QKV_ERR_FORMAT;
         goto fail;
     }
@@ -556,7 +506,7 @@ fail:
 }
 
 qkv_status qkv_npy_load_header(const char *path, qkv_array *out, char *why, size_t why_len) {
-    set_why(why, why_len, "%s", "");
+    qkv_set_why(why, why_len, "%s", "");
     if (out) memset(out, 0, sizeof *out);
     if (!out || !path) FAIL(QKV_ERR_NULL_POINTER, "a required pointer is NULL");
     int fd;
@@ -574,7 +524,7 @@ qkv_status qkv_npy_load_header(const char *path, qkv_array *out, char *why, size
 qkv_status qkv_npy_load_rows(const char *path, int axis, int nranges, const int64_t *starts,
                              const int64_t *counts, qkv_array *out, int64_t *axis_len, char *why,
                              size_t why_len) {
-    set_why(why, why_len, "%s", "");
+    qkv_set_why(why, why_len, "%s", "");
     if (out) memset(out, 0, sizeof *out);
     if (!out || !path || (nranges > 0 && (!starts || !counts)))
         FAIL(QKV_ERR_NULL_POINTER, "a required pointer is NULL");
@@ -606,7 +556,7 @@ qkv_status qkv_npy_load_rows(const char *path, int axis, int nranges, const int6
     npy_header oh = hd;
     oh.shape[axis] = total;
     int64_t count;
-    if (!shape_count(oh.ndim, oh.shape, elem, &count)) {
+    if (!qkv_shape_count(oh.ndim, oh.shape, elem, &count)) {
         close(fd);
         FAIL(QKV_ERR_SIZE_OVERFLOW, "%s", "the ranges hold too many elements (the size overflows)");
     }
@@ -702,7 +652,7 @@ qkv_status qkv_npy_save(const char *path, const qkv_array *a) {
     size_t elem = qkv_dtype_size(a->dtype);
     if (elem == 0) return QKV_ERR_DTYPE;
     int64_t count;
-    if (!shape_count(a->ndim, a->shape, elem, &count)) return QKV_ERR_SIZE_OVERFLOW;
+    if (!qkv_shape_count(a->ndim, a->shape, elem, &count)) return QKV_ERR_SIZE_OVERFLOW;
     if (count > 0 && !a->data) return QKV_ERR_NULL_POINTER;
 
     unsigned char head[640];

@@ -45,6 +45,7 @@
 
 #include "core/internal.h"
 #include "io/atomic_write.h"
+#include "io/byte_order.h"
 #include "io/json.h"
 #include "io/safetensors_map.h"
 
@@ -108,23 +109,6 @@ static const char *st_dtype_name(qkv_dtype d) {
 }
 
 /* ---- small helpers ----------------------------------------------------- */
-
-static int host_is_le(void) {
-    const uint16_t one = 1;
-    unsigned char c;
-    memcpy(&c, &one, 1);
-    return c == 1;
-}
-
-static void swap_bytes(void *data, size_t count, size_t elem) {
-    unsigned char *p = data;
-    for (size_t i = 0; i < count; i++, p += elem)
-        for (size_t a = 0, b = elem - 1; a < b; a++, b--) {
-            unsigned char t = p[a];
-            p[a] = p[b];
-            p[b] = t;
-        }
-}
 
 /* IEEE binary16 -> binary32, exact for every value: subnormals become
  * normal floats, infinities stay infinite, NaNs keep sign and payload. */
@@ -386,12 +370,10 @@ typedef struct st_ctx {
 static qkv_status st_fail(st_ctx *c, qkv_status s, const char *fmt, ...) {
     if (c->status == QKV_OK) {
         c->status = s;
-        if (c->why && c->why_len) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(c->why, c->why_len, fmt, ap);
-            va_end(ap);
-        }
+        va_list ap;
+        va_start(ap, fmt);
+        qkv_vset_why(c->why, c->why_len, fmt, ap);
+        va_end(ap);
     }
     return c->status;
 }
@@ -757,7 +739,7 @@ static qkv_status load_data(st_ctx *c, const st_entry *e, qkv_array *arr) {
     if (e->dtype != ST_F16 && e->dtype != ST_BF16) {
         if (nbytes && !src_read(c->src, off, arr->data, (size_t)nbytes))
             return st_fail(c, QKV_ERR_IO, "read error (did the file change while loading?)");
-        if (!host_is_le()) swap_bytes(arr->data, count, d->elem);
+        if (!qkv_host_is_le()) qkv_swap_bytes(arr->data, count, d->elem);
         return QKV_OK;
     }
     unsigned char buf[4096];
@@ -844,7 +826,7 @@ static qkv_status st_read(const st_src *src, qkv_safetensors **out, char *why, s
         st_tensor *t = &c.set->t[i];
         const st_dtype_info *d = &st_dtypes[e->dtype];
         const unsigned char *at = src->mem ? src->mem + c.data_start + e->begin : NULL;
-        if (src->borrow && host_is_le() && e->dtype != ST_F16 && e->dtype != ST_BF16 &&
+        if (src->borrow && qkv_host_is_le() && e->dtype != ST_F16 && e->dtype != ST_BF16 &&
             (uintptr_t)at % d->elem == 0) {
             t->arr.dtype = (qkv_dtype)d->load;
             t->arr.ndim = e->ndim;
@@ -896,22 +878,23 @@ qkv_status qkv_safetensors_parse(const void *bytes, size_t len, qkv_safetensors 
 static qkv_status st_open(const char *path, qkv_safetensors **out, int *fd, struct stat *sb, char *why,
                           size_t why_len) {
     if (out) *out = NULL;
-    if (!out || !path) {
-        if (why && why_len) snprintf(why, why_len, "NULL argument");
-        return QKV_ERR_NULL_POINTER;
-    }
+    if (!out || !path) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
     do *fd = open(path, O_RDONLY | O_CLOEXEC);
     while (*fd < 0 && errno == EINTR);
-    if (*fd < 0) {
-        if (why && why_len) snprintf(why, why_len, "cannot open: %s", strerror(errno));
-        return QKV_ERR_IO;
-    }
+    if (*fd < 0) return qkv_fail(why, why_len, QKV_ERR_IO, "cannot open: %s", strerror(errno));
     if (fstat(*fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
-        if (why && why_len) snprintf(why, why_len, "not a regular file");
         close(*fd);
-        return QKV_ERR_IO;
+        return qkv_fail(why, why_len, QKV_ERR_IO, "not a regular file");
     }
     return QKV_OK;
+}
+
+/* Read the whole file open at fd (size bytes), then close it. */
+static qkv_status st_read_fd(int fd, uint64_t size, qkv_safetensors **out, char *why, size_t why_len) {
+    st_src src = {NULL, fd, size, 0};
+    qkv_status s = st_read(&src, out, why, why_len);
+    close(fd);
+    return s;
 }
 
 qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *why, size_t why_len) {
@@ -919,10 +902,7 @@ qkv_status qkv_safetensors_load(const char *path, qkv_safetensors **out, char *w
     struct stat sb;
     qkv_status os = st_open(path, out, &fd, &sb, why, why_len);
     if (os != QKV_OK) return os;
-    st_src src = {NULL, fd, (uint64_t)sb.st_size, 0};
-    qkv_status s = st_read(&src, out, why, why_len);
-    close(fd);
-    return s;
+    return st_read_fd(fd, (uint64_t)sb.st_size, out, why, why_len);
 }
 
 qkv_status qkv_safetensors_map(const char *path, qkv_safetensors **out, char *why, size_t why_len) {
@@ -933,10 +913,7 @@ qkv_status qkv_safetensors_map(const char *path, qkv_safetensors **out, char *wh
     if ((uint64_t)sb.st_size < 8 || (uint64_t)sb.st_size > SIZE_MAX) {
         /* Too short for a header (st_read names the problem), or too large
          * to map: read it the ordinary way. */
-        st_src src = {NULL, fd, (uint64_t)sb.st_size, 0};
-        qkv_status s = st_read(&src, out, why, why_len);
-        close(fd);
-        return s;
+        return st_read_fd(fd, (uint64_t)sb.st_size, out, why, why_len);
     }
     size_t len = (size_t)sb.st_size;
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);

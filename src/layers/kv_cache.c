@@ -31,30 +31,23 @@ qkv_status qkv_kv_cache_create(const qkv_mha *m, int64_t batch, int64_t max_len,
     if (max_len == INT64_MAX) return QKV_ERR_SIZE_OVERFLOW;
     int64_t dkv = c->heads_kv * c->head_dim, f[3] = {batch, max_len + c->add_bias_kv, dkv}, n;
     if (!qkv_count_ok(&n, sizeof(float), 3, f)) return QKV_ERR_SIZE_OVERFLOW;
-    qkv_kv_cache *kc = qkv_alloc_zeroed(sizeof *kc);
+    qkv_kv_cache *kc = qkv_alloc(sizeof *kc);
     if (!kc) return QKV_ERR_OUT_OF_MEMORY;
+    *kc = (qkv_kv_cache){.batch = batch, .max_len = max_len, .dkv = dkv, .extra = c->add_bias_kv, .owner = m};
     kc->k = qkv_alloc((size_t)n * sizeof(float));
     kc->v = qkv_alloc((size_t)n * sizeof(float));
     if (!kc->k || !kc->v) {
         qkv_kv_cache_free(kc);
         return QKV_ERR_OUT_OF_MEMORY;
     }
-    kc->batch = batch;
-    kc->max_len = max_len;
-    kc->dkv = dkv;
-    kc->extra = c->add_bias_kv;
-    kc->owner = m;
     *out = kc;
     return QKV_OK;
 }
 
 void qkv_kv_cache_free(qkv_kv_cache *c) {
     if (!c) return;
-    qkv_free(c->k);
-    qkv_free(c->v);
-    qkv_free(c->scratch);
     kv_typed_free(c->typed);
-    qkv_free(c);
+    QKV_FREE_ALL(c->k, c->v, c->scratch, c);
 }
 
 void qkv_kv_cache_reset(qkv_kv_cache *c) {

@@ -56,14 +56,9 @@ qkv_status kv_typed_create(kv_typed **out, qkv_kv_storage storage, int64_t batch
     size_t elem = storage == QKV_KV_F32 ? sizeof(float) : storage == QKV_KV_BF16 ? sizeof(uint16_t) : 1;
     if (!qkv_count_ok(&n, elem, 4, f)) return QKV_ERR_SIZE_OVERFLOW;
     if (storage == QKV_KV_INT8 && !qkv_count_ok(&ns, sizeof(float), 4, g)) return QKV_ERR_SIZE_OVERFLOW;
-    kv_typed *t = qkv_alloc_zeroed(sizeof *t);
+    kv_typed *t = qkv_alloc(sizeof *t);
     if (!t) return QKV_ERR_OUT_OF_MEMORY;
-    t->storage = storage;
-    t->batch = batch;
-    t->max_len = max_len;
-    t->hkv = heads_kv;
-    t->dh = head_dim;
-    t->nb = nb;
+    *t = (kv_typed){.storage = storage, .batch = batch, .max_len = max_len, .hkv = heads_kv, .dh = head_dim, .nb = nb};
     int ok;
     if (storage == QKV_KV_F32) {
         t->kf = qkv_alloc((size_t)n * elem);

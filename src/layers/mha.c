@@ -12,13 +12,11 @@
 #include "layers/mha_internal.h"
 
 void qkv_mha_config_init(qkv_mha_config *cfg, int64_t embed_dim, int64_t heads) {
+    static const qkv_mha_config defaults = {.bias = 1, .join = QKV_JOIN_CONCAT, .pos = QKV_POS_NONE};
     if (!cfg) return;
-    memset(cfg, 0, sizeof *cfg);
+    memcpy(cfg, &defaults, sizeof *cfg);
     cfg->embed_dim = embed_dim;
     cfg->heads = heads;
-    cfg->bias = 1;
-    cfg->join = QKV_JOIN_CONCAT;
-    cfg->pos = QKV_POS_NONE;
     qkv_attn_desc_init(&cfg->attn);
 }
 

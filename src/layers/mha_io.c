@@ -47,8 +47,13 @@ static int blocks(const qkv_mha *m, named_block *nb) {
     return n;
 }
 
-static void full_name(char *buf, size_t len, const char *prefix, const char *name) {
-    snprintf(buf, len, "%s%s", prefix ? prefix : "", name);
+enum { NAME_CAP = 512 };
+
+/* blocks(), each with its full name (prefix + torch name) in names[i]. */
+static int named_blocks(const qkv_mha *m, const char *prefix, named_block *nb, char (*names)[NAME_CAP]) {
+    int n = blocks(m, nb);
+    for (int i = 0; i < n; i++) snprintf(names[i], NAME_CAP, "%s%s", prefix ? prefix : "", nb[i].name);
+    return n;
 }
 
 qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefix, char *why,
@@ -56,12 +61,12 @@ qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefi
     if (why && why_len) why[0] = '\0';
     if (!m || !st) return QKV_ERR_NULL_POINTER;
     named_block nb[MAX_BLOCKS];
-    int n = blocks(m, nb);
-    char name[512];
+    char names[MAX_BLOCKS][NAME_CAP];
+    int n = named_blocks(m, prefix, nb, names);
     /* Check everything before changing anything: a failed load keeps the
      * layer as it was. */
     for (int i = 0; i < n; i++) {
-        full_name(name, sizeof name, prefix, nb[i].name);
+        const char *name = names[i];
         const qkv_array *a = qkv_safetensors_get(st, name);
         if (!a) {
             if (why) snprintf(why, why_len, "tensor '%s' is missing", name);
@@ -89,8 +94,7 @@ qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefi
         }
     }
     for (int i = 0; i < n; i++) {
-        full_name(name, sizeof name, prefix, nb[i].name);
-        const qkv_array *a = qkv_safetensors_get(st, name);
+        const qkv_array *a = qkv_safetensors_get(st, names[i]);
         int64_t cnt = qkv_array_count(a);
         for (int64_t j = 0; j < cnt; j++)
             nb[i].data[j] = a->dtype == QKV_F32 ? ((const float *)a->data)[j]
@@ -102,17 +106,12 @@ qkv_status qkv_mha_load(qkv_mha *m, const qkv_safetensors *st, const char *prefi
 qkv_status qkv_mha_save(const qkv_mha *m, qkv_safetensors *st, const char *prefix) {
     if (!m || !st) return QKV_ERR_NULL_POINTER;
     named_block nb[MAX_BLOCKS];
-    int n = blocks(m, nb);
-    char name[512];
+    char names[MAX_BLOCKS][NAME_CAP];
+    int n = named_blocks(m, prefix, nb, names);
     for (int i = 0; i < n; i++) {
-        full_name(name, sizeof name, prefix, nb[i].name);
-        qkv_array a;
-        memset(&a, 0, sizeof a);
-        a.dtype = QKV_F32;
-        a.ndim = nb[i].ndim;
+        qkv_array a = {.dtype = QKV_F32, .ndim = nb[i].ndim, .data = nb[i].data};
         for (int k = 0; k < nb[i].ndim; k++) a.shape[k] = nb[i].shape[k];
-        a.data = nb[i].data;
-        qkv_status s = qkv_safetensors_put(st, name, &a);
+        qkv_status s = qkv_safetensors_put(st, names[i], &a);
         if (s != QKV_OK) return s;
     }
     return QKV_OK;

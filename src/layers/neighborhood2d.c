@@ -30,18 +30,9 @@ static qkv_status nb_check(nb_geom *g, int64_t height, int64_t width, int64_t he
         kernel % 2 == 0 || threads < 0)
         return QKV_ERR_BAD_SIZE;
     if (scale != scale || scale - scale != 0.0) return QKV_ERR_BAD_PARAMETER;
-    g->H = height;
-    g->W = width;
-    g->heads = heads;
-    g->D = dim;
-    g->Dv = dim_v;
-    g->K = kernel;
-    g->r = kernel / 2;
-    g->win_h = kernel < height ? kernel : height;
-    g->win_w = kernel < width ? kernel : width;
-    g->nk = g->win_h * g->win_w;
-    g->scale = scale;
-    g->threads = threads;
+    const int64_t win_h = kernel < height ? kernel : height, win_w = kernel < width ? kernel : width;
+    *g = (nb_geom){.H = height, .W = width, .heads = heads, .D = dim, .Dv = dim_v, .K = kernel, .r = kernel / 2,
+                   .win_h = win_h, .win_w = win_w, .nk = win_h * win_w, .scale = scale, .threads = threads};
     int64_t f[4] = {height, width, heads, dim > dim_v ? dim : dim_v}, n;
     if (!qkv_count_ok(&n, sizeof(float), 4, f)) return QKV_ERR_SIZE_OVERFLOW;
     int64_t f2[4] = {NB_BLOCK, g->nk, heads, dim > dim_v ? dim : dim_v};

@@ -76,10 +76,7 @@ qkv_status qkv_sagan_create(int64_t channels, int64_t key_channels, uint64_t see
 }
 
 static void free_acts(qkv_sagan *s) {
-    qkv_free(s->f);
-    qkv_free(s->g);
-    qkv_free(s->h);
-    qkv_free(s->o);
+    QKV_FREE_ALL(s->f, s->g, s->h, s->o);
     s->f = s->g = s->h = s->o = NULL;
     s->cap = 0;
 }
@@ -87,9 +84,7 @@ static void free_acts(qkv_sagan *s) {
 void qkv_sagan_free(qkv_sagan *s) {
     if (!s) return;
     free_acts(s);
-    qkv_free(s->params);
-    qkv_free(s->grads);
-    qkv_free(s);
+    QKV_FREE_ALL(s->params, s->grads, s);
 }
 
 float *qkv_sagan_params(qkv_sagan *s, int64_t *count) {

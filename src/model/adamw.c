@@ -24,14 +24,9 @@ qkv_status qkv_adamw_create(qkv_model *m, double beta1, double beta2, double eps
     if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps > 0 && weight_decay >= 0 && isfinite(eps) &&
           isfinite(weight_decay)))
         return QKV_ERR_BAD_PARAMETER;
-    qkv_adamw *o = qkv_alloc_zeroed(sizeof *o);
+    qkv_adamw *o = qkv_alloc(sizeof *o);
     if (!o) return QKV_ERR_OUT_OF_MEMORY;
-    o->m = m;
-    o->b1 = beta1;
-    o->b2 = beta2;
-    o->eps = eps;
-    o->wd = weight_decay;
-    o->n = qkv_model_param_count(m);
+    *o = (qkv_adamw){.m = m, .b1 = beta1, .b2 = beta2, .eps = eps, .wd = weight_decay, .n = qkv_model_param_count(m)};
     o->mom = qkv_alloc_zeroed((size_t)o->n * sizeof(float));
     o->vel = qkv_alloc_zeroed((size_t)o->n * sizeof(float));
     if (!o->mom || !o->vel) {
@@ -44,9 +39,7 @@ qkv_status qkv_adamw_create(qkv_model *m, double beta1, double beta2, double eps
 
 void qkv_adamw_free(qkv_adamw *o) {
     if (!o) return;
-    qkv_free(o->mom);
-    qkv_free(o->vel);
-    qkv_free(o);
+    QKV_FREE_ALL(o->mom, o->vel, o);
 }
 
 /* The update of elements [i0, i1) of one segment (its moments start at `at`). */

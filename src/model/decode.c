@@ -65,19 +65,8 @@ qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens,
     float *x = m->dec_buf, *ln = x + t * E, *a = ln + t * E, *mid = a + t * E, *h = mid + t * E;
     float *pre = h + t * E, *act = pre + t * F, *stat = act + t * F; /* LN mean, rstd */
     const float *P = m->params;
-    const float scale = m->cfg.pos == QKV_POSENC_SINUSOIDAL || m->cfg.pos == QKV_POSENC_FLOATER
-                            ? (float)sqrt((double)E)
-                            : 1.0f;
-    for (int64_t r = 0; r < t; r++) {
-        int64_t pos = L0 + r;
-        const float *e = P + m->o_emb + (int64_t)tokens[r] * E;
-        for (int64_t i = 0; i < E; i++) {
-            float v = e[i] * scale;
-            if (m->sinusoid) v += m->sinusoid[pos * E + i];
-            if (m->o_pos >= 0) v += P[m->o_pos + pos * E + i];
-            h[r * E + i] = v;
-        }
-    }
+    const float scale = model_emb_scale(m);
+    for (int64_t r = 0; r < t; r++) model_embed_row(m, scale, tokens[r], L0 + r, h + r * E);
     qkv_status s;
     const int thr = m->cfg.threads;
     for (int64_t l = 0; l < m->cfg.layers; l++) {

@@ -10,6 +10,7 @@
 #include "core/internal.h"
 #include "layers/linear.h"
 #include "model/encoder_internal.h"
+#include "model/model_internal.h"
 
 #define ENC_CHUNK_TOKENS 4096
 
@@ -82,13 +83,13 @@ static qkv_status tokenize_all(qkv_encoder *e, const char *const *texts, const s
     for (int64_t s = 0; s < count; s++) {
         const char *t = texts[s];
         size_t len = lens ? lens[s] : (t ? strlen(t) : 0);
-        if (!t && len > 0) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "text %lld is NULL", (long long)s);
+        if (!t && len > 0) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "text %lld is NULL", (long long)s);
         if (!grow_ids(e, total + max)) return QKV_ERR_OUT_OF_MEMORY;
         int64_t n;
         char sub[160];
         qkv_status st = qkv_tokenizer_encode(e->tok, t, len, NULL, 0, max, e->ids + total, e->types + total,
                                              max, &n, sub, sizeof sub);
-        if (st != QKV_OK) return enc_fail(why, why_len, st, "text %lld: %s", (long long)s, sub);
+        if (st != QKV_OK) return qkv_fail(why, why_len, st, "text %lld: %s", (long long)s, sub);
         total += n;
         e->offsets[s + 1] = total;
     }
@@ -111,16 +112,9 @@ static void ln_rows(void *ctx, int64_t r0, int64_t r1) {
     int64_t n = j->width;
     for (int64_t r = r0; r < r1; r++) {
         float *x = j->x + r * n;
-        const float *res = j->res ? j->res + r * n : NULL;
-        double mean = 0, var = 0;
-        for (int64_t i = 0; i < n; i++) {
-            if (res) x[i] += res[i];
-            mean += x[i];
-        }
-        mean /= (double)n;
-        for (int64_t i = 0; i < n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
-        double inv = 1.0 / sqrt(var / (double)n + j->eps);
-        for (int64_t i = 0; i < n; i++) x[i] = (float)(((double)x[i] - mean) * inv * j->g[i] + j->b[i]);
+        if (j->res)
+            for (int64_t i = 0; i < n; i++) x[i] += j->res[r * n + i];
+        model_layernorm_row(x, j->g, j->b, n, j->eps, x, NULL, NULL);
     }
 }
 
@@ -219,8 +213,8 @@ static int64_t chunk_end(const qkv_encoder *e, int64_t s0, int64_t count) {
 static qkv_status check_texts(const qkv_encoder *e, const char *const *texts, int64_t count, char *why,
                               size_t why_len) {
     if (why && why_len) why[0] = '\0';
-    if (!e || !texts) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
-    if (count < 1) return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "no texts (count %lld)", (long long)count);
+    if (!e || !texts) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
+    if (count < 1) return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "no texts (count %lld)", (long long)count);
     return QKV_OK;
 }
 
@@ -228,9 +222,9 @@ qkv_status qkv_encoder_embed(qkv_encoder *e, const char *const *texts, const siz
                              qkv_pooling pooling, int normalize, float *out, char *why, size_t why_len) {
     qkv_status s = check_texts(e, texts, count, why, why_len);
     if (s != QKV_OK) return s;
-    if (!out) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL output");
+    if (!out) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL output");
     if (pooling < QKV_POOLING_FROM_MODEL || pooling > QKV_POOLING_MAX || normalize < -1 || normalize > 1)
-        return enc_fail(why, why_len, QKV_ERR_BAD_ENUM, "pooling %d or normalize %d out of range", (int)pooling,
+        return qkv_fail(why, why_len, QKV_ERR_BAD_ENUM, "pooling %d or normalize %d out of range", (int)pooling,
                         normalize);
     if (pooling == QKV_POOLING_FROM_MODEL) pooling = e->info.pooling;
     if (normalize < 0) normalize = e->info.normalize;
@@ -240,7 +234,7 @@ qkv_status qkv_encoder_embed(qkv_encoder *e, const char *const *texts, const siz
         int64_t s1 = chunk_end(e, s0, count);
         /* A chunk has at most ENC_CHUNK_TOKENS tokens, each sentence at least 2. */
         if ((s = run_chunk(e, s0, s1 - s0, rel)) != QKV_OK)
-            return enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+            return qkv_fail(why, why_len, s, "%s", qkv_status_string(s));
         for (int64_t i = s0; i < s1; i++) {
             const float *x = e->x + rel[i - s0] * H;
             int64_t n = rel[i - s0 + 1] - rel[i - s0];
@@ -277,19 +271,19 @@ qkv_status qkv_encoder_token_states(qkv_encoder *e, const char *const *texts, co
                                     size_t why_len) {
     qkv_status s = check_texts(e, texts, count, why, why_len);
     if (s != QKV_OK) return s;
-    if (!tokens || (!out && capacity > 0)) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
-    if (capacity < 0) return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld < 0", (long long)capacity);
+    if (!tokens || (!out && capacity > 0)) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
+    if (capacity < 0) return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld < 0", (long long)capacity);
     if ((s = tokenize_all(e, texts, lens, count, why, why_len)) != QKV_OK) return s;
     *tokens = e->offsets[count];
     if (offsets) memcpy(offsets, e->offsets, (size_t)(count + 1) * sizeof *offsets);
     if (capacity < *tokens)
-        return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld rows, %lld tokens needed", (long long)capacity,
+        return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld rows, %lld tokens needed", (long long)capacity,
                         (long long)*tokens);
     int64_t H = e->info.hidden, rel[ENC_CHUNK_TOKENS + 2];
     for (int64_t s0 = 0; s0 < count;) {
         int64_t s1 = chunk_end(e, s0, count);
         if ((s = run_chunk(e, s0, s1 - s0, rel)) != QKV_OK)
-            return enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+            return qkv_fail(why, why_len, s, "%s", qkv_status_string(s));
         memcpy(out + e->offsets[s0] * H, e->x, (size_t)(rel[s1 - s0] * H) * sizeof(float));
         s0 = s1;
     }
@@ -302,23 +296,23 @@ qkv_status qkv_encoder_attention(qkv_encoder *e, const char *text, size_t len, i
     qkv_status s = check_texts(e, texts, 1, why, why_len);
     if (s != QKV_OK) return s;
     if (!n || (!out && capacity > 0) || (!text && len > 0))
-        return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
+        return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
     if (layer < 0 || layer >= e->info.layers)
-        return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "layer %lld is not in 0 .. %lld", (long long)layer,
+        return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "layer %lld is not in 0 .. %lld", (long long)layer,
                         (long long)e->info.layers - 1);
-    if (capacity < 0) return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld < 0", (long long)capacity);
+    if (capacity < 0) return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld < 0", (long long)capacity);
     size_t lens[1] = {len};
     if ((s = tokenize_all(e, texts, lens, 1, why, why_len)) != QKV_OK) return s;
     int64_t rows = e->offsets[1];
     *n = rows;
     if (capacity / rows / rows < e->info.heads)
-        return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld floats, %lld needed", (long long)capacity,
+        return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld floats, %lld needed", (long long)capacity,
                         (long long)(e->info.heads * rows * rows));
-    if ((s = ws_reserve(e, rows)) != QKV_OK) return enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+    if ((s = ws_reserve(e, rows)) != QKV_OK) return qkv_fail(why, why_len, s, "%s", qkv_status_string(s));
     embed(e, 0, 1);
-    if ((s = forward(e, rows, NULL, 1, layer)) != QKV_OK) return enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+    if ((s = forward(e, rows, NULL, 1, layer)) != QKV_OK) return qkv_fail(why, why_len, s, "%s", qkv_status_string(s));
     qkv_attn_desc d;
     attn_desc(e, rows, NULL, 1, &d);
     s = qkv_attention_rows(&d, e->q, e->k, 0, rows, out);
-    return s == QKV_OK ? s : enc_fail(why, why_len, s, "%s", qkv_status_string(s));
+    return s == QKV_OK ? s : qkv_fail(why, why_len, s, "%s", qkv_status_string(s));
 }

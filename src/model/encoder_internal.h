@@ -37,10 +37,5 @@ struct qkv_encoder {
     int64_t id_cap;
 };
 
-/* Write a reason into why and return status. */
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-qkv_status enc_fail(char *why, size_t why_len, qkv_status status, const char *fmt, ...);
 
 #endif

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <locale.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,16 +15,6 @@
 #include "io/json.h"
 #include "io/safetensors_map.h"
 #include "model/encoder_internal.h"
-
-qkv_status enc_fail(char *why, size_t why_len, qkv_status status, const char *fmt, ...) {
-    if (why && why_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_len, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 /* ---- files --------------------------------------------------------------- */
 
@@ -40,7 +29,7 @@ static qkv_status read_file(const char *path, unsigned char **out, size_t *len, 
     FILE *f = fopen(path, "rb");
     if (!f) {
         *missing = errno == ENOENT;
-        return enc_fail(why, why_len, QKV_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return qkv_fail(why, why_len, QKV_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     }
     unsigned char *buf = NULL;
     size_t n = 0, cap = 0;
@@ -50,12 +39,12 @@ static qkv_status read_file(const char *path, unsigned char **out, size_t *len, 
             size_t c = cap ? cap * 2 : 4096;
             if (c > ENC_JSON_MAX + 1) c = ENC_JSON_MAX + 1;
             if (c == cap) {
-                s = enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: larger than %u bytes", path, ENC_JSON_MAX);
+                s = qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s: larger than %u bytes", path, ENC_JSON_MAX);
                 break;
             }
             unsigned char *p = qkv_alloc(c);
             if (!p) {
-                s = enc_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+                s = qkv_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
                 break;
             }
             if (buf) memcpy(p, buf, n);
@@ -66,7 +55,7 @@ static qkv_status read_file(const char *path, unsigned char **out, size_t *len, 
         size_t r = fread(buf + n, 1, cap - n, f);
         n += r;
         if (r == 0) {
-            if (ferror(f)) s = enc_fail(why, why_len, QKV_ERR_IO, "%s: read error", path);
+            if (ferror(f)) s = qkv_fail(why, why_len, QKV_ERR_IO, "%s: read error", path);
             break;
         }
     }
@@ -134,53 +123,6 @@ static int number(qkv_json *j, jv *v) {
     return 1;
 }
 
-/* Skip an array or object (the cursor at its '[' or '{'), iteratively with
- * a stack of the open containers (at most 64 deep). */
-static int skip_container(qkv_json *j) {
-    char stack[64];
-    int depth = 0;
-    size_t n;
-    for (;;) {
-        int c = qkv_json_peek(j);
-        if (c == '[' || c == '{') {
-            if (depth == (int)sizeof stack) return qkv_json_fail(j, "nesting deeper than 64 levels");
-            j->p++;
-            stack[depth++] = (char)c;
-            if (qkv_json_peek(j) == (c == '[' ? ']' : '}')) {
-                j->p++;
-                depth--;
-            } else {
-                if (c == '{' && (qkv_json_peek(j) != '"' || !qkv_json_string_read(j, NULL, 0, &n, NULL) ||
-                                 !qkv_json_expect(j, ':', "expected ':'")))
-                    return qkv_json_fail(j, "expected a key");
-                continue;
-            }
-        } else if (c == '"') {
-            if (!qkv_json_string_read(j, NULL, 0, &n, NULL)) return 0;
-        } else if (c == '-' || (c >= '0' && c <= '9')) {
-            jv tmp;
-            if (!number(j, &tmp)) return 0;
-        } else if (!(c == 't' ? literal(j, "true") : c == 'f' ? literal(j, "false") : c == 'n' ? literal(j, "null") : 0)) {
-            return qkv_json_fail(j, "expected a value");
-        }
-        /* After a value: close containers, or a comma (and a key in an object). */
-        for (;;) {
-            if (depth == 0) return 1;
-            c = qkv_json_peek(j);
-            if (c == (stack[depth - 1] == '[' ? ']' : '}')) {
-                j->p++;
-                depth--;
-                continue;
-            }
-            if (!qkv_json_expect(j, ',', "expected ',' or the end of a container")) return 0;
-            if (stack[depth - 1] == '{' && (qkv_json_peek(j) != '"' || !qkv_json_string_read(j, NULL, 0, &n, NULL) ||
-                                            !qkv_json_expect(j, ':', "expected ':'")))
-                return qkv_json_fail(j, "expected a key");
-            break;
-        }
-    }
-}
-
 /* One value at the cursor: scalars read, containers skipped (JV_OTHER). */
 static int value(qkv_json *j, jv *v) {
     int c = qkv_json_peek(j);
@@ -194,7 +136,7 @@ static int value(qkv_json *j, jv *v) {
         v->kind = JV_STRING;
         return 1;
     }
-    if (c == '[' || c == '{') return skip_container(j);
+    if (c == '[' || c == '{') return qkv_json_skip(j);
     if (c == '-' || (c >= '0' && c <= '9')) {
         v->kind = JV_NUMBER;
         return number(j, v);
@@ -236,7 +178,7 @@ static qkv_status object(qkv_json *j, member_fn fn, void *ctx, const char *file,
         if (!qkv_json_expect(j, ',', "expected ',' or '}'")) goto bad;
     }
 bad:
-    return enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: byte %zu: %s", file, j->err_pos,
+    return qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s: byte %zu: %s", file, j->err_pos,
                     j->err ? j->err : "malformed JSON");
 }
 
@@ -265,12 +207,12 @@ static qkv_status cfg_member(void *p, const char *key, const jv *v) {
     qkv_encoder_info *in = c->info;
     if (f == F_MODEL_TYPE || f == F_ACT || f == F_POSTYPE) {
         if (v->kind != JV_STRING)
-            return enc_fail(c->why, c->why_len, QKV_ERR_FORMAT, "%s: \"%s\" is not a string", c->file, key);
+            return qkv_fail(c->why, c->why_len, QKV_ERR_FORMAT, "%s: \"%s\" is not a string", c->file, key);
         if (f == F_MODEL_TYPE && strcmp(v->str, "bert") != 0)
-            return enc_fail(c->why, c->why_len, QKV_ERR_UNSUPPORTED,
+            return qkv_fail(c->why, c->why_len, QKV_ERR_UNSUPPORTED,
                             "%s: model_type \"%s\" is not supported (only \"bert\")", c->file, v->str);
         if (f == F_POSTYPE && strcmp(v->str, "absolute") != 0)
-            return enc_fail(c->why, c->why_len, QKV_ERR_UNSUPPORTED,
+            return qkv_fail(c->why, c->why_len, QKV_ERR_UNSUPPORTED,
                             "%s: position_embedding_type \"%s\" is not supported (only \"absolute\")", c->file,
                             v->str);
         if (f == F_ACT) {
@@ -278,20 +220,20 @@ static qkv_status cfg_member(void *p, const char *key, const jv *v) {
             else if (strcmp(v->str, "gelu_new") == 0) in->hidden_act = ENC_ACT_GELU_NEW;
             else if (strcmp(v->str, "relu") == 0) in->hidden_act = ENC_ACT_RELU;
             else
-                return enc_fail(c->why, c->why_len, QKV_ERR_UNSUPPORTED,
+                return qkv_fail(c->why, c->why_len, QKV_ERR_UNSUPPORTED,
                                 "%s: hidden_act \"%s\" is not supported (gelu, gelu_new, relu)", c->file, v->str);
         }
         return QKV_OK;
     }
     if (f == F_EPS) {
         if (v->kind != JV_NUMBER || !(v->num > 0) || !(v->num < 1))
-            return enc_fail(c->why, c->why_len, QKV_ERR_FORMAT, "%s: layer_norm_eps is not a number in (0, 1)",
+            return qkv_fail(c->why, c->why_len, QKV_ERR_FORMAT, "%s: layer_norm_eps is not a number in (0, 1)",
                             c->file);
         in->layer_norm_eps = v->num;
         return QKV_OK;
     }
     if (v->kind != JV_NUMBER || !v->is_int || v->num < 1 || v->num > 1e9)
-        return enc_fail(c->why, c->why_len, QKV_ERR_FORMAT, "%s: \"%s\" is not an integer in 1 .. 10^9", c->file,
+        return qkv_fail(c->why, c->why_len, QKV_ERR_FORMAT, "%s: \"%s\" is not an integer in 1 .. 10^9", c->file,
                         key);
     int64_t n = (int64_t)v->num;
     switch (f) {
@@ -312,7 +254,7 @@ static qkv_status parse_json_file(const char *dir, const char *name, int optiona
                                   int array_of_objects, int *missing, char *why, size_t why_len) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
-        return enc_fail(why, why_len, QKV_ERR_IO, "%s/%s: path too long", dir, name);
+        return qkv_fail(why, why_len, QKV_ERR_IO, "%s/%s: path too long", dir, name);
     unsigned char *text;
     size_t len = 0;
     qkv_status s = read_file(path, &text, &len, missing, why, why_len);
@@ -328,7 +270,7 @@ static qkv_status parse_json_file(const char *dir, const char *name, int optiona
     if (!array_of_objects) {
         s = object(&j, fn, ctx, path, why, why_len);
     } else if (!qkv_json_expect(&j, '[', "expected an array")) {
-        s = enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: not an array of objects", path);
+        s = qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s: not an array of objects", path);
     } else if (qkv_json_peek(&j) == ']') {
         j.p++;
     } else {
@@ -339,14 +281,14 @@ static qkv_status parse_json_file(const char *dir, const char *name, int optiona
                 break;
             }
             if (!qkv_json_expect(&j, ',', "expected ',' or ']'")) {
-                s = enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: byte %zu: %s", path, j.err_pos,
+                s = qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s: byte %zu: %s", path, j.err_pos,
                              j.err ? j.err : "malformed JSON");
                 break;
             }
         }
     }
     if (s == QKV_OK && !qkv_json_at_end(&j))
-        s = enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: text after the JSON value", path);
+        s = qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s: text after the JSON value", path);
     qkv_free(text);
     return s;
 }
@@ -357,7 +299,6 @@ typedef struct st_cfg {
     int normalize;
     int modes[6]; /* mean, cls, max, mean_sqrt_len, weightedmean, lasttoken: -1 absent, 0/1 */
     int64_t max_seq;
-    const char *file;
     char *why;
     size_t why_len;
 } st_cfg;
@@ -380,7 +321,7 @@ static qkv_status pooling_member(void *p, const char *key, const jv *v) {
     for (int i = 0; i < 6; i++)
         if (strcmp(key, pool_keys[i]) == 0) {
             if (v->kind != JV_TRUE && v->kind != JV_FALSE)
-                return enc_fail(c->why, c->why_len, QKV_ERR_FORMAT, "1_Pooling/config.json: \"%s\" is not a boolean",
+                return qkv_fail(c->why, c->why_len, QKV_ERR_FORMAT, "1_Pooling/config.json: \"%s\" is not a boolean",
                                 key);
             c->modes[i] = v->kind == JV_TRUE;
         }
@@ -391,7 +332,7 @@ static qkv_status sbert_member(void *p, const char *key, const jv *v) {
     st_cfg *c = p;
     if (strcmp(key, "max_seq_length") == 0) {
         if (v->kind != JV_NUMBER || !v->is_int || v->num < 2 || v->num > 1e9)
-            return enc_fail(c->why, c->why_len, QKV_ERR_FORMAT,
+            return qkv_fail(c->why, c->why_len, QKV_ERR_FORMAT,
                             "sentence_bert_config.json: max_seq_length is not an integer >= 2");
         c->max_seq = (int64_t)v->num;
     }
@@ -406,14 +347,14 @@ static qkv_status read_config(qkv_encoder *e, const char *dir, char *why, size_t
     if (s != QKV_OK) return s;
     for (int f = 0; f < F_N; f++)
         if (!c.seen[f] && f != F_POSTYPE && f != F_EPS)
-            return enc_fail(why, why_len, QKV_ERR_FORMAT, "%s/config.json: the field \"%s\" is missing", dir,
+            return qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s/config.json: the field \"%s\" is missing", dir,
                             cfg_names[f]);
     qkv_encoder_info *in = &e->info;
     if (in->hidden % in->heads != 0)
-        return enc_fail(why, why_len, QKV_ERR_SHAPE, "%s/config.json: hidden_size %lld is not a multiple of "
+        return qkv_fail(why, why_len, QKV_ERR_SHAPE, "%s/config.json: hidden_size %lld is not a multiple of "
                         "num_attention_heads %lld", dir, (long long)in->hidden, (long long)in->heads);
 
-    st_cfg st = {0, {-1, -1, -1, -1, -1, -1}, 0, NULL, why, why_len};
+    st_cfg st = {0, {-1, -1, -1, -1, -1, -1}, 0, why, why_len};
     if ((s = parse_json_file(dir, "modules.json", 1, modules_member, &st, 1, &missing, why, why_len)) != QKV_OK)
         return s;
     if ((s = parse_json_file(dir, "1_Pooling/config.json", 1, pooling_member, &st, 0, &missing, why, why_len)) !=
@@ -423,7 +364,7 @@ static qkv_status read_config(qkv_encoder *e, const char *dir, char *why, size_t
     for (int i = 0; i < 6; i++)
         if (st.modes[i] == 1) on++, which = i;
     if (on > 1 || (on == 1 && which > 2))
-        return enc_fail(why, why_len, QKV_ERR_UNSUPPORTED, "%s/1_Pooling/config.json: %s%s is not supported "
+        return qkv_fail(why, why_len, QKV_ERR_UNSUPPORTED, "%s/1_Pooling/config.json: %s%s is not supported "
                         "(exactly one of mean, cls, max)", dir, on > 1 ? "more than one pooling mode; " : "",
                         on > 1 ? "" : pool_keys[which]);
     in->pooling = on ? (qkv_pooling)which : QKV_POOLING_MEAN;
@@ -447,9 +388,9 @@ static qkv_status tensor(const qkv_encoder *e, const char *name, int64_t d0, int
     const qkv_array *a = qkv_safetensors_get(e->weights, name);
     if (!a) a = qkv_safetensors_get(e->weights, full);
     if (!a)
-        return enc_fail(why, why_len, QKV_ERR_FORMAT, "model.safetensors: the tensor %s is missing", name);
+        return qkv_fail(why, why_len, QKV_ERR_FORMAT, "model.safetensors: the tensor %s is missing", name);
     if (a->dtype != QKV_F32)
-        return enc_fail(why, why_len, QKV_ERR_DTYPE,
+        return qkv_fail(why, why_len, QKV_ERR_DTYPE,
                         "model.safetensors: the tensor %s is of dtype %s, not floating point (F32, F16 or BF16)",
                         name, a->dtype == QKV_F64 ? "F64" : a->dtype == QKV_I32 ? "I32" : "I64");
     int nd = d1 ? 2 : 1;
@@ -460,9 +401,9 @@ static qkv_status tensor(const qkv_encoder *e, const char *name, int64_t d0, int
             o += (size_t)snprintf(got + o, sizeof got - o, "%s%lld", i ? ", " : "", (long long)a->shape[i]);
         if (o < sizeof got) snprintf(got + o, sizeof got - o, "]");
         if (d1)
-            return enc_fail(why, why_len, QKV_ERR_SHAPE, "model.safetensors: the tensor %s has shape %s, not [%lld, %lld]",
+            return qkv_fail(why, why_len, QKV_ERR_SHAPE, "model.safetensors: the tensor %s has shape %s, not [%lld, %lld]",
                             name, got, (long long)d0, (long long)d1);
-        return enc_fail(why, why_len, QKV_ERR_SHAPE, "model.safetensors: the tensor %s has shape %s, not [%lld]", name,
+        return qkv_fail(why, why_len, QKV_ERR_SHAPE, "model.safetensors: the tensor %s has shape %s, not [%lld]", name,
                         got, (long long)d0);
     }
     *out = a->data;
@@ -513,22 +454,22 @@ qkv_status qkv_encoder_load(const char *dir, const qkv_encoder_options *opt, qkv
                             size_t why_len) {
     if (why && why_len) why[0] = '\0';
     if (out) *out = NULL;
-    if (!dir || !out) return enc_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
+    if (!dir || !out) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "NULL argument");
     if (opt && (opt->threads < 0 || opt->max_length < 0 || opt->max_length == 1))
-        return enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "options: threads and max_length must be >= 0 (max_length "
+        return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "options: threads and max_length must be >= 0 (max_length "
                         "0 or >= 2)");
     struct stat sb;
     if (stat(dir, &sb) != 0)
-        return enc_fail(why, why_len, QKV_ERR_IO, "%s: not a model directory (%s)", dir, strerror(errno));
+        return qkv_fail(why, why_len, QKV_ERR_IO, "%s: not a model directory (%s)", dir, strerror(errno));
     if (!S_ISDIR(sb.st_mode))
-        return enc_fail(why, why_len, QKV_ERR_IO, "%s: not a model directory (not a directory)", dir);
+        return qkv_fail(why, why_len, QKV_ERR_IO, "%s: not a model directory (not a directory)", dir);
     qkv_encoder *e = qkv_alloc_zeroed(sizeof *e);
-    if (!e) return enc_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "out of memory");
+    if (!e) return qkv_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "out of memory");
     e->threads = opt ? opt->threads : 0;
     qkv_status s = read_config(e, dir, why, why_len);
     if (s == QKV_OK && opt && opt->max_length) {
         if (opt->max_length > e->info.max_positions)
-            s = enc_fail(why, why_len, QKV_ERR_BAD_SIZE, "options: max_length %lld exceeds max_position_embeddings %lld",
+            s = qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "options: max_length %lld exceeds max_position_embeddings %lld",
                          (long long)opt->max_length, (long long)e->info.max_positions);
         else
             e->info.max_length = opt->max_length;
@@ -536,18 +477,18 @@ qkv_status qkv_encoder_load(const char *dir, const qkv_encoder_options *opt, qkv
     char path[4096];
     if (s == QKV_OK) {
         if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors", dir) >= sizeof path) {
-            s = enc_fail(why, why_len, QKV_ERR_IO, "%s: path too long", dir);
+            s = qkv_fail(why, why_len, QKV_ERR_IO, "%s: path too long", dir);
         } else {
             char sub[200];
             s = qkv_safetensors_map(path, &e->weights, sub, sizeof sub);
-            if (s != QKV_OK) enc_fail(why, why_len, s, "%s: %s", path, sub);
+            if (s != QKV_OK) qkv_fail(why, why_len, s, "%s: %s", path, sub);
         }
     }
     if (s == QKV_OK && e->info.layers > qkv_safetensors_count(e->weights) / 16)
-        s = enc_fail(why, why_len, QKV_ERR_FORMAT, "%s: %lld tensors cannot hold the %lld layers of num_hidden_layers",
+        s = qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s: %lld tensors cannot hold the %lld layers of num_hidden_layers",
                      path, (long long)qkv_safetensors_count(e->weights), (long long)e->info.layers);
     if (s == QKV_OK && !(e->layer = qkv_alloc_zeroed((size_t)e->info.layers * sizeof *e->layer)))
-        s = enc_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "out of memory");
+        s = qkv_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "out of memory");
     if (s == QKV_OK) s = bind_weights(e, why, why_len);
     if (s == QKV_OK) {
         s = qkv_tokenizer_load(dir, NULL, &e->tok, why, why_len);
@@ -555,7 +496,7 @@ qkv_status qkv_encoder_load(const char *dir, const qkv_encoder_options *opt, qkv
             qkv_tokenizer_info ti;
             qkv_tokenizer_get_info(e->tok, &ti);
             if (ti.vocab_size > e->info.vocab_size)
-                s = enc_fail(why, why_len, QKV_ERR_SHAPE, "%s/vocab.txt: %lld tokens, more than vocab_size %lld", dir,
+                s = qkv_fail(why, why_len, QKV_ERR_SHAPE, "%s/vocab.txt: %lld tokens, more than vocab_size %lld", dir,
                              (long long)ti.vocab_size, (long long)e->info.vocab_size);
         }
     }
@@ -571,12 +512,7 @@ void qkv_encoder_free(qkv_encoder *e) {
     if (!e) return;
     qkv_tokenizer_free(e->tok);
     qkv_safetensors_free(e->weights);
-    qkv_free(e->layer);
-    qkv_free(e->ws);
-    qkv_free(e->offsets);
-    qkv_free(e->ids);
-    qkv_free(e->types);
-    qkv_free(e);
+    QKV_FREE_ALL(e->layer, e->ws, e->offsets, e->ids, e->types, e);
 }
 
 void qkv_encoder_get_info(const qkv_encoder *e, qkv_encoder_info *info) {

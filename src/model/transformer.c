@@ -18,16 +18,12 @@
 #define QKV_PI 3.14159265358979323846
 
 void qkv_model_config_init(qkv_model_config *cfg, int64_t vocab, int64_t max_seq) {
+    static const qkv_model_config defaults = {.dim = 128, .heads = 4, .layers = 2, .causal = 1,
+                                              .tie_embeddings = 1, .pos = QKV_POSENC_SINUSOIDAL};
     if (!cfg) return;
-    memset(cfg, 0, sizeof *cfg);
+    memcpy(cfg, &defaults, sizeof *cfg);
     cfg->vocab = vocab;
     cfg->max_seq = max_seq;
-    cfg->dim = 128;
-    cfg->heads = 4;
-    cfg->layers = 2;
-    cfg->causal = 1;
-    cfg->tie_embeddings = 1;
-    cfg->pos = QKV_POSENC_SINUSOIDAL;
 }
 
 const qkv_model_config *qkv_model_get_config(const qkv_model *m) { return m ? &m->cfg : NULL; }
@@ -49,20 +45,23 @@ typedef struct {
     int accumulate;
 } ln_job;
 
+void model_layernorm_row(const float *x, const float *g, const float *b, int64_t n, double eps, float *y,
+                         float *mean, float *rstd) {
+    double mu = 0, var = 0;
+    for (int64_t i = 0; i < n; i++) mu += x[i];
+    mu /= (double)n;
+    for (int64_t i = 0; i < n; i++) var += (x[i] - mu) * (x[i] - mu);
+    double rs = 1.0 / sqrt(var / (double)n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = (float)((x[i] - mu) * rs * g[i] + b[i]);
+    if (mean) *mean = (float)mu;
+    if (rstd) *rstd = (float)rs;
+}
+
 static void ln_forward_rows(void *ctx, int64_t r0, int64_t r1) {
     const ln_job *j = ctx;
     const int64_t E = j->E;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = j->x + r * E;
-        double mu = 0, var = 0;
-        for (int64_t i = 0; i < E; i++) mu += xr[i];
-        mu /= (double)E;
-        for (int64_t i = 0; i < E; i++) var += (xr[i] - mu) * (xr[i] - mu);
-        double rs = 1.0 / sqrt(var / (double)E + LN_EPS);
-        for (int64_t i = 0; i < E; i++) j->y[r * E + i] = (float)((xr[i] - mu) * rs * j->g[i] + j->b[i]);
-        j->out_mean[r] = (float)mu;
-        j->out_rstd[r] = (float)rs;
-    }
+    for (int64_t r = r0; r < r1; r++)
+        model_layernorm_row(j->x + r * E, j->g, j->b, E, LN_EPS, j->y + r * E, &j->out_mean[r], &j->out_rstd[r]);
 }
 
 static void model_layernorm_forward_t(const float *x, const float *g, const float *b, int64_t rows, int64_t E,
@@ -379,16 +378,12 @@ static void free_acts(qkv_model *m) {
     if (m->blk)
         for (int64_t l = 0; l < m->cfg.layers; l++) {
             block_act *b = &m->blk[l];
-            float *ps[] = {b->x, b->ln1, b->ln1_mean, b->ln1_rstd, b->attn_out, b->mid, b->ln2, b->ln2_mean,
-                           b->ln2_rstd, b->pre, b->act, b->mlp_out};
-            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) qkv_free(ps[i]);
+            QKV_FREE_ALL(b->x, b->ln1, b->ln1_mean, b->ln1_rstd, b->attn_out, b->mid, b->ln2, b->ln2_mean,
+                         b->ln2_rstd, b->pre, b->act, b->mlp_out);
             memset(b, 0, sizeof *b);
         }
-    float *ps[] = {m->h, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits, m->floater_pos, m->floater_dpos,
-                   m->dh, m->dtmp, m->dtmp2, m->dF};
-    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) qkv_free(ps[i]);
-    qkv_free(m->tokens);
-    qkv_free(m->targets);
+    QKV_FREE_ALL(m->h, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits, m->floater_pos, m->floater_dpos, m->dh, m->dtmp,
+                 m->dtmp2, m->dF, m->tokens, m->targets);
     m->h = m->lnf = m->lnf_mean = m->lnf_rstd = m->logits = m->floater_pos = m->floater_dpos = NULL;
     m->dh = m->dtmp = m->dtmp2 = m->dF = NULL;
     m->tokens = m->targets = NULL;
@@ -416,14 +411,7 @@ void qkv_model_free(qkv_model *m) {
     if (m->attn_keep)
         for (int64_t l = 0; l < m->cfg.layers; l++) qkv_free(m->attn_keep[l]);
     qkv_floater_free(m->floater);
-    qkv_free(m->attn);
-    qkv_free(m->attn_keep);
-    qkv_free(m->blk);
-    qkv_free(m->o_ln1_w);
-    qkv_free(m->params);
-    qkv_free(m->grads);
-    qkv_free(m->sinusoid);
-    qkv_free(m);
+    QKV_FREE_ALL(m->attn, m->attn_keep, m->blk, m->o_ln1_w, m->params, m->grads, m->sinusoid, m);
 }
 
 /* Grow the activations to `rows` rows (B * n). */
@@ -432,35 +420,24 @@ static int reserve_acts(qkv_model *m, int64_t rows, int64_t n) {
     free_acts(m);
     const int64_t E = m->cfg.dim, F = m->F, V = m->cfg.vocab;
     int ok = 1;
-#define GET(p, cnt) ok = ok && ((p) = qkv_alloc((size_t)(cnt) * sizeof(float))) != NULL
+    /* Each buffer given gets cnt floats (none once one allocation failed). */
+#define GET(cnt, ...)                                                                  \
+    do {                                                                               \
+        float **slot_[] = {__VA_ARGS__};                                               \
+        for (size_t i_ = 0; i_ < sizeof slot_ / sizeof slot_[0]; i_++)                 \
+            ok = ok && (*slot_[i_] = qkv_alloc((size_t)(cnt) * sizeof(float))) != NULL; \
+    } while (0)
     for (int64_t l = 0; l < m->cfg.layers; l++) {
         block_act *b = &m->blk[l];
-        GET(b->x, rows * E);
-        GET(b->ln1, rows * E);
-        GET(b->ln1_mean, rows);
-        GET(b->ln1_rstd, rows);
-        GET(b->attn_out, rows * E);
-        GET(b->mid, rows * E);
-        GET(b->ln2, rows * E);
-        GET(b->ln2_mean, rows);
-        GET(b->ln2_rstd, rows);
-        GET(b->pre, rows * F);
-        GET(b->act, rows * F);
-        GET(b->mlp_out, rows * E);
+        GET(rows * E, &b->x, &b->ln1, &b->attn_out, &b->mid, &b->ln2, &b->mlp_out);
+        GET(rows, &b->ln1_mean, &b->ln1_rstd, &b->ln2_mean, &b->ln2_rstd);
+        GET(rows * F, &b->pre, &b->act);
     }
-    GET(m->h, rows * E);
-    GET(m->lnf, rows * E);
-    GET(m->lnf_mean, rows);
-    GET(m->lnf_rstd, rows);
-    GET(m->logits, rows * V);
-    GET(m->dh, rows * E);
-    GET(m->dtmp, rows * E);
-    GET(m->dtmp2, rows * E);
-    GET(m->dF, rows * F);
-    if (m->floater) {
-        GET(m->floater_pos, m->cfg.max_seq * E);
-        GET(m->floater_dpos, m->cfg.max_seq * E);
-    }
+    GET(rows * E, &m->h, &m->lnf, &m->dh, &m->dtmp, &m->dtmp2);
+    GET(rows, &m->lnf_mean, &m->lnf_rstd);
+    GET(rows * V, &m->logits);
+    GET(rows * F, &m->dF);
+    if (m->floater) GET(m->cfg.max_seq * E, &m->floater_pos, &m->floater_dpos);
 #undef GET
     m->tokens = qkv_alloc((size_t)rows * sizeof(int32_t));
     m->targets = qkv_alloc((size_t)rows * sizeof(int32_t));
@@ -514,9 +491,20 @@ qkv_status qkv_model_set_loss_scale(qkv_model *m, double scale) {
  * are scaled by sqrt(E), as in Vaswani et al. 2017 section 3.4; otherwise
  * small embeddings (std 0.02) are drowned by the positions and the tokens
  * are hard to tell apart (copy then stays at chance). */
-static float emb_scale_of(const qkv_model *m) {
+float model_emb_scale(const qkv_model *m) {
     qkv_posenc p = m->cfg.pos;
     return p == QKV_POSENC_SINUSOIDAL || p == QKV_POSENC_FLOATER ? (float)sqrt((double)m->cfg.dim) : 1.0f;
+}
+
+void model_embed_row(const qkv_model *m, float scale, int32_t token, int64_t pos, float *out) {
+    const int64_t E = m->cfg.dim;
+    const float *P = m->params, *e = P + m->o_emb + (int64_t)token * E;
+    for (int64_t i = 0; i < E; i++) {
+        float v = e[i] * scale;
+        if (m->sinusoid) v += m->sinusoid[pos * E + i];
+        if (m->o_pos >= 0) v += P[m->o_pos + pos * E + i];
+        out[i] = v;
+    }
 }
 
 qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32_t *tokens,
@@ -554,17 +542,8 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
 
     /* Embedding and absolute positions. */
     float *h = m->h;
-    const float emb_scale = emb_scale_of(m);
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t pos = r % n;
-        const float *e = P + m->o_emb + (int64_t)tokens[r] * E;
-        for (int64_t i = 0; i < E; i++) {
-            float v = e[i] * emb_scale;
-            if (m->sinusoid) v += m->sinusoid[pos * E + i];
-            if (m->o_pos >= 0) v += P[m->o_pos + pos * E + i];
-            h[r * E + i] = v;
-        }
-    }
+    const float emb_scale = model_emb_scale(m);
+    for (int64_t r = 0; r < rows; r++) model_embed_row(m, emb_scale, tokens[r], r % n, h + r * E);
     if (m->floater && (s = qkv_floater_forward(m->floater, n, m->floater_pos)) != QKV_OK) return s;
 
     for (int64_t l = 0; l < L; l++) {
@@ -705,7 +684,7 @@ qkv_status qkv_model_backward(qkv_model *m) {
     }
     if (m->floater && (s = qkv_floater_backward(m->floater, m->floater_dpos)) != QKV_OK) return s;
     /* Embedding rows and learned positions, in a fixed order. */
-    const float emb_scale = emb_scale_of(m);
+    const float emb_scale = model_emb_scale(m);
     for (int64_t r = 0; r < rows; r++) {
         float *ge = G + m->o_emb + (int64_t)m->tokens[r] * E;
         for (int64_t i = 0; i < E; i++) ge[i] += dh[r * E + i] * emb_scale;

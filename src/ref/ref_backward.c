@@ -165,33 +165,33 @@ static void backward_row(const qkv_plan *p, ref_inputs *in, grad_acc *g, const d
     }
 }
 
+/* One side of the ADDITIVE score's projection u = W x (rows of x: the
+ * queries or the keys of one (b, h)): given du = dL/du (n x A), push
+ * dx += Wᵀ du and, when dw is given, dW += du xᵀ. */
+static void additive_side_backward(const double *x, double *dx, int64_t n, int64_t hx, int64_t hn,
+                                   const double *du, const double *w, double *dw, int64_t b, int64_t A,
+                                   int64_t D) {
+    for (int64_t i = 0; i < n; i++) {
+        const double *xi = x + ref_idx(b, i, hx, n, hn, D);
+        double *dxi = dx + ref_idx(b, i, hx, n, hn, D);
+        for (int64_t a = 0; a < A; a++) {
+            double dui = du[i * A + a];
+            for (int64_t t = 0; t < D; t++) {
+                dxi[t] += w[a * D + t] * dui;
+                if (dw) dw[a * D + t] += dui * xi[t];
+            }
+        }
+    }
+}
+
 /* ADDITIVE: push dL/d(W1 q), dL/d(W2 k) of one (b, h) into dq, dk, dW1, dW2. */
 static void additive_head_backward(const qkv_plan *p, ref_inputs *in, grad_acc *g, int64_t b, int64_t h) {
     const qkv_attn_desc *d = &p->d;
-    const int64_t D = d->dim, A = d->additive_dim, hk = h / p->group;
-    const double *w1 = in->w1 + h * A * D, *w2 = in->w2 + h * A * D;
-    for (int64_t i = 0; i < d->n_q; i++) {
-        const double *qi = in->q + ref_idx(b, i, h, d->n_q, d->heads, D);
-        double *dqi = g->dq + ref_idx(b, i, h, d->n_q, d->heads, D);
-        for (int64_t a = 0; a < A; a++) {
-            double du = g->duq[i * A + a];
-            for (int64_t t = 0; t < D; t++) {
-                dqi[t] += w1[a * D + t] * du;
-                if (g->dw1) g->dw1[(h * A + a) * D + t] += du * qi[t];
-            }
-        }
-    }
-    for (int64_t j = 0; j < d->n_k; j++) {
-        const double *kj = in->k + ref_idx(b, j, hk, d->n_k, d->heads_kv, D);
-        double *dkj = g->dk + ref_idx(b, j, hk, d->n_k, d->heads_kv, D);
-        for (int64_t a = 0; a < A; a++) {
-            double du = g->duk[j * A + a];
-            for (int64_t t = 0; t < D; t++) {
-                dkj[t] += w2[a * D + t] * du;
-                if (g->dw2) g->dw2[(h * A + a) * D + t] += du * kj[t];
-            }
-        }
-    }
+    const int64_t D = d->dim, A = d->additive_dim, hk = h / p->group, w0 = h * A * D;
+    additive_side_backward(in->q, g->dq, d->n_q, h, d->heads, g->duq, in->w1 + w0, g->dw1 ? g->dw1 + w0 : NULL, b,
+                           A, D);
+    additive_side_backward(in->k, g->dk, d->n_k, hk, d->heads_kv, g->duk, in->w2 + w0, g->dw2 ? g->dw2 + w0 : NULL,
+                           b, A, D);
 }
 
 qkv_status qkv_ref_backward(const qkv_plan *p, const void *q, const void *k, const void *v,

@@ -59,12 +59,7 @@ qkv_status ref_inputs_make(const qkv_plan *p, const void *q, const void *k, cons
 
 void ref_inputs_free(ref_inputs *in) {
     for (int i = 0; i < 9; i++) qkv_free(in->owned[i]);
-    qkv_free(in->kinv);
-    qkv_free(in->uq);
-    qkv_free(in->uk);
-    qkv_free(in->raw);
-    qkv_free(in->s);
-    qkv_free(in->p);
+    QKV_FREE_ALL(in->kinv, in->uq, in->uk, in->raw, in->s, in->p);
     memset(in, 0, sizeof *in);
 }
 

@@ -28,10 +28,4 @@ qkv_status qkv_vocab_build(qkv_vocab *v, const unsigned char *bytes, size_t len,
 int32_t qkv_vocab_find(const qkv_vocab *v, const void *s, size_t len);
 void qkv_vocab_free(qkv_vocab *v);
 
-/* Write a reason into why (when why && why_len) and return status. */
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-qkv_status qkv_text_fail(char *why, size_t why_len, qkv_status status, const char *fmt, ...);
-
 #endif

@@ -3,7 +3,6 @@
  * buffer and writes the next, so every step is one linear pass. */
 #define _POSIX_C_SOURCE 200809L /* stat */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -28,16 +27,6 @@ struct qkv_tokenizer {
     uint32_t *special_cp[N_SPECIAL]; /* the names as code points */
     size_t special_n[N_SPECIAL];
 };
-
-qkv_status qkv_text_fail(char *why, size_t why_len, qkv_status status, const char *fmt, ...) {
-    if (why && why_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_len, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 const char *qkv_tokenizer_unicode_version(void) { return qkv_unicode_version; }
 
@@ -299,7 +288,7 @@ static qkv_status sentence(const qkv_tokenizer *t, const char *text, size_t len,
         uint32_t c;
         size_t k = qkv_utf8_decode(u + i, len - i, &c);
         if (k == 0)
-            return qkv_text_fail(why, why_len, QKV_ERR_FORMAT, "%s: invalid UTF-8 at byte %zu (0x%02X)", which, i,
+            return qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s: invalid UTF-8 at byte %zu (0x%02X)", which, i,
                                  u[i]);
         if (!cp_push(cps, c)) return qkv_alloc_failure_status();
         i += k;
@@ -351,15 +340,15 @@ oom:
 qkv_status qkv_tokenizer_encode(const qkv_tokenizer *tok, const char *text, size_t len, const char *pair,
                                 size_t pair_len, int64_t max_len, int32_t *ids, int32_t *type_ids,
                                 int64_t capacity, int64_t *count, char *why, size_t why_len) {
-    if (!tok || !count) return qkv_text_fail(why, why_len, QKV_ERR_NULL_POINTER, "tokenizer or count is NULL");
+    if (!tok || !count) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "tokenizer or count is NULL");
     if ((!text && len > 0) || (!pair && pair_len > 0))
-        return qkv_text_fail(why, why_len, QKV_ERR_NULL_POINTER, "text is NULL with a non-zero length");
+        return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "text is NULL with a non-zero length");
     if (!ids && capacity > 0)
-        return qkv_text_fail(why, why_len, QKV_ERR_NULL_POINTER, "ids is NULL with capacity > 0");
-    if (capacity < 0) return qkv_text_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld < 0", (long long)capacity);
+        return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "ids is NULL with capacity > 0");
+    if (capacity < 0) return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "capacity %lld < 0", (long long)capacity);
     int64_t min_len = pair ? 3 : 2;
     if (max_len < 0 || (max_len > 0 && max_len < min_len))
-        return qkv_text_fail(why, why_len, QKV_ERR_BAD_SIZE,
+        return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE,
                              "max_len %lld: must be 0 (no truncation) or at least %lld", (long long)max_len,
                              (long long)min_len);
     work w = {0};
@@ -374,7 +363,7 @@ qkv_status qkv_tokenizer_encode(const qkv_tokenizer *tok, const char *text, size
     if (s != QKV_OK) {
         work_free(&w);
         if (s == QKV_ERR_OUT_OF_MEMORY || s == QKV_ERR_MEMORY_LIMIT)
-            qkv_text_fail(why, why_len, s, "no memory to tokenize %zu + %zu bytes", len, pair_len);
+            qkv_fail(why, why_len, s, "no memory to tokenize %zu + %zu bytes", len, pair_len);
         return s;
     }
     /* Truncation as BertTokenizer's longest_first. */
@@ -401,12 +390,12 @@ qkv_status qkv_tokenizer_encode(const qkv_tokenizer *tok, const char *text, size
     size_t total = ka + kb + extra;
     if (total > (size_t)INT32_MAX) {
         work_free(&w);
-        return qkv_text_fail(why, why_len, QKV_ERR_SIZE_OVERFLOW, "%zu tokens (at most %d)", total, INT32_MAX);
+        return qkv_fail(why, why_len, QKV_ERR_SIZE_OVERFLOW, "%zu tokens (at most %d)", total, INT32_MAX);
     }
     *count = (int64_t)total;
     if ((uint64_t)capacity < total) {
         work_free(&w);
-        return qkv_text_fail(why, why_len, QKV_ERR_BAD_SIZE, "%zu tokens do not fit in capacity %lld", total,
+        return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "%zu tokens do not fit in capacity %lld", total,
                              (long long)capacity);
     }
     size_t o = 0;
@@ -446,18 +435,18 @@ static qkv_status read_file(const char *path, unsigned char **out, size_t *len, 
             *missing = 1;
             return QKV_ERR_IO;
         }
-        return qkv_text_fail(why, why_len, QKV_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        return qkv_fail(why, why_len, QKV_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     }
-    if (!S_ISREG(st.st_mode)) return qkv_text_fail(why, why_len, QKV_ERR_IO, "%s is not a regular file", path);
+    if (!S_ISREG(st.st_mode)) return qkv_fail(why, why_len, QKV_ERR_IO, "%s is not a regular file", path);
     FILE *f = fopen(path, "rb");
-    if (!f) return qkv_text_fail(why, why_len, QKV_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (!f) return qkv_fail(why, why_len, QKV_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     size_t cap = 0, n = 0;
     unsigned char *buf = NULL;
     for (;;) {
         if (n == cap && !grow((void **)&buf, &cap, n + 65536, 1)) {
             fclose(f);
             qkv_free(buf);
-            return qkv_text_fail(why, why_len, qkv_alloc_failure_status(), "no memory to read %s", path);
+            return qkv_fail(why, why_len, qkv_alloc_failure_status(), "no memory to read %s", path);
         }
         size_t got = fread(buf + n, 1, cap - n, f);
         n += got;
@@ -467,7 +456,7 @@ static qkv_status read_file(const char *path, unsigned char **out, size_t *len, 
     fclose(f);
     if (err) {
         qkv_free(buf);
-        return qkv_text_fail(why, why_len, QKV_ERR_IO, "cannot read %s", path);
+        return qkv_fail(why, why_len, QKV_ERR_IO, "cannot read %s", path);
     }
     *out = buf;
     *len = n;
@@ -493,64 +482,6 @@ static int json_literal(qkv_json *j, int *kind) {
         }
     }
     return 0;
-}
-
-/* Skip one value of any kind; nesting is walked with a bounded stack. */
-static int json_skip(qkv_json *j) {
-    char stack[64];
-    int depth = 0;
-    for (;;) {
-        int c = qkv_json_peek(j);
-        int done_value = 1;
-        if (c == '{' || c == '[') {
-            if (depth == (int)sizeof stack) return qkv_json_fail(j, "nesting deeper than 64 levels");
-            j->p++;
-            stack[depth++] = (char)c;
-            int e = qkv_json_peek(j);
-            if (e == (c == '{' ? '}' : ']')) {
-                j->p++;
-                depth--;
-            } else {
-                done_value = 0;
-                if (c == '{') {
-                    size_t n;
-                    char tmp[1];
-                    if (!qkv_json_string_read(j, tmp, 1, &n, NULL) || !qkv_json_expect(j, ':', "expected ':'"))
-                        return 0;
-                }
-            }
-        } else if (c == '"') {
-            size_t n;
-            char tmp[1];
-            if (!qkv_json_string_read(j, tmp, 1, &n, NULL)) return 0;
-        } else if (c == '-' || (c >= '0' && c <= '9')) {
-            uint64_t v;
-            if (qkv_json_uint(j, &v) == QKV_JSON_UINT_SYNTAX) return 0;
-        } else {
-            int kind;
-            if (!json_literal(j, &kind)) return qkv_json_fail(j, "expected a value");
-        }
-        if (!done_value) continue;
-        /* After a value: close containers, or go on to the next element. */
-        for (;;) {
-            if (depth == 0) return 1;
-            char open = stack[depth - 1];
-            int e = qkv_json_peek(j);
-            if (e == (open == '{' ? '}' : ']')) {
-                j->p++;
-                depth--;
-                continue;
-            }
-            if (!qkv_json_expect(j, ',', "expected ',' or the end of a container")) return 0;
-            if (open == '{') {
-                size_t n;
-                char tmp[1];
-                if (!qkv_json_string_read(j, tmp, 1, &n, NULL) || !qkv_json_expect(j, ':', "expected ':'"))
-                    return 0;
-            }
-            break;
-        }
-    }
 }
 
 /* A string value into a new allocation (NULL: error recorded or no memory, *oom set). */
@@ -605,7 +536,7 @@ static int json_token_name(qkv_json *j, char **dst, int *oom) {
             qkv_free(*dst);
             *dst = s;
             found = 1;
-        } else if (!json_skip(j)) {
+        } else if (!qkv_json_skip(j)) {
             return 0;
         }
         if (qkv_json_peek(j) == '}') {
@@ -663,7 +594,7 @@ static qkv_status parse_config(const unsigned char *text, size_t len, const char
             } else if (strcmp(key, "do_basic_tokenize") == 0) {
                 if (!json_bool(&j, &b, 0, "do_basic_tokenize must be true or false")) goto bad;
                 if (b == 0 && unsupported == QKV_OK)
-                    unsupported = qkv_text_fail(why, why_len, QKV_ERR_UNSUPPORTED,
+                    unsupported = qkv_fail(why, why_len, QKV_ERR_UNSUPPORTED,
                                                 "%s: do_basic_tokenize false is not supported", path);
                 handled = 1;
             } else if (strcmp(key, "never_split") == 0) {
@@ -675,9 +606,9 @@ static qkv_status parse_config(const unsigned char *text, size_t len, const char
                         j.p++;
                     } else {
                         j.p = list;
-                        if (!json_skip(&j)) goto bad;
+                        if (!qkv_json_skip(&j)) goto bad;
                         if (unsupported == QKV_OK)
-                            unsupported = qkv_text_fail(why, why_len, QKV_ERR_UNSUPPORTED,
+                            unsupported = qkv_fail(why, why_len, QKV_ERR_UNSUPPORTED,
                                                         "%s: a never_split list is not supported", path);
                     }
                 } else if (!json_bool(&j, &b, 1, "never_split must be null or a list") || b != -1) {
@@ -698,7 +629,7 @@ static qkv_status parse_config(const unsigned char *text, size_t len, const char
                 char *name = json_string_dup(&j, &n, &oom);
                 if (!name) goto bad;
                 if (!class_supported(name) && unsupported == QKV_OK)
-                    unsupported = qkv_text_fail(why, why_len, QKV_ERR_UNSUPPORTED,
+                    unsupported = qkv_fail(why, why_len, QKV_ERR_UNSUPPORTED,
                                                 "%s: tokenizer_class \"%.64s\" is not a WordPiece (BERT) tokenizer",
                                                 path, name);
                 qkv_free(name);
@@ -710,7 +641,7 @@ static qkv_status parse_config(const unsigned char *text, size_t len, const char
                         handled = 1;
                     }
             }
-            if (!handled && !json_skip(&j)) goto bad;
+            if (!handled && !qkv_json_skip(&j)) goto bad;
             if (qkv_json_peek(&j) == '}') {
                 j.p++;
                 break;
@@ -724,8 +655,8 @@ static qkv_status parse_config(const unsigned char *text, size_t len, const char
     }
     return unsupported;
 bad:
-    if (oom) return qkv_text_fail(why, why_len, qkv_alloc_failure_status(), "no memory to read %s", path);
-    return qkv_text_fail(why, why_len, QKV_ERR_FORMAT, "%s: %s at byte %zu", path,
+    if (oom) return qkv_fail(why, why_len, qkv_alloc_failure_status(), "no memory to read %s", path);
+    return qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s: %s at byte %zu", path,
                          j.err ? j.err : "malformed JSON", j.err ? j.err_pos : (size_t)(j.p - j.begin));
 }
 
@@ -735,14 +666,14 @@ static void config_free(tok_config *cfg) {
 
 static qkv_status check_option(int v, const char *name, char *why, size_t why_len) {
     if (v == QKV_TOKENIZER_FROM_CONFIG || v == 0 || v == 1) return QKV_OK;
-    return qkv_text_fail(why, why_len, QKV_ERR_BAD_ENUM, "option %s = %d: must be -1, 0 or 1", name, v);
+    return qkv_fail(why, why_len, QKV_ERR_BAD_ENUM, "option %s = %d: must be -1, 0 or 1", name, v);
 }
 
 /* The tokenizer from a vocab's bytes and a config (all fields may be absent). */
 static qkv_status build(const unsigned char *vocab, size_t len, const char *vocab_name, const tok_config *cfg,
                         const qkv_tokenizer_options *opt, qkv_tokenizer **out, char *why, size_t why_len) {
     qkv_tokenizer *t = qkv_alloc_zeroed(sizeof *t);
-    if (!t) return qkv_text_fail(why, why_len, qkv_alloc_failure_status(), "no memory for a tokenizer");
+    if (!t) return qkv_fail(why, why_len, qkv_alloc_failure_status(), "no memory for a tokenizer");
     qkv_status s = qkv_vocab_build(&t->vocab, vocab, len, vocab_name, why, why_len);
     if (s != QKV_OK) {
         qkv_free(t);
@@ -762,7 +693,7 @@ static qkv_status build(const unsigned char *vocab, size_t len, const char *voca
         t->special[k] = qkv_vocab_find(&t->vocab, name, nl);
         if (nl == 0 || t->special[k] < 0) {
             qkv_tokenizer_free(t);
-            return qkv_text_fail(why, why_len, QKV_ERR_FORMAT,
+            return qkv_fail(why, why_len, QKV_ERR_FORMAT,
                                  "%s has no %s token \"%.64s\" (the special tokens [UNK] [SEP] [PAD] [CLS] [MASK] "
                                  "must all be in it)",
                                  vocab_name, k_special_key[k], name);
@@ -770,7 +701,7 @@ static qkv_status build(const unsigned char *vocab, size_t len, const char *voca
         t->special_cp[k] = qkv_alloc((nl + 1) * sizeof(uint32_t));
         if (!t->special_cp[k]) {
             qkv_tokenizer_free(t);
-            return qkv_text_fail(why, why_len, qkv_alloc_failure_status(), "no memory for a tokenizer");
+            return qkv_fail(why, why_len, qkv_alloc_failure_status(), "no memory for a tokenizer");
         }
         size_t n = 0;
         for (size_t i = 0; i < nl;) { /* valid UTF-8: it is a vocab line */
@@ -793,9 +724,9 @@ static void config_init(tok_config *cfg) {
 
 qkv_status qkv_tokenizer_from_vocab(const void *vocab, size_t len, const qkv_tokenizer_options *opt,
                                     qkv_tokenizer **out, char *why, size_t why_len) {
-    if (!out) return qkv_text_fail(why, why_len, QKV_ERR_NULL_POINTER, "out is NULL");
+    if (!out) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "out is NULL");
     *out = NULL;
-    if (!vocab && len > 0) return qkv_text_fail(why, why_len, QKV_ERR_NULL_POINTER, "vocab is NULL");
+    if (!vocab && len > 0) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "vocab is NULL");
     if (opt) {
         qkv_status s = check_option(opt->lowercase, "lowercase", why, why_len);
         if (s == QKV_OK) s = check_option(opt->strip_accents, "strip_accents", why, why_len);
@@ -808,9 +739,9 @@ qkv_status qkv_tokenizer_from_vocab(const void *vocab, size_t len, const qkv_tok
 
 qkv_status qkv_tokenizer_load(const char *path, const qkv_tokenizer_options *opt, qkv_tokenizer **out, char *why,
                               size_t why_len) {
-    if (!out) return qkv_text_fail(why, why_len, QKV_ERR_NULL_POINTER, "out is NULL");
+    if (!out) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "out is NULL");
     *out = NULL;
-    if (!path) return qkv_text_fail(why, why_len, QKV_ERR_NULL_POINTER, "path is NULL");
+    if (!path) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "path is NULL");
     if (opt) {
         qkv_status s = check_option(opt->lowercase, "lowercase", why, why_len);
         if (s == QKV_OK) s = check_option(opt->strip_accents, "strip_accents", why, why_len);
@@ -830,7 +761,7 @@ qkv_status qkv_tokenizer_load(const char *path, const qkv_tokenizer_options *opt
         vocab_path = qkv_alloc(cap);
         config_path = qkv_alloc(cap);
         if (!vocab_path || !config_path) {
-            s = qkv_text_fail(why, why_len, qkv_alloc_failure_status(), "no memory");
+            s = qkv_fail(why, why_len, qkv_alloc_failure_status(), "no memory");
             goto done;
         }
         snprintf(vocab_path, cap, "%s/vocab.txt", path);

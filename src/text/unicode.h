@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/utf8.h" /* qkv_utf8_decode, qkv_utf8_encode */
+
 /* Character flags (keep in step with gen_unicode.py). */
 #define QKV_UC_CONTROL 1u   /* removed by cleaning: category C*, except \t \n \r */
 #define QKV_UC_CLEAN_WS 2u  /* becomes ' ' in cleaning: \t \n \r ' ' or Zs */
@@ -56,11 +58,5 @@ int qkv_uc_decompose(uint32_t cp, uint32_t out[QKV_UC_MAX_DECOMP]);
 /* The primary composite of a + b, or 0 when there is none. */
 uint32_t qkv_uc_compose(uint32_t a, uint32_t b);
 
-/* Strict UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing past
- * U+10FFFF). Decodes the sequence at s[0 .. n) into *cp and returns its
- * length, or 0 when the bytes there are not a valid sequence. n >= 1. */
-size_t qkv_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
-/* Encodes cp (a valid scalar value) into out; returns 1 to 4. */
-size_t qkv_utf8_encode(uint32_t cp, unsigned char out[4]);
 
 #endif

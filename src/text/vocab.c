@@ -40,13 +40,13 @@ int32_t qkv_vocab_find(const qkv_vocab *v, const void *token, size_t len) {
 qkv_status qkv_vocab_build(qkv_vocab *v, const unsigned char *bytes, size_t len, const char *name,
                            char *why, size_t why_len) {
     memset(v, 0, sizeof *v);
-    if (len == 0) return qkv_text_fail(why, why_len, QKV_ERR_FORMAT, "%s is empty", name);
+    if (len == 0) return qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s is empty", name);
     /* Lines as Python reads them: a last line without '\n' still counts. */
     size_t lines = 0;
     for (size_t i = 0; i < len; i++) lines += bytes[i] == '\n';
     if (bytes[len - 1] != '\n') lines++;
     if (lines > (size_t)INT32_MAX - 1)
-        return qkv_text_fail(why, why_len, QKV_ERR_SIZE_OVERFLOW, "%s has %zu lines (at most %d)", name,
+        return qkv_fail(why, why_len, QKV_ERR_SIZE_OVERFLOW, "%s has %zu lines (at most %d)", name,
                              lines, INT32_MAX - 1);
     /* Validate every line: UTF-8, no NUL, no carriage return. */
     size_t line = 1, line_start = 0;
@@ -58,12 +58,12 @@ qkv_status qkv_vocab_build(qkv_vocab *v, const unsigned char *bytes, size_t len,
             continue;
         }
         if (c == 0 || c == '\r')
-            return qkv_text_fail(why, why_len, QKV_ERR_FORMAT, "%s line %zu: %s at byte %zu of the line", name,
+            return qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s line %zu: %s at byte %zu of the line", name,
                                  line, c ? "a carriage return (CRLF line ends?)" : "a NUL byte", i - line_start);
         uint32_t cp;
         size_t n = qkv_utf8_decode(bytes + i, len - i, &cp);
         if (n == 0)
-            return qkv_text_fail(why, why_len, QKV_ERR_FORMAT, "%s line %zu: invalid UTF-8 at byte %zu of the line",
+            return qkv_fail(why, why_len, QKV_ERR_FORMAT, "%s line %zu: invalid UTF-8 at byte %zu of the line",
                                  name, line, i - line_start);
         i += n;
     }
@@ -75,7 +75,7 @@ qkv_status qkv_vocab_build(qkv_vocab *v, const unsigned char *bytes, size_t len,
     v->slots = qkv_alloc_zeroed(cap * sizeof *v->slots);
     if (!v->pool || !v->off || !v->slots) {
         qkv_vocab_free(v);
-        return qkv_text_fail(why, why_len, qkv_alloc_failure_status(), "no memory for %s (%zu tokens)", name,
+        return qkv_fail(why, why_len, qkv_alloc_failure_status(), "no memory for %s (%zu tokens)", name,
                              lines);
     }
     v->mask = cap - 1;
@@ -93,7 +93,7 @@ qkv_status qkv_vocab_build(qkv_vocab *v, const unsigned char *bytes, size_t len,
             int32_t other = v->slots[h] - 1;
             size_t a = v->off[other];
             if (strlen(v->pool + a) == tl && memcmp(v->pool + a, bytes + start, tl) == 0) {
-                qkv_status s = qkv_text_fail(why, why_len, QKV_ERR_FORMAT,
+                qkv_status s = qkv_fail(why, why_len, QKV_ERR_FORMAT,
                                              "%s line %zu duplicates line %d (token \"%.*s\")", name, id + 1,
                                              other + 1, (int)(tl < 64 ? tl : 64), (const char *)bytes + start);
                 qkv_vocab_free(v);
