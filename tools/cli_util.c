@@ -244,3 +244,31 @@ int cli_parse_mask(const char *cmd, const char *spec, qkv_attn_desc *d) {
               "unknown mask '%s' (expected none, causal, window:L,R or causal-window:L)", spec);
     return -1;
 }
+
+int cli_can_draw(const char *cmd) {
+#if QKV_WITH_PNG
+    (void)cmd;
+    return 1;
+#else
+    static int said;
+    if (!said) fprintf(stderr, "qkv %s: pictures not drawn: this qkv was built without PNG\n", cmd);
+    said = 1;
+    return 0;
+#endif
+}
+
+int cli_print_heatmap(const char *cmd, const qkv_heatmap *h, qkv_ansi_colors colors) {
+    size_t len = 0;
+    char *buf = NULL;
+    qkv_status s = qkv_heatmap_format_ansi(h, colors, NULL, 0, &len);
+    if (s == QKV_OK && (buf = malloc(len + 1)) != NULL) s = qkv_heatmap_format_ansi(h, colors, buf, len + 1, &len);
+    if (s != QKV_OK || !buf) {
+        free(buf);
+        cli_error(cmd, NULL, NULL, "terminal heatmap: %s", buf ? qkv_status_string(s) : "out of memory");
+        return -1;
+    }
+    printf("\n");
+    fputs(buf, stdout);
+    free(buf);
+    return 0;
+}

@@ -93,4 +93,14 @@ int cli_usage_error(const char *cmd, const char *opt, const char *fmt, ...) CLI_
  * extents. Returns 0, or -1 after printing why. */
 int cli_parse_mask(const char *cmd, const char *spec, qkv_attn_desc *d);
 
+/* Whether this qkv draws PNG pictures (QKV_WITH_PNG of qkv/config.h). In a
+ * build without PNG, the first call of the process prints
+ * "qkv <cmd>: pictures not drawn: this qkv was built without PNG" to stderr,
+ * so that a command that draws along the way says it once and carries on. */
+int cli_can_draw(const char *cmd);
+
+/* The heatmap on the terminal (stdout, after a blank line) in these colours.
+ * 0, or -1 after printing why. */
+int cli_print_heatmap(const char *cmd, const qkv_heatmap *h, qkv_ansi_colors colors);
+
 #endif
