@@ -272,3 +272,54 @@ int cli_print_heatmap(const char *cmd, const qkv_heatmap *h, qkv_ansi_colors col
     free(buf);
     return 0;
 }
+
+int cli_scan_values(cli_args *a, const char **val, int (*take)(void *ctx, int id, const char *value), void *ctx) {
+    const char *name, *value;
+    for (int id; (id = cli_scan(a, &name, &value)) != CLI_END;) {
+        if (id == CLI_STOP) return a->status;
+        val[id] = value;
+        if (value && take(ctx, id, value) != 0) {
+            cli_usage_hint(a->cmd);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    return -1;
+}
+
+int cli_parse_impl(const char *cmd, const char *value, qkv_attn_desc *d) {
+    if (strcmp(value, "auto") == 0) d->impl = QKV_IMPL_AUTO;
+    else if (strcmp(value, "reference") == 0) d->impl = QKV_IMPL_REFERENCE;
+    else if (strcmp(value, "fast") == 0) d->impl = QKV_IMPL_FAST;
+    else {
+        cli_error(cmd, "--impl", NULL, "unknown implementation '%s' (expected auto, reference or fast)", value);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_parse_threads(const char *cmd, const char *value, qkv_attn_desc *d) {
+    int64_t n;
+    if (cli_parse_int64(cmd, "--threads", value, 0, 65536, &n) != 0) return -1;
+    d->threads = (int)n;
+    return 0;
+}
+
+int cli_flush_stdout(const char *cmd, int rc) {
+    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
+        cli_error(cmd, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    return rc;
+}
+
+int cli_parse_double_above(const char *cmd, const char *label, const char *text, double lo, const char *note,
+                           double *out) {
+    double x;
+    if (cli_parse_double(cmd, label, text, &x) != 0) return -1;
+    if (!(x > lo)) {
+        cli_error(cmd, label, NULL, "'%s' must be > %g%s", text, lo, note);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}

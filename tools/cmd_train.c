@@ -224,43 +224,25 @@ typedef qkv_dp_reducer dp_red;
 typedef struct dp_red dp_red; /* never created */
 #endif
 
+#ifdef QKV_HAVE_MPI
 static qkv_status dp_red_create(const dp_ctx *dp, qkv_model *m, dp_red **out) {
     *out = NULL;
-#ifdef QKV_HAVE_MPI
-    if (dp->size > 1) return qkv_dp_reducer_create(m, 0, dp->comm, out);
+    return dp->size > 1 ? qkv_dp_reducer_create(m, 0, dp->comm, out) : QKV_OK;
+}
+static qkv_status dp_red_begin(dp_red *red, double weight) { return red ? qkv_dp_reducer_begin(red, weight) : QKV_OK; }
+static qkv_status dp_red_finish(dp_red *red, qkv_status s) { return red ? qkv_dp_reducer_finish(red, s) : s; }
+static void dp_red_free(dp_red *red) { qkv_dp_reducer_free(red); }
 #else
+static qkv_status dp_red_create(const dp_ctx *dp, qkv_model *m, dp_red **out) {
     (void)dp;
     (void)m;
-#endif
+    *out = NULL;
     return QKV_OK;
 }
-
-static qkv_status dp_red_begin(dp_red *red, double weight) {
-#ifdef QKV_HAVE_MPI
-    if (red) return qkv_dp_reducer_begin(red, weight);
-#else
-    (void)red;
-    (void)weight;
+static qkv_status dp_red_begin(dp_red *red, double weight) { return (void)red, (void)weight, QKV_OK; }
+static qkv_status dp_red_finish(dp_red *red, qkv_status s) { return (void)red, s; }
+static void dp_red_free(dp_red *red) { (void)red; }
 #endif
-    return QKV_OK;
-}
-
-static qkv_status dp_red_finish(dp_red *red, qkv_status s) {
-#ifdef QKV_HAVE_MPI
-    if (red) return qkv_dp_reducer_finish(red, s);
-#else
-    (void)red;
-#endif
-    return s;
-}
-
-static void dp_red_free(dp_red *red) {
-#ifdef QKV_HAVE_MPI
-    qkv_dp_reducer_free(red);
-#else
-    (void)red;
-#endif
-}
 
 /* Sum the weighted losses over the ranks. */
 static qkv_status dp_reduce(const dp_ctx *dp, double weight, double *loss) {
@@ -545,19 +527,9 @@ static int parse_train_args(int argc, char **argv, train_run *r, train_args *o) 
         cli_error(CMD, "--resume", resume, "continues the run as it was: give only --threads (and --quiet) with it");
         return CLI_EXIT_USAGE;
     }
-    o->layers = layers;
-    o->dim = dim;
-    o->heads = heads;
-    o->seq = seq;
-    o->threads = threads;
-    o->ckpt_every = ckpt_every;
-    o->dropout = dropout;
-    o->pos = pos;
-    o->quiet = quiet;
-    o->prec = prec;
-    o->out = out;
-    o->resume = resume;
-    o->text = text;
+    *o = (train_args){.layers = layers, .dim = dim, .heads = heads, .seq = seq, .threads = threads,
+                      .ckpt_every = ckpt_every, .dropout = dropout, .pos = pos, .quiet = quiet, .prec = prec,
+                      .out = out, .resume = resume, .text = text};
     return PARSE_CONTINUE;
 }
 
