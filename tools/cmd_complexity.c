@@ -60,7 +60,8 @@ static void help(void) {
           "  --window R     restricted attention: keys p-R/2 .. p+R/2 (default 32, even)\n"
           "  --kernel K     convolution kernel (odd, default 3)\n"
           "  --png FILE     also draw the log-log plots (time vs n, time vs d, path\n"
-          "                 length vs n) into a PNG\n"
+          "                 length vs n) into a PNG (a usage error in a build\n"
+          "                 without PNG)\n"
           "  --quick        fewer and smaller sizes (a few seconds; for tests)\n"
           "  -h, --help     show this help and exit\n"
           "\n"
@@ -834,6 +835,9 @@ int cli_cmd_complexity(int argc, char **argv) {
     }
     if (window % 2 != 0) return usage_error("--window", "R must be even (keys p-R/2 .. p+R/2)");
     if (kernel % 2 == 0) return usage_error("--kernel", "K must be odd");
+    if (png && !QKV_WITH_PNG)
+        return usage_error("--png", "this qkv was built without PNG (leave --png out, or rebuild with "
+                                    "-DQKV_WITH_PNG=ON)");
     /* Timings on one thread; the thread study below sets its own counts. */
     setenv("QKV_NUM_THREADS", "1", 1);
     if (quick && !given[OPT_MAX_N]) max_n = 256;
@@ -880,9 +884,5 @@ int cli_cmd_complexity(int argc, char **argv) {
         }
     }
     free(r);
-    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
-        cli_error(CMD, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
-        rc = CLI_EXIT_FAIL;
-    }
-    return rc;
+    return cli_flush_stdout(CMD, rc);
 }
