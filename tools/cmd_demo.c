@@ -1,6 +1,7 @@
 /* qkv demo: the articles' walkthrough, run for real.
  *
  *   qkv demo [--out DIR] [--seed S] [--steps N] [--color auto|always|never]
+ *            [--model DIR]
  *
  * A tiny word-level decoder is trained here and now (qkv_model_* and
  * qkv_adamw_*, a second or two) on short sentences such as "Hello , I love
@@ -13,10 +14,15 @@
  * trained parameters, and A' is checked against the attention the model
  * itself kept (qkv_model_attention). Then all heads side by side, the layer
  * output through qkv_mha_forward, and a truncated (windowed) attention with
- * qkv_attention_forward. Pictures go to DIR (default: the current folder).
+ * qkv_attention_forward. Last, when a pretrained encoder is at hand (--model,
+ * $QKV_MODEL_DIR or models/all-MiniLM-L6-v2; scripts/fetch-model.sh fetches
+ * it), the sentence through it (qkv/encoder.h, qkv/text.h): word pieces, its
+ * most focused head, sentence similarities. Pictures go to DIR (default: the
+ * current folder).
  *
  * Outputs are atomic PNG files; if any write fails, those already written by
- * this run are removed. */
+ * this run are removed. Without PNG (QKV_WITH_PNG 0) nothing is drawn and
+ * that is said once. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, isatty, mkdir */
 #include <errno.h>
 #include <math.h>
