@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void cli_error(const char *cmd, const char *opt, const char *path, const char *fmt, ...) {
     va_list ap;
@@ -321,5 +322,27 @@ int cli_parse_double_above(const char *cmd, const char *label, const char *text,
         return -1;
     }
     *out = x;
+    return 0;
+}
+
+void cli_attn_desc_single(qkv_attn_desc *d, int64_t n, int64_t dim) {
+    qkv_attn_desc_init(d);
+    d->batch = 1;
+    d->n_q = d->n_k = n;
+    d->heads = 1;
+    d->dim = dim;
+}
+
+int cli_make_out_dir(const char *cmd, const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (mkdir(dir, 0777) != 0) {
+            cli_error(cmd, "--out", dir, "cannot create the folder: %s", strerror(errno));
+            return -1;
+        }
+    } else if (!S_ISDIR(st.st_mode)) {
+        cli_error(cmd, "--out", dir, "not a folder");
+        return -1;
+    }
     return 0;
 }

@@ -104,6 +104,14 @@ int cli_usage_error(const char *cmd, const char *opt, const char *fmt, ...) CLI_
  * extents. Returns 0, or -1 after printing why. */
 int cli_parse_mask(const char *cmd, const char *spec, qkv_attn_desc *d);
 
+/* *d initialised (qkv_attn_desc_init) for one sequence of n queries and n
+ * keys, one head of dimension dim. */
+void cli_attn_desc_single(qkv_attn_desc *d, int64_t n, int64_t dim);
+
+/* The --out folder dir, created when it does not exist. 0, or -1 after
+ * printing why ("cannot create the folder", "not a folder"). */
+int cli_make_out_dir(const char *cmd, const char *dir);
+
 /* --impl auto|reference|fast into d->impl, and --threads N (0 .. 65536) into
  * d->threads. 0, or -1 after printing why. */
 int cli_parse_impl(const char *cmd, const char *value, qkv_attn_desc *d);

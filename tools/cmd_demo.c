@@ -608,11 +608,7 @@ static int step_heads(qkv_model *m, walk *w, const char *dir, qkv_mha **layer) {
 static int step_window(const walk *w, const char *dir) {
     qkv_status s;
     qkv_attn_desc d;
-    qkv_attn_desc_init(&d);
-    d.batch = 1;
-    d.n_q = d.n_k = N;
-    d.heads = 1;
-    d.dim = DH;
+    cli_attn_desc_single(&d, N, DH);
     d.mask = QKV_MASK_CAUSAL_WINDOW;
     d.window_left = 2;
     float out[N * DH], aw[N * N];
@@ -873,21 +869,6 @@ static int resolve_model(const char *given, demo_opts *o) {
     return 0;
 }
 
-/* The --out folder, created if missing. 0, or -1 after printing why. */
-static int make_out_dir(const char *dir) {
-    struct stat st;
-    if (stat(dir, &st) != 0) {
-        if (mkdir(dir, 0777) != 0) {
-            cli_error(CMD, "--out", dir, "cannot create the folder: %s", strerror(errno));
-            return -1;
-        }
-    } else if (!S_ISDIR(st.st_mode)) {
-        cli_error(CMD, "--out", dir, "not a folder");
-        return -1;
-    }
-    return 0;
-}
-
 /* The options into o and *color, *model. -1 to go on, or the exit status. */
 static int parse_args(int argc, char **argv, demo_opts *o, int *color, const char **model) {
     int64_t v64;
@@ -929,7 +910,7 @@ int cli_cmd_demo(int argc, char **argv) {
     if (rc >= 0) return rc;
     g_color = color < 0 ? isatty(STDOUT_FILENO) : color;
     g_colors = terminal_colors();
-    if (resolve_model(model, &o) != 0 || make_out_dir(o.dir) != 0) return CLI_EXIT_FAIL;
+    if (resolve_model(model, &o) != 0 || cli_make_out_dir(CMD, o.dir) != 0) return CLI_EXIT_FAIL;
     rc = run(&o);
     fflush(stdout);
     return rc;

@@ -467,11 +467,7 @@ static int scale_random(const ctx *c, int64_t d, int64_t n, uint64_t *rng, rowst
         }
         for (int plain = 0; plain < 2; plain++) {
             qkv_attn_desc ad;
-            qkv_attn_desc_init(&ad);
-            ad.batch = 1;
-            ad.n_q = ad.n_k = n;
-            ad.heads = 1;
-            ad.dim = d;
+            cli_attn_desc_single(&ad, n, d);
             ad.score = plain ? QKV_SCORE_DOT : QKV_SCORE_SCALED_DOT;
             ad.threads = c->threads;
             qkv_status s = qkv_attention_forward(&ad, q, k, v, o, P, NULL);
@@ -1072,16 +1068,7 @@ int cli_cmd_experiment(int argc, char **argv) {
         cli_usage_hint(CMD);
         return CLI_EXIT_USAGE;
     }
-    struct stat st;
-    if (stat(c.dir, &st) != 0) {
-        if (mkdir(c.dir, 0777) != 0) {
-            cli_error(CMD, "--out", c.dir, "cannot create the folder: %s", strerror(errno));
-            return CLI_EXIT_FAIL;
-        }
-    } else if (!S_ISDIR(st.st_mode)) {
-        cli_error(CMD, "--out", c.dir, "not a folder");
-        return CLI_EXIT_FAIL;
-    }
+    if (cli_make_out_dir(CMD, c.dir) != 0) return CLI_EXIT_FAIL;
     double t0 = now_s();
     printf("qkv experiment %s (seed %llu%s)\n\n", e->name, (unsigned long long)c.seed, c.quick ? ", quick" : "");
     int r = e->run(&c);
