@@ -42,6 +42,13 @@ static const cli_opt options[OPT_COUNT] = {
     {"--precision", NULL, 1, OPT_PRECISION},
 };
 
+/* The index of val in names[n], or -1. */
+static int name_index(const char *val, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(val, names[i])) return i;
+    return -1;
+}
+
 static const char *const POS_NAMES[] = {"none", "sinusoidal", "learned", "rope", "alibi", "relative", "floater"};
 
 static void help(void) {
@@ -304,8 +311,8 @@ static void load_precision(const qkv_safetensors *st, int *prec, qkv_loss_scaler
     const char *p = qkv_safetensors_get_meta(st, "train.precision"), *sc = qkv_safetensors_get_meta(st, "train.loss_scale"),
                *cl = qkv_safetensors_get_meta(st, "train.loss_scale_clean"),
                *sk = qkv_safetensors_get_meta(st, "train.loss_scale_skipped");
-    for (int i = 0; p && i < 3; i++)
-        if (!strcmp(p, PRECISION_NAMES[i])) *prec = i;
+    int i = p ? name_index(p, PRECISION_NAMES, 3) : -1;
+    if (i >= 0) *prec = i;
     if (sc && cl && sk) {
         ls->scale = strtod(sc, NULL);
         ls->clean = strtoll(cl, NULL, 10);
@@ -494,10 +501,7 @@ static int parse_train_args(int argc, char **argv, train_run *r, train_args *o) 
             }
             break;
         case OPT_POS: {
-            pos = -1;
-            for (int i = 0; i < 7; i++)
-                if (!strcmp(val, POS_NAMES[i])) pos = i;
-            if (pos < 0) {
+            if ((pos = name_index(val, POS_NAMES, 7)) < 0) {
                 cli_error(CMD, name, NULL, "'%s' is not one of none, sinusoidal, learned, rope, alibi, relative, floater", val);
                 return CLI_EXIT_USAGE;
             }
@@ -507,10 +511,7 @@ static int parse_train_args(int argc, char **argv, train_run *r, train_args *o) 
         case OPT_RESUME: resume = val; break;
         case OPT_QUIET: quiet = 1; break;
         case OPT_PRECISION:
-            prec = -1;
-            for (int i = 0; i < 3; i++)
-                if (!strcmp(val, PRECISION_NAMES[i])) prec = i;
-            if (prec < 0) {
+            if ((prec = name_index(val, PRECISION_NAMES, 3)) < 0) {
                 cli_error(CMD, name, NULL, "'%s' is not one of fp32, bf16, fp16", val);
                 return CLI_EXIT_USAGE;
             }
