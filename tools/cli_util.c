@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void cli_error(const char *cmd, const char *opt, const char *path, const char *fmt, ...) {
     va_list ap;
@@ -243,4 +244,105 @@ int cli_parse_mask(const char *cmd, const char *spec, qkv_attn_desc *d) {
     cli_error(cmd, "--mask", NULL,
               "unknown mask '%s' (expected none, causal, window:L,R or causal-window:L)", spec);
     return -1;
+}
+
+int cli_can_draw(const char *cmd) {
+#if QKV_WITH_PNG
+    (void)cmd;
+    return 1;
+#else
+    static int said;
+    if (!said) fprintf(stderr, "qkv %s: pictures not drawn: this qkv was built without PNG\n", cmd);
+    said = 1;
+    return 0;
+#endif
+}
+
+int cli_print_heatmap(const char *cmd, const qkv_heatmap *h, qkv_ansi_colors colors) {
+    size_t len = 0;
+    char *buf = NULL;
+    qkv_status s = qkv_heatmap_format_ansi(h, colors, NULL, 0, &len);
+    if (s == QKV_OK && (buf = malloc(len + 1)) != NULL) s = qkv_heatmap_format_ansi(h, colors, buf, len + 1, &len);
+    if (s != QKV_OK || !buf) {
+        free(buf);
+        cli_error(cmd, NULL, NULL, "terminal heatmap: %s", buf ? qkv_status_string(s) : "out of memory");
+        return -1;
+    }
+    printf("\n");
+    fputs(buf, stdout);
+    free(buf);
+    return 0;
+}
+
+int cli_scan_values(cli_args *a, const char **val, int (*take)(void *ctx, int id, const char *value), void *ctx) {
+    const char *name, *value;
+    for (int id; (id = cli_scan(a, &name, &value)) != CLI_END;) {
+        if (id == CLI_STOP) return a->status;
+        val[id] = value;
+        if (value && take(ctx, id, value) != 0) {
+            cli_usage_hint(a->cmd);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    return -1;
+}
+
+int cli_parse_impl(const char *cmd, const char *value, qkv_attn_desc *d) {
+    if (strcmp(value, "auto") == 0) d->impl = QKV_IMPL_AUTO;
+    else if (strcmp(value, "reference") == 0) d->impl = QKV_IMPL_REFERENCE;
+    else if (strcmp(value, "fast") == 0) d->impl = QKV_IMPL_FAST;
+    else {
+        cli_error(cmd, "--impl", NULL, "unknown implementation '%s' (expected auto, reference or fast)", value);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_parse_threads(const char *cmd, const char *value, qkv_attn_desc *d) {
+    int64_t n;
+    if (cli_parse_int64(cmd, "--threads", value, 0, 65536, &n) != 0) return -1;
+    d->threads = (int)n;
+    return 0;
+}
+
+int cli_flush_stdout(const char *cmd, int rc) {
+    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
+        cli_error(cmd, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    return rc;
+}
+
+int cli_parse_double_above(const char *cmd, const char *label, const char *text, double lo, const char *note,
+                           double *out) {
+    double x;
+    if (cli_parse_double(cmd, label, text, &x) != 0) return -1;
+    if (!(x > lo)) {
+        cli_error(cmd, label, NULL, "'%s' must be > %g%s", text, lo, note);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+void cli_attn_desc_single(qkv_attn_desc *d, int64_t n, int64_t dim) {
+    qkv_attn_desc_init(d);
+    d->batch = 1;
+    d->n_q = d->n_k = n;
+    d->heads = 1;
+    d->dim = dim;
+}
+
+int cli_make_out_dir(const char *cmd, const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (mkdir(dir, 0777) != 0) {
+            cli_error(cmd, "--out", dir, "cannot create the folder: %s", strerror(errno));
+            return -1;
+        }
+    } else if (!S_ISDIR(st.st_mode)) {
+        cli_error(cmd, "--out", dir, "not a folder");
+        return -1;
+    }
+    return 0;
 }

@@ -72,12 +72,23 @@ int cli_next(cli_args *a, const cli_opt *opts, size_t n_opts, const char **name,
  * a->given) or CLI_END, as cli_next. */
 int cli_scan(cli_args *a, const char **name, const char **value);
 
+/* The whole option loop of a command whose options are kept by id: every
+ * value into val[id] (val[OPT_COUNT], given in a->given) and handed to
+ * take(ctx, id, value), which returns 0 or -1 after printing why (then the
+ * --help hint, a usage error). Returns -1 once the arguments are done, else
+ * the exit status (after --help or a usage error). */
+int cli_scan_values(cli_args *a, const char **val, int (*take)(void *ctx, int id, const char *value), void *ctx);
+
 /* Strict numbers: the whole text must be the number, no blanks, no overflow.
  * On failure they print "qkv <cmd>: <label>: '<text>' is not ..." and return
  * -1; 0 on success. */
 int cli_parse_double(const char *cmd, const char *label, const char *text, double *out);
 int cli_parse_int64(const char *cmd, const char *label, const char *text, int64_t lo,
                     int64_t hi, int64_t *out);
+/* A number that must be > lo: else "qkv <cmd>: <label>: '<text>' must be >
+ * <lo><note>" (note may be ""). 0 or -1. */
+int cli_parse_double_above(const char *cmd, const char *label, const char *text, double lo, const char *note,
+                           double *out);
 
 /* "[5, 2, 8]" into buf (always terminated); returns buf. */
 const char *cli_shape_str(char *buf, size_t len, int ndim, const int64_t *shape);
@@ -92,5 +103,32 @@ int cli_usage_error(const char *cmd, const char *opt, const char *fmt, ...) CLI_
 /* --mask none|causal|window:L,R|causal-window:L into d->mask and the window
  * extents. Returns 0, or -1 after printing why. */
 int cli_parse_mask(const char *cmd, const char *spec, qkv_attn_desc *d);
+
+/* *d initialised (qkv_attn_desc_init) for one sequence of n queries and n
+ * keys, one head of dimension dim. */
+void cli_attn_desc_single(qkv_attn_desc *d, int64_t n, int64_t dim);
+
+/* The --out folder dir, created when it does not exist. 0, or -1 after
+ * printing why ("cannot create the folder", "not a folder"). */
+int cli_make_out_dir(const char *cmd, const char *dir);
+
+/* --impl auto|reference|fast into d->impl, and --threads N (0 .. 65536) into
+ * d->threads. 0, or -1 after printing why. */
+int cli_parse_impl(const char *cmd, const char *value, qkv_attn_desc *d);
+int cli_parse_threads(const char *cmd, const char *value, qkv_attn_desc *d);
+
+/* The end of a command that printed to stdout: rc, or CLI_EXIT_FAIL after
+ * saying so when stdout cannot be flushed (a full disk, a closed pipe). */
+int cli_flush_stdout(const char *cmd, int rc);
+
+/* Whether this qkv draws PNG pictures (QKV_WITH_PNG of qkv/config.h). In a
+ * build without PNG, the first call of the process prints
+ * "qkv <cmd>: pictures not drawn: this qkv was built without PNG" to stderr,
+ * so that a command that draws along the way says it once and carries on. */
+int cli_can_draw(const char *cmd);
+
+/* The heatmap on the terminal (stdout, after a blank line) in these colours.
+ * 0, or -1 after printing why. */
+int cli_print_heatmap(const char *cmd, const qkv_heatmap *h, qkv_ansi_colors colors);
 
 #endif

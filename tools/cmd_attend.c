@@ -23,7 +23,6 @@
 
 #define PRINT_MAX 16        /* rows and columns of a printed matrix */
 #define PRINT_MAX_BLOCKS 16 /* (batch, head) matrices printed */
-#define MAX_THREADS 65536
 
 /* Indexed by id: options[id].id == id. */
 static const cli_opt options[OPT_COUNT] = {
@@ -193,10 +192,10 @@ static int parse_norm(const char *s, qkv_attn_desc *d) {
 }
 
 /* Interpret the value of one option; 0 or -1 (message printed). */
-static int take_value(config *c, int id, const char *v) {
+static int take_value(void *ctx, int id, const char *v) {
+    config *c = ctx;
     qkv_attn_desc *d = &c->desc;
     double x;
-    int64_t n;
     switch (id) {
     case OPT_MASK: return cli_parse_mask(CMD, v, d);
     case OPT_SCORE: return parse_score(v, d);
@@ -209,22 +208,9 @@ static int take_value(config *c, int id, const char *v) {
         }
         d->scale = x;
         return 0;
-    case OPT_TEMPERATURE:
-        if (cli_parse_double(CMD, "--temperature", v, &x) != 0) return -1;
-        if (!(x > 0.0)) {
-            cli_error(CMD, "--temperature", NULL, "'%s' must be > 0", v);
-            return -1;
-        }
-        d->temperature = x;
-        return 0;
+    case OPT_TEMPERATURE: return cli_parse_double_above(CMD, "--temperature", v, 0.0, "", &d->temperature);
     case OPT_SOFTCAP:
-        if (cli_parse_double(CMD, "--softcap", v, &x) != 0) return -1;
-        if (!(x > 0.0)) {
-            cli_error(CMD, "--softcap", NULL, "'%s' must be > 0 (leave --softcap out for none)", v);
-            return -1;
-        }
-        d->softcap = x;
-        return 0;
+        return cli_parse_double_above(CMD, "--softcap", v, 0.0, " (leave --softcap out for none)", &d->softcap);
     case OPT_DTYPE:
         if (strcmp(v, "float32") == 0) d->dtype = QKV_F32;
         else if (strcmp(v, "float64") == 0) d->dtype = QKV_F64;
@@ -236,20 +222,8 @@ static int take_value(config *c, int id, const char *v) {
             return -1;
         }
         return 0;
-    case OPT_IMPL:
-        if (strcmp(v, "auto") == 0) d->impl = QKV_IMPL_AUTO;
-        else if (strcmp(v, "reference") == 0) d->impl = QKV_IMPL_REFERENCE;
-        else if (strcmp(v, "fast") == 0) d->impl = QKV_IMPL_FAST;
-        else {
-            cli_error(CMD, "--impl", NULL,
-                      "unknown implementation '%s' (expected auto, reference or fast)", v);
-            return -1;
-        }
-        return 0;
-    case OPT_THREADS:
-        if (cli_parse_int64(CMD, "--threads", v, 0, MAX_THREADS, &n) != 0) return -1;
-        d->threads = (int)n;
-        return 0;
+    case OPT_IMPL: return cli_parse_impl(CMD, v, d);
+    case OPT_THREADS: return cli_parse_threads(CMD, v, d);
     default: return 0; /* a file name: used as given */
     }
 }
@@ -268,15 +242,8 @@ static int parse_args(int argc, char **argv, config *c) {
         return CLI_EXIT_USAGE;
     }
 
-    const char *name, *value;
-    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
-        if (id == CLI_STOP) return a.status;
-        c->val[id] = value;
-        if (value && take_value(c, id, value) != 0) {
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
-        }
-    }
+    int rc = cli_scan_values(&a, c->val, take_value, c);
+    if (rc != PARSE_CONTINUE) return rc;
 
     /* Which options go together. */
     static const int required[] = {OPT_Q, OPT_K, OPT_V};
@@ -809,10 +776,6 @@ int cli_cmd_attend(int argc, char **argv) {
     memset(&j, 0, sizeof j);
     rc = run(&c, &j);
     attend_job_free(&j);
-    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
-        cli_error(CMD, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
-        rc = CLI_EXIT_FAIL;
-    }
-    return rc;
+    return cli_flush_stdout(CMD, rc);
 }
 

@@ -114,187 +114,253 @@ static int dist_move(MPI_Comm comm, int rank, int size, float *full, float *loca
     return 0;
 }
 
-static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int size) {
-    job j;
-    memset(&j, 0, sizeof j);
+/* One distributed run: what every rank knows and holds. */
+typedef struct dist_run {
+    MPI_Comm comm;
+    int rank, size;
     dist_head hd;
-    memset(&hd, 0, sizeof hd);
-    int64_t kl[4096];
-    dims dq = {1, 1, 1, 1};
-    int rc = CLI_EXIT_FAIL;
-    if (rank == 0) {
-        hd.desc = c->desc;
-        for (int i = 0; i < OUT_COUNT; i++) j.out[i].opt = attend_opt_name(output_opt[i]);
-        j.header_only = 1; /* each rank reads its own rows below */
-        hd.ok = attend_load_inputs(c, &j, &hd.desc, &dq) == 0;
-        hd.q_ndim = j.in[IN_Q].a.ndim;
-        if (hd.ok && (c->given[OPT_ATTN] || c->print))
-            hd.ok = dist_fail("%s: the n x n attention matrix is not computed by the ring", "--attn/--print") == 0;
-        if (hd.ok && hd.desc.dtype != QKV_F32)
-            hd.ok = dist_fail("%s: the ring attention computes in float32 only", "--dtype") == 0;
-        if (hd.ok && hd.desc.batch > (int64_t)(sizeof kl / sizeof kl[0]))
-            hd.ok = dist_fail("%s: at most 4096 batches", "--q") == 0;
-        if (hd.ok) {
-            /* The bias is not read yet (each rank reads its rows): check the
-             * request with a stand-in pointer. */
-            static const float no_bias_yet = 0.0f;
-            qkv_attn_desc chk = hd.desc;
-            if (chk.bias_kind != QKV_BIAS_NONE && !chk.bias) chk.bias = &no_bias_yet;
-            qkv_status s = qkv_attn_desc_check(&chk);
-            if (s != QKV_OK) {
-                attend_status_error(&j, "invalid attention request", s);
-                hd.ok = 0;
-            }
+    qkv_attn_desc d;          /* the request as every rank runs it */
+    int64_t kl[4096];         /* --key-lengths, when given */
+    int64_t *so;              /* --seq-offsets [num_seqs + 1], when given */
+    qkv_dist_layout layout;
+    int64_t qs[2], ql[2], nql; /* this rank's query positions (qkv_dist_partition) */
+    int64_t ks[2], kln[2], nkl; /* and key positions */
+    int64_t Hb;               /* heads of the bias: H, 1 or 0 (none) */
+    size_t rq, rk, rb;        /* this rank's rows of q, of k and v, of the bias */
+    float *lq, *lk, *lv, *lo, *ll, *lg, *ldq, *ldk, *ldv, *lb, *ldb;
+    float *tmp;               /* rank 0: the gather's buffer */
+} dist_run;
+
+static void dist_run_free(dist_run *t) {
+    float *bufs[] = {t->lq, t->lk, t->lv, t->lo, t->ll, t->lg, t->ldq, t->ldk, t->ldv, t->lb, t->ldb, t->tmp};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(t->so);
+}
+
+/* Rank 0: the inputs' headers read and checked, into t->hd (hd.ok = 0 after
+ * printing why) and the sizes into *dq. */
+static void dist_check_request(const config *c, job *j, dist_run *t, dims *dq) {
+    dist_head *hd = &t->hd;
+    hd->desc = c->desc;
+    for (int i = 0; i < OUT_COUNT; i++) j->out[i].opt = attend_opt_name(output_opt[i]);
+    j->header_only = 1; /* each rank reads its own rows below */
+    hd->ok = attend_load_inputs(c, j, &hd->desc, dq) == 0;
+    hd->q_ndim = j->in[IN_Q].a.ndim;
+    if (hd->ok && (c->given[OPT_ATTN] || c->print))
+        hd->ok = dist_fail("%s: the n x n attention matrix is not computed by the ring", "--attn/--print") == 0;
+    if (hd->ok && hd->desc.dtype != QKV_F32)
+        hd->ok = dist_fail("%s: the ring attention computes in float32 only", "--dtype") == 0;
+    if (hd->ok && hd->desc.batch > (int64_t)(sizeof t->kl / sizeof t->kl[0]))
+        hd->ok = dist_fail("%s: at most 4096 batches", "--q") == 0;
+    if (hd->ok) {
+        /* The bias is not read yet (each rank reads its rows): check the
+         * request with a stand-in pointer. */
+        static const float no_bias_yet = 0.0f;
+        qkv_attn_desc chk = hd->desc;
+        if (chk.bias_kind != QKV_BIAS_NONE && !chk.bias) chk.bias = &no_bias_yet;
+        qkv_status s = qkv_attn_desc_check(&chk);
+        if (s != QKV_OK) {
+            attend_status_error(j, "invalid attention request", s);
+            hd->ok = 0;
         }
-        hd.backward = c->backward;
-        hd.want_lse = c->given[OPT_LSE];
-        hd.want_dbias = c->backward && c->given[OPT_DBIAS];
-        hd.has_kl = hd.ok && hd.desc.key_lengths != NULL;
-        if (hd.has_kl) memcpy(kl, hd.desc.key_lengths, (size_t)hd.desc.batch * sizeof(int64_t));
-        hd.desc.key_lengths = NULL;
-        hd.desc.bias = NULL;
-        hd.desc.seq_offsets_q = hd.desc.seq_offsets_k = NULL;
     }
-    if (MPI_Bcast(&hd, (int)sizeof hd, MPI_BYTE, 0, comm) != MPI_SUCCESS || !hd.ok) {
-        attend_job_free(&j);
-        return CLI_EXIT_FAIL;
+    hd->backward = c->backward;
+    hd->want_lse = c->given[OPT_LSE];
+    hd->want_dbias = c->backward && c->given[OPT_DBIAS];
+    hd->has_kl = hd->ok && hd->desc.key_lengths != NULL;
+    if (hd->has_kl) memcpy(t->kl, hd->desc.key_lengths, (size_t)hd->desc.batch * sizeof(int64_t));
+    hd->desc.key_lengths = NULL;
+    hd->desc.bias = NULL;
+    hd->desc.seq_offsets_q = hd->desc.seq_offsets_k = NULL;
+}
+
+/* Rank 0's request to every rank: t->d, with the key lengths and the
+ * sequence offsets (S + 1 entries, checked by rank 0; the ring derives each
+ * block's sequences from them). 0, or -1 on every rank. */
+static int dist_share_request(const job *j, dist_run *t) {
+    if (MPI_Bcast(&t->hd, (int)sizeof t->hd, MPI_BYTE, 0, t->comm) != MPI_SUCCESS || !t->hd.ok) return -1;
+    t->d = t->hd.desc;
+    if (t->hd.has_kl) {
+        MPI_Bcast(t->kl, (int)t->d.batch, MPI_INT64_T, 0, t->comm);
+        t->d.key_lengths = t->kl;
     }
-    qkv_attn_desc d = hd.desc;
-    if (hd.has_kl) {
-        MPI_Bcast(kl, (int)d.batch, MPI_INT64_T, 0, comm);
-        d.key_lengths = kl;
+    if (t->d.num_seqs <= 0) return 0;
+    t->so = malloc((size_t)(t->d.num_seqs + 1) * sizeof(int64_t));
+    int so_ok = t->so != NULL, so_all = 0;
+    MPI_Allreduce(&so_ok, &so_all, 1, MPI_INT, MPI_MIN, t->comm);
+    if (!so_all) {
+        if (!t->so) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", t->rank);
+        return -1;
     }
-    /* --seq-offsets: every rank gets the offsets (S + 1 entries, checked by
-     * rank 0; the ring derives each block's sequences from them). */
-    int64_t *so = NULL;
-    if (d.num_seqs > 0) {
-        so = malloc((size_t)(d.num_seqs + 1) * sizeof(int64_t));
-        int so_ok = so != NULL, so_all = 0;
-        MPI_Allreduce(&so_ok, &so_all, 1, MPI_INT, MPI_MIN, comm);
-        if (!so_all) {
-            if (!so) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", rank);
-            free(so);
-            attend_job_free(&j);
-            return CLI_EXIT_FAIL;
-        }
-        if (rank == 0) memcpy(so, j.in[IN_SEQ_OFFSETS].a.data, (size_t)(d.num_seqs + 1) * sizeof(int64_t));
-        MPI_Bcast(so, (int)(d.num_seqs + 1), MPI_INT64_T, 0, comm);
-        d.seq_offsets_q = so;
+    if (t->rank == 0) memcpy(t->so, j->in[IN_SEQ_OFFSETS].a.data, (size_t)(t->d.num_seqs + 1) * sizeof(int64_t));
+    MPI_Bcast(t->so, (int)(t->d.num_seqs + 1), MPI_INT64_T, 0, t->comm);
+    t->d.seq_offsets_q = t->so;
+    return 0;
+}
+
+/* This rank's positions and buffers. 0, or -1 on every rank (a rank out of
+ * memory says so). */
+static int dist_alloc(dist_run *t) {
+    const qkv_attn_desc *d = &t->d;
+    const int64_t B = d->batch, H = d->heads, Hkv = d->heads_kv ? d->heads_kv : H, D = d->dim,
+                  Dv = d->dim_v ? d->dim_v : D;
+    t->layout = d->mask == QKV_MASK_CAUSAL ? QKV_DIST_ZIGZAG : QKV_DIST_CONTIGUOUS;
+    int64_t maxq = 0, maxk = 0;
+    for (int r = 0; r < t->size; r++) {
+        qkv_dist_partition(d->n_q, t->size, r, t->layout, t->qs, t->ql, &t->nql);
+        qkv_dist_partition(d->n_k, t->size, r, t->layout, t->ks, t->kln, &t->nkl);
+        if (t->nql > maxq) maxq = t->nql;
+        if (t->nkl > maxk) maxk = t->nkl;
     }
-    const int64_t B = d.batch, H = d.heads, Hkv = d.heads_kv ? d.heads_kv : H, D = d.dim,
-                  Dv = d.dim_v ? d.dim_v : D;
-    qkv_dist_layout layout = d.mask == QKV_MASK_CAUSAL ? QKV_DIST_ZIGZAG : QKV_DIST_CONTIGUOUS;
-    int64_t qs[2], ql[2], nql, ks[2], kln[2], nkl, maxq = 0, maxk = 0;
-    for (int r = 0; r < size; r++) {
-        qkv_dist_partition(d.n_q, size, r, layout, qs, ql, &nql);
-        qkv_dist_partition(d.n_k, size, r, layout, ks, kln, &nkl);
-        if (nql > maxq) maxq = nql;
-        if (nkl > maxk) maxk = nkl;
-    }
-    qkv_dist_partition(d.n_q, size, rank, layout, qs, ql, &nql);
-    qkv_dist_partition(d.n_k, size, rank, layout, ks, kln, &nkl);
-    size_t rq = (size_t)(B * nql * H), rk = (size_t)(B * nkl * Hkv);
+    qkv_dist_partition(d->n_q, t->size, t->rank, t->layout, t->qs, t->ql, &t->nql);
+    qkv_dist_partition(d->n_k, t->size, t->rank, t->layout, t->ks, t->kln, &t->nkl);
+    t->rq = (size_t)(B * t->nql * H);
+    t->rk = (size_t)(B * t->nkl * Hkv);
     size_t tmp_n = (size_t)(B * (maxq > maxk ? maxq : maxk) * H * (D > Dv ? D : Dv)) + 1;
     /* --bias: each rank holds only the rows of its queries, [Hb, nql, n_k]
      * (read from the file by each rank, as q, k, v). */
-    const int64_t Hb = d.bias_kind == QKV_BIAS_PER_HEAD ? H : d.bias_kind == QKV_BIAS_SHARED ? 1 : 0;
-    size_t rb = (size_t)(Hb * nql * d.n_k);
-    if ((size_t)(Hb * maxq * d.n_k) + 1 > tmp_n) tmp_n = (size_t)(Hb * maxq * d.n_k) + 1;
-    float *lb = Hb > 0 ? malloc((rb + 1) * sizeof(float)) : NULL, *ldb = NULL;
-    float *lq = malloc((rq * (size_t)D + 1) * sizeof(float)), *lk = malloc((rk * (size_t)D + 1) * sizeof(float));
-    float *lv = malloc((rk * (size_t)Dv + 1) * sizeof(float)), *lo = malloc((rq * (size_t)Dv + 1) * sizeof(float));
-    float *ll_ = malloc((rq + 1) * sizeof(float)), *lg = NULL, *ldq = NULL, *ldk = NULL, *ldv = NULL;
-    float *tmp = rank == 0 ? malloc(tmp_n * sizeof(float)) : NULL; /* for the gather */
-    int ok = lq && lk && lv && lo && ll_ && (rank != 0 || tmp) && (Hb == 0 || lb);
-    if (ok && hd.backward) {
-        lg = malloc((rq * (size_t)Dv + 1) * sizeof(float));
-        ldq = malloc((rq * (size_t)D + 1) * sizeof(float));
-        ldk = malloc((rk * (size_t)D + 1) * sizeof(float));
-        ldv = malloc((rk * (size_t)Dv + 1) * sizeof(float));
-        if (hd.want_dbias) ldb = malloc((rb + 1) * sizeof(float));
-        ok = lg && ldq && ldk && ldv && (!hd.want_dbias || ldb);
+    t->Hb = d->bias_kind == QKV_BIAS_PER_HEAD ? H : d->bias_kind == QKV_BIAS_SHARED ? 1 : 0;
+    t->rb = (size_t)(t->Hb * t->nql * d->n_k);
+    if ((size_t)(t->Hb * maxq * d->n_k) + 1 > tmp_n) tmp_n = (size_t)(t->Hb * maxq * d->n_k) + 1;
+    if (t->Hb > 0) t->lb = malloc((t->rb + 1) * sizeof(float));
+    t->lq = malloc((t->rq * (size_t)D + 1) * sizeof(float));
+    t->lk = malloc((t->rk * (size_t)D + 1) * sizeof(float));
+    t->lv = malloc((t->rk * (size_t)Dv + 1) * sizeof(float));
+    t->lo = malloc((t->rq * (size_t)Dv + 1) * sizeof(float));
+    t->ll = malloc((t->rq + 1) * sizeof(float));
+    if (t->rank == 0) t->tmp = malloc(tmp_n * sizeof(float));
+    int ok = t->lq && t->lk && t->lv && t->lo && t->ll && (t->rank != 0 || t->tmp) && (t->Hb == 0 || t->lb);
+    if (ok && t->hd.backward) {
+        t->lg = malloc((t->rq * (size_t)Dv + 1) * sizeof(float));
+        t->ldq = malloc((t->rq * (size_t)D + 1) * sizeof(float));
+        t->ldk = malloc((t->rk * (size_t)D + 1) * sizeof(float));
+        t->ldv = malloc((t->rk * (size_t)Dv + 1) * sizeof(float));
+        if (t->hd.want_dbias) t->ldb = malloc((t->rb + 1) * sizeof(float));
+        ok = t->lg && t->ldq && t->ldk && t->ldv && (!t->hd.want_dbias || t->ldb);
     }
     int all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
-    if (!all_ok) {
-        if (!ok) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", rank);
-        goto out;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, t->comm);
+    if (!ok) cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", t->rank);
+    return all_ok ? 0 : -1;
+}
+
+/* Each rank reads its own rows; all agree that every read succeeded before
+ * any communication, so a bad or truncated file fails every rank with a
+ * message, never a hang. The sequence axis: 1 of [B, n, H, D], 0 of [n, D]
+ * and [n, H, D]; the bias's query axis: 0 of [n_q, n_k], 1 of [H, n_q, n_k].
+ * 0, or -1 on every rank. */
+static int dist_read_inputs(const config *c, dist_run *t) {
+    const qkv_attn_desc *d = &t->d;
+    const int64_t D = d->dim, Dv = d->dim_v ? d->dim_v : D;
+    const int ax = t->hd.q_ndim == 4 ? 1 : 0, rank = t->rank;
+    int ok = dist_read(rank, OPT_Q, c->val[OPT_Q], ax, d->n_q, t->qs, t->ql, (int64_t)t->rq * D, t->lq) == 0 &&
+             dist_read(rank, OPT_K, c->val[OPT_K], ax, d->n_k, t->ks, t->kln, (int64_t)t->rk * D, t->lk) == 0 &&
+             dist_read(rank, OPT_V, c->val[OPT_V], ax, d->n_k, t->ks, t->kln, (int64_t)t->rk * Dv, t->lv) == 0 &&
+             (!t->hd.backward || dist_read(rank, OPT_GRAD_OUT, c->val[OPT_GRAD_OUT], ax, d->n_q, t->qs, t->ql,
+                                           (int64_t)t->rq * Dv, t->lg) == 0) &&
+             (t->Hb == 0 || dist_read(rank, OPT_BIAS, c->val[OPT_BIAS], d->bias_kind == QKV_BIAS_SHARED ? 0 : 1,
+                                      d->n_q, t->qs, t->ql, (int64_t)t->rb, t->lb) == 0);
+    int all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, t->comm);
+    return all_ok ? 0 : -1;
+}
+
+/* The ring attention, forward and (--grad-out) backward. */
+static qkv_status dist_compute(dist_run *t) {
+    t->d.bias = t->lb;
+    qkv_status s = qkv_ring_attention_forward(&t->d, t->layout, t->comm, t->lq, t->lk, t->lv, t->lo, t->ll);
+    if (s != QKV_OK || !t->hd.backward) return s;
+    qkv_attn_grads gr;
+    memset(&gr, 0, sizeof gr);
+    gr.dq = t->ldq;
+    gr.dk = t->ldk;
+    gr.dv = t->ldv;
+    gr.dbias = t->ldb;
+    return qkv_ring_attention_backward_grads(&t->d, t->layout, t->comm, t->lq, t->lk, t->lv, t->lo, t->ll, t->lg,
+                                             &gr);
+}
+
+/* Rank 0: the whole outputs, shaped as one process's. 0, or -1 after
+ * printing why. */
+static int dist_alloc_outputs(const config *c, job *j, const dist_run *t, const dims *dq) {
+    const qkv_array *qa = &j->in[IN_Q].a;
+    const int64_t Dv = t->d.dim_v ? t->d.dim_v : t->d.dim;
+    int r = qa->ndim, m = 0, ma = 0;
+    int64_t o_shape[4], l_shape[3];
+    if (r == 4) o_shape[m++] = dq->b;
+    o_shape[m++] = dq->n;
+    if (r >= 3) o_shape[m++] = dq->h;
+    o_shape[m++] = Dv;
+    if (r == 4) l_shape[ma++] = dq->b;
+    if (r >= 3) l_shape[ma++] = dq->h;
+    l_shape[ma++] = dq->n;
+    const int want_o = c->given[OPT_OUT];
+    const dist_head *hd = &t->hd;
+    if (attend_alloc_output(j, OUT_O, want_o ? c->val[OPT_OUT] : NULL, QKV_F32, r, o_shape, "the output") ||
+        (hd->want_lse && attend_alloc_output(j, OUT_LSE, c->val[OPT_LSE], QKV_F32, ma, l_shape, "the log-sum-exp")))
+        return -1;
+    if (!hd->backward) return 0;
+    if (attend_alloc_output(j, OUT_DQ, c->val[OPT_DQ], QKV_F32, qa->ndim, qa->shape, "dL/dQ") ||
+        attend_alloc_output(j, OUT_DK, c->val[OPT_DK], QKV_F32, j->in[IN_K].a.ndim, j->in[IN_K].a.shape, "dL/dK") ||
+        attend_alloc_output(j, OUT_DV, c->val[OPT_DV], QKV_F32, j->in[IN_V].a.ndim, j->in[IN_V].a.shape, "dL/dV") ||
+        (hd->want_dbias && attend_alloc_output(j, OUT_DBIAS, c->val[OPT_DBIAS], QKV_F32, j->in[IN_BIAS].a.ndim,
+                                               j->in[IN_BIAS].a.shape, "dL/dbias")))
+        return -1;
+    return 0;
+}
+
+/* One output's slices gathered into rank 0's array of j->out[which]. */
+static int dist_gather(const dist_run *t, job *j, int which, float *local, int64_t B, int64_t n, int64_t x) {
+    return dist_move(t->comm, t->rank, t->size, t->rank == 0 ? j->out[which].a.data : NULL, local, B, n, x,
+                     t->layout, 0, t->tmp);
+}
+
+/* Every output's slices gathered to rank 0. 0, or -1 after printing why. */
+static int dist_gather_outputs(const dist_run *t, job *j) {
+    const qkv_attn_desc *d = &t->d;
+    const int64_t B = d->batch, H = d->heads, Hkv = d->heads_kv ? d->heads_kv : H, D = d->dim,
+                  Dv = d->dim_v ? d->dim_v : D;
+    const dist_head *hd = &t->hd;
+    if (dist_gather(t, j, OUT_O, t->lo, B, d->n_q, H * Dv) ||
+        (hd->want_lse && dist_gather(t, j, OUT_LSE, t->ll, B * H, d->n_q, 1)) ||
+        (hd->backward &&
+         (dist_gather(t, j, OUT_DQ, t->ldq, B, d->n_q, H * D) || dist_gather(t, j, OUT_DK, t->ldk, B, d->n_k, Hkv * D) ||
+          dist_gather(t, j, OUT_DV, t->ldv, B, d->n_k, Hkv * Dv))) ||
+        (hd->want_dbias && dist_gather(t, j, OUT_DBIAS, t->ldb, t->Hb, d->n_q, d->n_k))) {
+        cli_error(CMD, "--distributed", NULL, "rank %d: gathering the outputs failed", t->rank);
+        return -1;
     }
-    /* Each rank reads its own rows; all agree that every read succeeded
-     * before any communication, so a bad or truncated file fails every rank
-     * with a message, never a hang. The sequence axis: 1 of [B, n, H, D],
-     * 0 of [n, D] and [n, H, D]; the bias's query axis: 0 of [n_q, n_k], 1 of
-     * [H, n_q, n_k]. */
-    {
-        const int ax = hd.q_ndim == 4 ? 1 : 0;
-        ok = dist_read(rank, OPT_Q, c->val[OPT_Q], ax, d.n_q, qs, ql, (int64_t)rq * D, lq) == 0 &&
-             dist_read(rank, OPT_K, c->val[OPT_K], ax, d.n_k, ks, kln, (int64_t)rk * D, lk) == 0 &&
-             dist_read(rank, OPT_V, c->val[OPT_V], ax, d.n_k, ks, kln, (int64_t)rk * Dv, lv) == 0 &&
-             (!hd.backward ||
-              dist_read(rank, OPT_GRAD_OUT, c->val[OPT_GRAD_OUT], ax, d.n_q, qs, ql, (int64_t)rq * Dv, lg) == 0) &&
-             (Hb == 0 ||
-              dist_read(rank, OPT_BIAS, c->val[OPT_BIAS], d.bias_kind == QKV_BIAS_SHARED ? 0 : 1, d.n_q, qs, ql, (int64_t)rb, lb) == 0);
-        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
-        if (!all_ok) goto out;
+    return 0;
+}
+
+static int attend_distributed_run(const config *c, MPI_Comm comm, int rank, int size) {
+    job j;
+    memset(&j, 0, sizeof j);
+    dist_run *t = calloc(1, sizeof *t);
+    if (!t) {
+        cli_error(CMD, "--distributed", NULL, "rank %d: out of memory", rank);
+        return CLI_EXIT_FAIL;
     }
-    d.bias = lb;
-    qkv_status s = qkv_ring_attention_forward(&d, layout, comm, lq, lk, lv, lo, ll_);
-    if (s == QKV_OK && hd.backward) {
-        qkv_attn_grads gr;
-        memset(&gr, 0, sizeof gr);
-        gr.dq = ldq;
-        gr.dk = ldk;
-        gr.dv = ldv;
-        gr.dbias = ldb;
-        s = qkv_ring_attention_backward_grads(&d, layout, comm, lq, lk, lv, lo, ll_, lg, &gr);
-    }
+    t->comm = comm;
+    t->rank = rank;
+    t->size = size;
+    dims dq = {1, 1, 1, 1};
+    int rc = CLI_EXIT_FAIL;
+    if (rank == 0) dist_check_request(c, &j, t, &dq);
+    if (dist_share_request(&j, t) != 0 || dist_alloc(t) != 0 || dist_read_inputs(c, t) != 0) goto out;
+    qkv_status s = dist_compute(t);
     if (s != QKV_OK) {
         if (rank == 0) attend_status_error(&j, "ring attention failed", s);
         goto out;
     }
-    /* Gather the outputs into rank 0's arrays, shaped as one process's. */
-    int want_o = 0;
-    if (rank == 0) {
-        const qkv_array *qa = &j.in[IN_Q].a;
-        int r = qa->ndim, m = 0, ma = 0;
-        int64_t o_shape[4], l_shape[3];
-        if (r == 4) o_shape[m++] = dq.b;
-        o_shape[m++] = dq.n;
-        if (r >= 3) o_shape[m++] = dq.h;
-        o_shape[m++] = Dv;
-        if (r == 4) l_shape[ma++] = dq.b;
-        if (r >= 3) l_shape[ma++] = dq.h;
-        l_shape[ma++] = dq.n;
-        want_o = c->given[OPT_OUT];
-        if (attend_alloc_output(&j, OUT_O, want_o ? c->val[OPT_OUT] : NULL, QKV_F32, r, o_shape, "the output") ||
-            (hd.want_lse && attend_alloc_output(&j, OUT_LSE, c->val[OPT_LSE], QKV_F32, ma, l_shape, "the log-sum-exp")) ||
-            (hd.backward &&
-             (attend_alloc_output(&j, OUT_DQ, c->val[OPT_DQ], QKV_F32, qa->ndim, qa->shape, "dL/dQ") ||
-              attend_alloc_output(&j, OUT_DK, c->val[OPT_DK], QKV_F32, j.in[IN_K].a.ndim, j.in[IN_K].a.shape, "dL/dK") ||
-              attend_alloc_output(&j, OUT_DV, c->val[OPT_DV], QKV_F32, j.in[IN_V].a.ndim, j.in[IN_V].a.shape, "dL/dV") ||
-              (hd.want_dbias && attend_alloc_output(&j, OUT_DBIAS, c->val[OPT_DBIAS], QKV_F32, j.in[IN_BIAS].a.ndim,
-                                             j.in[IN_BIAS].a.shape, "dL/dbias")))))
-            ok = 0;
-    }
+    int ok = rank != 0 || dist_alloc_outputs(c, &j, t, &dq) == 0, all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
-    if (!all_ok) goto out;
-    if (dist_move(comm, rank, size, rank == 0 ? j.out[OUT_O].a.data : NULL, lo, B, d.n_q, H * Dv, layout, 0, tmp) ||
-        (hd.want_lse &&
-         dist_move(comm, rank, size, rank == 0 ? j.out[OUT_LSE].a.data : NULL, ll_, B * H, d.n_q, 1, layout, 0, tmp)) ||
-        (hd.backward &&
-         (dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DQ].a.data : NULL, ldq, B, d.n_q, H * D, layout, 0, tmp) ||
-          dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DK].a.data : NULL, ldk, B, d.n_k, Hkv * D, layout, 0, tmp) ||
-          dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DV].a.data : NULL, ldv, B, d.n_k, Hkv * Dv, layout, 0, tmp))) ||
-        (hd.want_dbias &&
-         dist_move(comm, rank, size, rank == 0 ? j.out[OUT_DBIAS].a.data : NULL, ldb, Hb, d.n_q, d.n_k, layout, 0, tmp))) {
-        cli_error(CMD, "--distributed", NULL, "rank %d: gathering the outputs failed", rank);
-        goto out;
-    }
+    if (!all_ok || dist_gather_outputs(t, &j) != 0) goto out;
     rc = CLI_EXIT_OK;
     if (rank == 0 && cli_files_write(CMD, j.out, OUT_COUNT) != 0) rc = CLI_EXIT_FAIL;
 out:
-    free(lq); free(lk); free(lv); free(lo); free(ll_); free(lg); free(ldq); free(ldk); free(ldv); free(tmp);
-    free(lb); free(ldb); free(so);
+    dist_run_free(t);
+    free(t);
     attend_job_free(&j);
     return rc;
 }

@@ -60,7 +60,8 @@ static void help(void) {
           "  --window R     restricted attention: keys p-R/2 .. p+R/2 (default 32, even)\n"
           "  --kernel K     convolution kernel (odd, default 3)\n"
           "  --png FILE     also draw the log-log plots (time vs n, time vs d, path\n"
-          "                 length vs n) into a PNG\n"
+          "                 length vs n) into a PNG (a usage error in a build\n"
+          "                 without PNG)\n"
           "  --quick        fewer and smaller sizes (a few seconds; for tests)\n"
           "  -h, --help     show this help and exit\n"
           "\n"
@@ -711,36 +712,34 @@ static qkv_status draw_png(const char *path, const results *r) {
 
 /* ------------------------------------------------------------------------- */
 
+/* One sweep: every layer timed at each x of xs[nx], which is n (vary_n, d =
+ * fixed) or d (n = fixed), into t[layer][i]; printed as the times come,
+ * with the log-log slope of each layer into expo[layer]. */
+static void sweep(const char *axis, const double *xs, int nx, int vary_n, int64_t fixed, int64_t window,
+                  int64_t kernel, double min_total, double t[L_COUNT][MAX_PTS], double *expo) {
+    printf("time [ms] against %s (%s = %lld):\n%-22s", axis, vary_n ? "d" : "n", (long long)fixed, axis);
+    for (int i = 0; i < nx; i++) printf(" %9.0f", xs[i]);
+    printf("   exponent\n");
+    for (int l = 0; l < L_COUNT; l++) {
+        printf("%-22s", layer_name[l]);
+        for (int i = 0; i < nx; i++) {
+            int64_t x = (int64_t)xs[i];
+            t[l][i] = time_layer(l, vary_n ? x : fixed, vary_n ? fixed : x, window, kernel, min_total);
+            printf(" %9.3f", t[l][i] * 1e3);
+            fflush(stdout);
+        }
+        expo[l] = loglog_slope(xs, t[l], nx);
+        printf("   %s^%.2f\n", axis, expo[l]);
+    }
+}
+
 /* The times of every layer against n (d fixed) and against d (n_fix), printed
  * as they come, and their log-log slopes. */
 static void time_sweeps(results *r, int64_t d, int64_t n_fix, int64_t window, int64_t kernel,
                         double min_total, double *exp_n, double *exp_d) {
-    printf("time [ms] against n (d = %lld):\n%-22s", (long long)d, "n");
-    for (int i = 0; i < r->nn; i++) printf(" %9.0f", r->n[i]);
-    printf("   exponent\n");
-    for (int l = 0; l < L_COUNT; l++) {
-        printf("%-22s", layer_name[l]);
-        for (int i = 0; i < r->nn; i++) {
-            r->t_n[l][i] = time_layer(l, (int64_t)r->n[i], d, window, kernel, min_total);
-            printf(" %9.3f", r->t_n[l][i] * 1e3);
-            fflush(stdout);
-        }
-        exp_n[l] = loglog_slope(r->n, r->t_n[l], r->nn);
-        printf("   n^%.2f\n", exp_n[l]);
-    }
-    printf("\ntime [ms] against d (n = %lld):\n%-22s", (long long)n_fix, "d");
-    for (int i = 0; i < r->nd; i++) printf(" %9.0f", r->d[i]);
-    printf("   exponent\n");
-    for (int l = 0; l < L_COUNT; l++) {
-        printf("%-22s", layer_name[l]);
-        for (int i = 0; i < r->nd; i++) {
-            r->t_d[l][i] = time_layer(l, n_fix, (int64_t)r->d[i], window, kernel, min_total);
-            printf(" %9.3f", r->t_d[l][i] * 1e3);
-            fflush(stdout);
-        }
-        exp_d[l] = loglog_slope(r->d, r->t_d[l], r->nd);
-        printf("   d^%.2f\n", exp_d[l]);
-    }
+    sweep("n", r->n, r->nn, 1, d, window, kernel, min_total, r->t_n, exp_n);
+    printf("\n");
+    sweep("d", r->d, r->nd, 0, n_fix, window, kernel, min_total, r->t_d, exp_d);
 }
 
 /* Maximum path lengths, measured and printed. */
@@ -834,6 +833,9 @@ int cli_cmd_complexity(int argc, char **argv) {
     }
     if (window % 2 != 0) return usage_error("--window", "R must be even (keys p-R/2 .. p+R/2)");
     if (kernel % 2 == 0) return usage_error("--kernel", "K must be odd");
+    if (png && !QKV_WITH_PNG)
+        return usage_error("--png", "this qkv was built without PNG (leave --png out, or rebuild with "
+                                    "-DQKV_WITH_PNG=ON)");
     /* Timings on one thread; the thread study below sets its own counts. */
     setenv("QKV_NUM_THREADS", "1", 1);
     if (quick && !given[OPT_MAX_N]) max_n = 256;
@@ -880,9 +882,5 @@ int cli_cmd_complexity(int argc, char **argv) {
         }
     }
     free(r);
-    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
-        cli_error(CMD, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
-        rc = CLI_EXIT_FAIL;
-    }
-    return rc;
+    return cli_flush_stdout(CMD, rc);
 }

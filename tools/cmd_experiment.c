@@ -321,6 +321,62 @@ static void default_model(qkv_model_config *cfg, const ctx *c) {
     cfg->threads = c->threads;
 }
 
+/* A run of the experiments: a model of E = dim, heads and layers trained
+ * `steps` steps (batch 32, warm-up a tenth, learning rate lr, seed c->seed)
+ * on task with length and symbols. */
+static void init_run(run *r, const ctx *c, qkv_task task, int64_t length, int64_t symbols, int64_t dim,
+                     int64_t heads, int64_t layers, int64_t steps, double lr) {
+    memset(r, 0, sizeof *r);
+    default_model(&r->cfg, c);
+    r->cfg.dim = dim;
+    r->cfg.heads = heads;
+    r->cfg.layers = layers;
+    r->task.task = task;
+    r->task.length = length;
+    r->task.symbols = symbols;
+    r->steps = steps;
+    r->batch = 32;
+    r->warmup = steps / 10;
+    r->lr = lr;
+    r->seed = c->seed;
+}
+
+/* r->losses for r->steps, kept also in *keep (the caller frees it). 0, or -1
+ * after printing why. */
+static int keep_losses(run *r, double **keep) {
+    *keep = r->losses = malloc((size_t)r->steps * sizeof(double));
+    if (r->losses) return 0;
+    cli_error(CMD, NULL, NULL, "out of memory");
+    return -1;
+}
+
+/* Train r and score it on 16 batches of 64 fresh examples. 0 or -1. */
+static int train_and_score(const run *r, const ctx *c, score *sc) {
+    qkv_model *m;
+    if (train(r, &m) != 0) return -1;
+    int e = evaluate(m, &r->task, c->seed, 16, 64, sc);
+    qkv_model_free(m);
+    return e;
+}
+
+/* DIR/name: the training loss curves se[n] (log scale), when this qkv
+ * draws. 0, or -1 after printing why. */
+static int save_loss_plot(const ctx *c, const char *name, const char *title, const qkv_plot_series *se, int n) {
+    char path[4096];
+    if (!cli_can_draw(CMD)) return 0;
+    if (path_in(c, name, path, sizeof path) != 0) return -1;
+    qkv_plot p;
+    qkv_plot_init(&p);
+    p.title = title;
+    p.x_label = "step";
+    p.y_label = "loss";
+    p.series = se;
+    p.n_series = n;
+    p.log_y = 1;
+    errno = 0;
+    return report_write(path, qkv_plot_save_png(path, &p));
+}
+
 /* ---- scale ------------------------------------------------------------------ */
 
 /* Row statistics of an attention matrix: mean entropy (bits) over the rows
@@ -411,11 +467,7 @@ static int scale_random(const ctx *c, int64_t d, int64_t n, uint64_t *rng, rowst
         }
         for (int plain = 0; plain < 2; plain++) {
             qkv_attn_desc ad;
-            qkv_attn_desc_init(&ad);
-            ad.batch = 1;
-            ad.n_q = ad.n_k = n;
-            ad.heads = 1;
-            ad.dim = d;
+            cli_attn_desc_single(&ad, n, d);
             ad.score = plain ? QKV_SCORE_DOT : QKV_SCORE_SCALED_DOT;
             ad.threads = c->threads;
             qkv_status s = qkv_attention_forward(&ad, q, k, v, o, P, NULL);
@@ -436,19 +488,8 @@ static int scale_random(const ctx *c, int64_t d, int64_t n, uint64_t *rng, rowst
 static int scale_trained(const ctx *c, int64_t d, int64_t steps, uint64_t *rng, rowstats rs[2],
                          score *sc) {
     run r;
-    memset(&r, 0, sizeof r);
-    default_model(&r.cfg, c);
-    r.cfg.dim = d;
-    r.cfg.heads = 1;
-    r.cfg.layers = 1;
+    init_run(&r, c, QKV_TASK_COPY, 8, 16, d, 1, 1, steps, d >= 128 ? 1e-3 : 3e-3);
     r.cfg.mlp_dim = 2 * d;
-    r.task.task = QKV_TASK_COPY;
-    r.task.length = 8;
-    r.task.symbols = 16;
-    r.steps = steps;
-    r.batch = 32;
-    r.warmup = steps / 10;
-    r.lr = d >= 128 ? 1e-3 : 3e-3;
     r.seed = c->seed + (uint64_t)d;
     qkv_model *m;
     if (train(&r, &m) != 0) return -1;
@@ -480,6 +521,7 @@ static int scale_trained(const ctx *c, int64_t d, int64_t steps, uint64_t *rng, 
 /* The entropy and gradient plots of exp_scale. 0 or -1. */
 static int scale_plots(const ctx *c, double *dd, double ent[4][7], double grad[4][7], int nd, int nt) {
     char path[4096], path2[4096];
+    if (!cli_can_draw(CMD)) return 0;
     if (path_in(c, "experiment_scale.png", path, sizeof path) != 0 ||
         path_in(c, "experiment_scale_grad.png", path2, sizeof path2) != 0)
         return -1;
@@ -606,31 +648,11 @@ static int exp_projections(const ctx *c) {
         steps_of[t] = steps;
         for (int id = 0; id < 2; id++) {
             run r;
-            memset(&r, 0, sizeof r);
-            default_model(&r.cfg, c);
-            r.cfg.dim = 64;
-            r.cfg.heads = 4;
-            r.cfg.layers = cfgs[t].layers;
-            r.task.task = cfgs[t].task;
-            r.task.length = cfgs[t].task == QKV_TASK_RECALL ? 6 : 8;
-            r.task.symbols = 16;
-            r.steps = steps;
-            r.batch = 32;
-            r.warmup = steps / 10;
-            r.lr = 3e-3;
-            r.seed = c->seed;
+            init_run(&r, c, cfgs[t].task, cfgs[t].task == QKV_TASK_RECALL ? 6 : 8, 16, 64, 4, cfgs[t].layers, steps,
+                     3e-3);
             r.identity_proj = id;
-            loss[t][id] = r.losses = malloc((size_t)steps * sizeof(double));
-            if (!r.losses) {
-                cli_error(CMD, NULL, NULL, "out of memory");
-                goto done;
-            }
-            qkv_model *m;
-            if (train(&r, &m) != 0) goto done;
             score sc;
-            int e = evaluate(m, &r.task, c->seed, 16, 64, &sc);
-            qkv_model_free(m);
-            if (e != 0) goto done;
+            if (keep_losses(&r, &loss[t][id]) != 0 || train_and_score(&r, c, &sc) != 0) goto done;
             acc[t][id] = sc.token_acc;
             if (id == 0)
                 printf("%-8s %6lld %5lld | %-11s | %8.1f%% %8.1f%% %9.3f\n", task_name(cfgs[t].task),
@@ -653,8 +675,6 @@ static int exp_projections(const ctx *c) {
            100 * (acc[0][0] - acc[0][1]), 100 * (acc[1][0] - acc[1][1]), 100 * (acc[2][0] - acc[2][1]),
            100 * (acc[3][0] - acc[3][1]), 100 * (acc[4][0] - acc[4][1]));
     {
-        char path[4096];
-        if (path_in(c, "experiment_projections.png", path, sizeof path) != 0) goto done;
         /* One-layer runs and the two-layer copy: 8 curves. */
         static const int shown[4] = {0, 1, 2, 3};
         char labels[8][48];
@@ -666,16 +686,9 @@ static int exp_projections(const ctx *c) {
                          (long long)cfgs[t].layers, id ? "q=k=v=x" : "learned");
                 se[i] = (qkv_plot_series){labels[i], NULL, loss[t][id], steps_of[t]};
             }
-        qkv_plot p;
-        qkv_plot_init(&p);
-        p.title = "training loss: learned vs identity projections";
-        p.x_label = "step";
-        p.y_label = "loss";
-        p.series = se;
-        p.n_series = 8;
-        p.log_y = 1;
-        errno = 0;
-        if (report_write(path, qkv_plot_save_png(path, &p)) != 0) goto done;
+        if (save_loss_plot(c, "experiment_projections.png", "training loss: learned vs identity projections", se, 8) !=
+            0)
+            goto done;
     }
     rc = 0;
 done:
@@ -728,19 +741,7 @@ static int exp_diagonal(const ctx *c) {
     int cells = 0;
     for (int t = 0; t < 2; t++) {
         run r;
-        memset(&r, 0, sizeof r);
-        default_model(&r.cfg, c);
-        r.cfg.dim = E;
-        r.cfg.heads = H;
-        r.cfg.layers = L;
-        r.task.task = tasks[t];
-        r.task.length = tasks[t] == QKV_TASK_LABEL ? 16 : 8;
-        r.task.symbols = 16;
-        r.steps = steps;
-        r.batch = 32;
-        r.warmup = steps / 10;
-        r.lr = 3e-3;
-        r.seed = c->seed;
+        init_run(&r, c, tasks[t], tasks[t] == QKV_TASK_LABEL ? 16 : 8, 16, E, H, L, steps, 3e-3);
         qkv_model *m;
         if (train(&r, &m) != 0) {
             free(pic);
@@ -818,6 +819,10 @@ static int exp_diagonal(const ctx *c) {
            100 * total_off / cells, 100 * chance_sum / 2, 100 * total_sym / cells);
     char path[4096], titles[16][48];
     const char *tp[16];
+    if (pic && !cli_can_draw(CMD)) {
+        free(pic);
+        return 0;
+    }
     if (!pic || path_in(c, "experiment_diagonal.png", path, sizeof path) != 0) {
         free(pic);
         if (!pic) cli_error(CMD, NULL, NULL, "out of memory");
@@ -861,31 +866,10 @@ static int exp_position(const ctx *c) {
     printf("%-11s | %9s %12s %9s %9s\n", "positions", "token acc", "position-dep", "seq acc", "loss");
     for (int i = 0; i < 7; i++) {
         run r;
-        memset(&r, 0, sizeof r);
-        default_model(&r.cfg, c);
-        r.cfg.dim = 64;
-        r.cfg.heads = 4;
-        r.cfg.layers = 2;
+        init_run(&r, c, QKV_TASK_LABEL, 16, 16, 64, 4, 2, steps, 3e-3);
         r.cfg.pos = kinds[i];
-        r.task.task = QKV_TASK_LABEL;
-        r.task.length = 16;
-        r.task.symbols = 16;
-        r.steps = steps;
-        r.batch = 32;
-        r.warmup = steps / 10;
-        r.lr = 3e-3;
-        r.seed = c->seed;
-        loss[i] = r.losses = malloc((size_t)steps * sizeof(double));
-        if (!r.losses) {
-            cli_error(CMD, NULL, NULL, "out of memory");
-            goto done;
-        }
-        qkv_model *m;
-        if (train(&r, &m) != 0) goto done;
         score sc;
-        int e = evaluate(m, &r.task, c->seed, 16, 64, &sc);
-        qkv_model_free(m);
-        if (e != 0) goto done;
+        if (keep_losses(&r, &loss[i]) != 0 || train_and_score(&r, c, &sc) != 0) goto done;
         dep[i] = sc.special_acc;
         printf("%-11s | %8.1f%% %11.1f%% %8.1f%% %9.3f\n", names[i], 100 * sc.token_acc, 100 * sc.special_acc,
                100 * sc.seq_acc, sc.loss);
@@ -904,20 +888,11 @@ static int exp_position(const ctx *c) {
                100 * dep[0], 100 * dep[lo], names[lo], 100 * dep[hi], names[hi]);
     }
     {
-        char path[4096];
-        if (path_in(c, "experiment_position.png", path, sizeof path) != 0) goto done;
         qkv_plot_series se[7];
         for (int i = 0; i < 7; i++) se[i] = (qkv_plot_series){names[i], NULL, loss[i], steps};
-        qkv_plot p;
-        qkv_plot_init(&p);
-        p.title = "labelling task: training loss by positional encoding";
-        p.x_label = "step";
-        p.y_label = "loss";
-        p.series = se;
-        p.n_series = 7;
-        p.log_y = 1;
-        errno = 0;
-        if (report_write(path, qkv_plot_save_png(path, &p)) != 0) goto done;
+        if (save_loss_plot(c, "experiment_position.png", "labelling task: training loss by positional encoding", se,
+                           7) != 0)
+            goto done;
     }
     rc = 0;
 done:
@@ -946,24 +921,8 @@ static int exp_heads(const ctx *c) {
            "time");
     for (int i = 0; i < 4; i++) {
         run r;
-        memset(&r, 0, sizeof r);
-        default_model(&r.cfg, c);
-        r.cfg.dim = 64;
-        r.cfg.heads = heads[i];
-        r.cfg.layers = 1;
-        r.task.task = TASK_PAIR;
-        r.task.length = 16;
-        r.task.symbols = 8;
-        r.steps = steps;
-        r.batch = 32;
-        r.warmup = steps / 10;
-        r.lr = 3e-3;
-        r.seed = c->seed;
-        loss[i] = r.losses = malloc((size_t)steps * sizeof(double));
-        if (!r.losses) {
-            cli_error(CMD, NULL, NULL, "out of memory");
-            goto done;
-        }
+        init_run(&r, c, TASK_PAIR, 16, 8, 64, heads[i], 1, steps, 3e-3);
+        if (keep_losses(&r, &loss[i]) != 0) goto done;
         double t0 = now_s();
         qkv_model *m;
         if (train(&r, &m) != 0) goto done;
@@ -1014,23 +973,13 @@ static int exp_heads(const ctx *c) {
            "the price of a smaller d per head); a single head must spread one pattern\n"
            "over everything it needs.\n");
     {
-        char path[4096], labels[4][16];
-        if (path_in(c, "experiment_heads.png", path, sizeof path) != 0) goto done;
+        char labels[4][16];
         qkv_plot_series se[4];
         for (int i = 0; i < 4; i++) {
             snprintf(labels[i], sizeof labels[i], "H = %lld", (long long)heads[i]);
             se[i] = (qkv_plot_series){labels[i], NULL, loss[i], steps};
         }
-        qkv_plot p;
-        qkv_plot_init(&p);
-        p.title = "two lookups: loss by number of heads";
-        p.x_label = "step";
-        p.y_label = "loss";
-        p.series = se;
-        p.n_series = 4;
-        p.log_y = 1;
-        errno = 0;
-        if (report_write(path, qkv_plot_save_png(path, &p)) != 0) goto done;
+        if (save_loss_plot(c, "experiment_heads.png", "two lookups: loss by number of heads", se, 4) != 0) goto done;
     }
     rc = 0;
 done:
@@ -1119,16 +1068,7 @@ int cli_cmd_experiment(int argc, char **argv) {
         cli_usage_hint(CMD);
         return CLI_EXIT_USAGE;
     }
-    struct stat st;
-    if (stat(c.dir, &st) != 0) {
-        if (mkdir(c.dir, 0777) != 0) {
-            cli_error(CMD, "--out", c.dir, "cannot create the folder: %s", strerror(errno));
-            return CLI_EXIT_FAIL;
-        }
-    } else if (!S_ISDIR(st.st_mode)) {
-        cli_error(CMD, "--out", c.dir, "not a folder");
-        return CLI_EXIT_FAIL;
-    }
+    if (cli_make_out_dir(CMD, c.dir) != 0) return CLI_EXIT_FAIL;
     double t0 = now_s();
     printf("qkv experiment %s (seed %llu%s)\n\n", e->name, (unsigned long long)c.seed, c.quick ? ", quick" : "");
     int r = e->run(&c);

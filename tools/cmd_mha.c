@@ -27,7 +27,6 @@
 #include "qkv.h"
 
 #define CMD "mha"
-#define MAX_THREADS 65536
 #define MAX_HEADS 65536
 #define NAME_MAX_LEN 512 /* prefix + tensor name */
 
@@ -173,9 +172,9 @@ typedef struct config {
 #define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 /* Interpret the value of one option; 0 or -1 (message printed). */
-static int take_value(config *c, int id, const char *v) {
+static int take_value(void *ctx, int id, const char *v) {
+    config *c = ctx;
     int64_t n;
-    double x;
     switch (id) {
     case OPT_MASK: return cli_parse_mask(CMD, v, &c->attn);
     case OPT_HEADS:
@@ -206,28 +205,9 @@ static int take_value(config *c, int id, const char *v) {
             return -1;
         }
         return 0;
-    case OPT_ROPE_BASE:
-        if (cli_parse_double(CMD, "--rope-base", v, &x) != 0) return -1;
-        if (!(x > 1.0)) {
-            cli_error(CMD, "--rope-base", NULL, "'%s' must be > 1", v);
-            return -1;
-        }
-        c->rope_base = x;
-        return 0;
-    case OPT_IMPL:
-        if (strcmp(v, "auto") == 0) c->attn.impl = QKV_IMPL_AUTO;
-        else if (strcmp(v, "reference") == 0) c->attn.impl = QKV_IMPL_REFERENCE;
-        else if (strcmp(v, "fast") == 0) c->attn.impl = QKV_IMPL_FAST;
-        else {
-            cli_error(CMD, "--impl", NULL,
-                      "unknown implementation '%s' (expected auto, reference or fast)", v);
-            return -1;
-        }
-        return 0;
-    case OPT_THREADS:
-        if (cli_parse_int64(CMD, "--threads", v, 0, MAX_THREADS, &n) != 0) return -1;
-        c->attn.threads = (int)n;
-        return 0;
+    case OPT_ROPE_BASE: return cli_parse_double_above(CMD, "--rope-base", v, 1.0, "", &c->rope_base);
+    case OPT_IMPL: return cli_parse_impl(CMD, v, &c->attn);
+    case OPT_THREADS: return cli_parse_threads(CMD, v, &c->attn);
     default: return 0; /* a file name or the prefix: used as given */
     }
 }
@@ -245,15 +225,8 @@ static int parse_args(int argc, char **argv, config *c) {
         return CLI_EXIT_USAGE;
     }
 
-    const char *name, *value;
-    for (int id; (id = cli_scan(&a, &name, &value)) != CLI_END;) {
-        if (id == CLI_STOP) return a.status;
-        c->val[id] = value;
-        if (value && take_value(c, id, value) != 0) {
-            cli_usage_hint(CMD);
-            return CLI_EXIT_USAGE;
-        }
-    }
+    int rc = cli_scan_values(&a, c->val, take_value, c);
+    if (rc != PARSE_CONTINUE) return rc;
 
     /* Which options go together. */
     static const struct {
@@ -873,9 +846,5 @@ int cli_cmd_mha(int argc, char **argv) {
     memset(&j, 0, sizeof j);
     rc = run(&c, &j);
     job_free(&j);
-    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
-        cli_error(CMD, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
-        rc = CLI_EXIT_FAIL;
-    }
-    return rc;
+    return cli_flush_stdout(CMD, rc);
 }

@@ -42,6 +42,13 @@ static const cli_opt options[OPT_COUNT] = {
     {"--precision", NULL, 1, OPT_PRECISION},
 };
 
+/* The index of val in names[n], or -1. */
+static int name_index(const char *val, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(val, names[i])) return i;
+    return -1;
+}
+
 static const char *const POS_NAMES[] = {"none", "sinusoidal", "learned", "rope", "alibi", "relative", "floater"};
 
 static void help(void) {
@@ -224,43 +231,25 @@ typedef qkv_dp_reducer dp_red;
 typedef struct dp_red dp_red; /* never created */
 #endif
 
+#ifdef QKV_HAVE_MPI
 static qkv_status dp_red_create(const dp_ctx *dp, qkv_model *m, dp_red **out) {
     *out = NULL;
-#ifdef QKV_HAVE_MPI
-    if (dp->size > 1) return qkv_dp_reducer_create(m, 0, dp->comm, out);
+    return dp->size > 1 ? qkv_dp_reducer_create(m, 0, dp->comm, out) : QKV_OK;
+}
+static qkv_status dp_red_begin(dp_red *red, double weight) { return red ? qkv_dp_reducer_begin(red, weight) : QKV_OK; }
+static qkv_status dp_red_finish(dp_red *red, qkv_status s) { return red ? qkv_dp_reducer_finish(red, s) : s; }
+static void dp_red_free(dp_red *red) { qkv_dp_reducer_free(red); }
 #else
+static qkv_status dp_red_create(const dp_ctx *dp, qkv_model *m, dp_red **out) {
     (void)dp;
     (void)m;
-#endif
+    *out = NULL;
     return QKV_OK;
 }
-
-static qkv_status dp_red_begin(dp_red *red, double weight) {
-#ifdef QKV_HAVE_MPI
-    if (red) return qkv_dp_reducer_begin(red, weight);
-#else
-    (void)red;
-    (void)weight;
+static qkv_status dp_red_begin(dp_red *red, double weight) { return (void)red, (void)weight, QKV_OK; }
+static qkv_status dp_red_finish(dp_red *red, qkv_status s) { return (void)red, s; }
+static void dp_red_free(dp_red *red) { (void)red; }
 #endif
-    return QKV_OK;
-}
-
-static qkv_status dp_red_finish(dp_red *red, qkv_status s) {
-#ifdef QKV_HAVE_MPI
-    if (red) return qkv_dp_reducer_finish(red, s);
-#else
-    (void)red;
-#endif
-    return s;
-}
-
-static void dp_red_free(dp_red *red) {
-#ifdef QKV_HAVE_MPI
-    qkv_dp_reducer_free(red);
-#else
-    (void)red;
-#endif
-}
 
 /* Sum the weighted losses over the ranks. */
 static qkv_status dp_reduce(const dp_ctx *dp, double weight, double *loss) {
@@ -322,8 +311,8 @@ static void load_precision(const qkv_safetensors *st, int *prec, qkv_loss_scaler
     const char *p = qkv_safetensors_get_meta(st, "train.precision"), *sc = qkv_safetensors_get_meta(st, "train.loss_scale"),
                *cl = qkv_safetensors_get_meta(st, "train.loss_scale_clean"),
                *sk = qkv_safetensors_get_meta(st, "train.loss_scale_skipped");
-    for (int i = 0; p && i < 3; i++)
-        if (!strcmp(p, PRECISION_NAMES[i])) *prec = i;
+    int i = p ? name_index(p, PRECISION_NAMES, 3) : -1;
+    if (i >= 0) *prec = i;
     if (sc && cl && sk) {
         ls->scale = strtod(sc, NULL);
         ls->clean = strtoll(cl, NULL, 10);
@@ -512,10 +501,7 @@ static int parse_train_args(int argc, char **argv, train_run *r, train_args *o) 
             }
             break;
         case OPT_POS: {
-            pos = -1;
-            for (int i = 0; i < 7; i++)
-                if (!strcmp(val, POS_NAMES[i])) pos = i;
-            if (pos < 0) {
+            if ((pos = name_index(val, POS_NAMES, 7)) < 0) {
                 cli_error(CMD, name, NULL, "'%s' is not one of none, sinusoidal, learned, rope, alibi, relative, floater", val);
                 return CLI_EXIT_USAGE;
             }
@@ -525,10 +511,7 @@ static int parse_train_args(int argc, char **argv, train_run *r, train_args *o) 
         case OPT_RESUME: resume = val; break;
         case OPT_QUIET: quiet = 1; break;
         case OPT_PRECISION:
-            prec = -1;
-            for (int i = 0; i < 3; i++)
-                if (!strcmp(val, PRECISION_NAMES[i])) prec = i;
-            if (prec < 0) {
+            if ((prec = name_index(val, PRECISION_NAMES, 3)) < 0) {
                 cli_error(CMD, name, NULL, "'%s' is not one of fp32, bf16, fp16", val);
                 return CLI_EXIT_USAGE;
             }
@@ -545,19 +528,9 @@ static int parse_train_args(int argc, char **argv, train_run *r, train_args *o) 
         cli_error(CMD, "--resume", resume, "continues the run as it was: give only --threads (and --quiet) with it");
         return CLI_EXIT_USAGE;
     }
-    o->layers = layers;
-    o->dim = dim;
-    o->heads = heads;
-    o->seq = seq;
-    o->threads = threads;
-    o->ckpt_every = ckpt_every;
-    o->dropout = dropout;
-    o->pos = pos;
-    o->quiet = quiet;
-    o->prec = prec;
-    o->out = out;
-    o->resume = resume;
-    o->text = text;
+    *o = (train_args){.layers = layers, .dim = dim, .heads = heads, .seq = seq, .threads = threads,
+                      .ckpt_every = ckpt_every, .dropout = dropout, .pos = pos, .quiet = quiet, .prec = prec,
+                      .out = out, .resume = resume, .text = text};
     return PARSE_CONTINUE;
 }
 
@@ -628,188 +601,255 @@ static int new_model(train_run *r, const train_args *o, qkv_model **m) {
     return PARSE_CONTINUE;
 }
 
-static int train_main(int argc, char **argv, const dp_ctx *dp) {
+/* One run of qkv train: its settings and what it holds while training. */
+typedef struct trainer {
     train_run r;
-    memset(&r, 0, sizeof r);
-    r.batch = 32;
-    r.steps = 2000;
-    r.warmup = 100;
-    r.lr = 1e-3;
-    r.min_lr = 1e-4;
-    r.clip = 1.0;
-    r.weight_decay = 0.01;
-    r.seed = 1;
-    train_args o;
-    int prc = parse_train_args(argc, argv, &r, &o);
-    if (prc != PARSE_CONTINUE) return prc;
-    const int64_t threads = o.threads, ckpt_every = o.ckpt_every;
-    int quiet = o.quiet, prec = o.prec;
-    const char *out = o.out, *resume = o.resume;
-    if (dp->rank != 0) quiet = 1; /* data parallel: rank 0 reports */
+    const dp_ctx *dp;
+    qkv_model *m;
+    qkv_adamw *opt;
+    qkv_safetensors *ckpt; /* the checkpoint resumed from, or NULL */
+    dp_red *red;
     qkv_loss_scaler scaler;
-    qkv_loss_scaler_init(&scaler);
+    int prec, quiet;
+    int64_t ckpt_every;
+    const char *out, *resume;
+} trainer;
 
-    qkv_model *m = NULL;
-    qkv_adamw *opt = NULL;
-    qkv_safetensors *ckpt = NULL;
-    dp_red *red = NULL;
-    int rc = CLI_EXIT_FAIL;
+/* The model: from the checkpoint of --resume (rebuilt for another --threads,
+ * which does not change results), or new from the options, with its --out
+ * folder. PARSE_CONTINUE, or the exit status after printing why. */
+static int prepare_model(trainer *t, const train_args *o) {
     qkv_status s;
     char why[512];
-    if (resume) {
-        out = resume;
-        if (train_load_checkpoint(CMD, resume, &ckpt, &m, &r) != 0) return CLI_EXIT_FAIL;
-        qkv_model_config cfg = *qkv_model_get_config(m);
-        if (threads != cfg.threads) { /* threads do not change results: rebuild with the asked count */
-            cfg.threads = (int)threads;
-            qkv_model *m2 = NULL;
-            if ((s = qkv_model_create(&cfg, 0, &m2)) != QKV_OK || (s = qkv_model_load(m2, ckpt, why, sizeof why)) != QKV_OK) {
-                cli_error(CMD, "--resume", resume, "%s", qkv_status_string(s));
-                qkv_model_free(m2);
-                goto done;
-            }
-            qkv_model_free(m);
-            m = m2;
-        }
-    } else {
-        int nrc = new_model(&r, &o, &m);
+    if (!t->resume) {
+        int nrc = new_model(&t->r, o, &t->m);
         if (nrc != PARSE_CONTINUE) return nrc;
-        if (mkdir(out, 0777) != 0 && errno != EEXIST) {
-            cli_error(CMD, "--out", out, "cannot create the folder: %s", strerror(errno));
-            goto done;
+        if (mkdir(t->out, 0777) != 0 && errno != EEXIST) {
+            cli_error(CMD, "--out", t->out, "cannot create the folder: %s", strerror(errno));
+            return CLI_EXIT_FAIL;
         }
+        return PARSE_CONTINUE;
     }
-    if ((s = dp_sync(dp, m)) != QKV_OK || (s = dp_red_create(dp, m, &red)) != QKV_OK) {
+    t->out = t->resume;
+    if (train_load_checkpoint(CMD, t->resume, &t->ckpt, &t->m, &t->r) != 0) {
+        t->ckpt = NULL; /* freed by train_load_checkpoint */
+        t->m = NULL;
+        return CLI_EXIT_FAIL;
+    }
+    qkv_model_config cfg = *qkv_model_get_config(t->m);
+    if (o->threads == cfg.threads) return PARSE_CONTINUE;
+    cfg.threads = (int)o->threads;
+    qkv_model *m2 = NULL;
+    if ((s = qkv_model_create(&cfg, 0, &m2)) != QKV_OK || (s = qkv_model_load(m2, t->ckpt, why, sizeof why)) != QKV_OK) {
+        cli_error(CMD, "--resume", t->resume, "%s", qkv_status_string(s));
+        qkv_model_free(m2);
+        return CLI_EXIT_FAIL;
+    }
+    qkv_model_free(t->m);
+    t->m = m2;
+    return PARSE_CONTINUE;
+}
+
+/* Data parallelism, the optimiser (its state from the checkpoint) and the
+ * precision. 0, or -1 after printing why. */
+static int prepare_training(trainer *t) {
+    qkv_status s;
+    char why[512];
+    if ((s = dp_sync(t->dp, t->m)) != QKV_OK || (s = dp_red_create(t->dp, t->m, &t->red)) != QKV_OK) {
         cli_error(CMD, NULL, NULL, "data parallel: %s", qkv_status_string(s));
-        goto done;
+        return -1;
     }
-    if ((s = qkv_adamw_create(m, 0.9, 0.95, 1e-8, r.weight_decay, &opt)) != QKV_OK) {
+    if ((s = qkv_adamw_create(t->m, 0.9, 0.95, 1e-8, t->r.weight_decay, &t->opt)) != QKV_OK) {
         cli_error(CMD, NULL, NULL, "optimiser: %s", qkv_status_string(s));
-        goto done;
+        return -1;
     }
-    if (ckpt && qkv_adamw_load(opt, ckpt, why, sizeof why) != QKV_OK) {
-        cli_error(CMD, "--resume", resume, "%s", why);
-        goto done;
+    if (t->ckpt && qkv_adamw_load(t->opt, t->ckpt, why, sizeof why) != QKV_OK) {
+        cli_error(CMD, "--resume", t->resume, "%s", why);
+        return -1;
     }
-    if (ckpt) load_precision(ckpt, &prec, &scaler);
-    if ((s = qkv_model_set_precision(m, PRECISION_DTYPES[prec])) != QKV_OK) {
-        cli_error(CMD, "--precision", PRECISION_NAMES[prec], "%s", qkv_status_string(s));
-        goto done;
+    if (t->ckpt) load_precision(t->ckpt, &t->prec, &t->scaler);
+    if ((s = qkv_model_set_precision(t->m, PRECISION_DTYPES[t->prec])) != QKV_OK) {
+        cli_error(CMD, "--precision", PRECISION_NAMES[t->prec], "%s", qkv_status_string(s));
+        return -1;
     }
-    {
-        int64_t V, N;
-        int causal;
-        qkv_task_shape(&r.task, &V, &N, &causal);
-        FILE *log = dp->rank == 0 ? open_log(out, r.step) : fopen("/dev/null", "w");
-        if (dp_any(dp, !log)) {
-            if (log) fclose(log);
-            goto done;
+    return 0;
+}
+
+/* One optimiser step on batch r.step (tok, tgt [batch, N] of the longest
+ * length; the curriculum's is used): this rank's slice forward and backward,
+ * gradients and loss summed over the ranks, the update (fp16: unscaled, and
+ * skipped on inf/NaN, logged grad_norm inf). *tokens: the batch's tokens. */
+static qkv_status train_step(trainer *t, int32_t *tok, int32_t *tgt, int64_t N, double lr, double *loss,
+                             double *gnorm, int64_t *tokens) {
+    qkv_status s;
+    train_run *r = &t->r;
+    qkv_task_spec cur = r->task; /* the curriculum's length, if any (N is the most) */
+    int64_t Nc = N;
+    if (r->cur_length > 0) cur.length = r->cur_length;
+    if ((s = qkv_task_shape(&cur, NULL, &Nc, NULL)) != QKV_OK ||
+        (s = qkv_task_batch(&cur, r->seed, r->step, r->batch, tok, tgt)) != QKV_OK)
+        return s;
+    *tokens = r->batch * Nc;
+    qkv_model_set_step(t->m, r->seed, r->step);
+    qkv_model_zero_grad(t->m);
+    int fp16 = PRECISION_DTYPES[t->prec] == QKV_F16;
+    if (fp16 && (s = qkv_model_set_loss_scale(t->m, t->scaler.scale)) != QKV_OK) return s;
+    int64_t b0 = 0, bn = r->batch;
+    double share = 1.0;
+    if (t->dp->size > 1) dp_slice(t->dp, r->batch, Nc, tgt, &b0, &bn, &share);
+    s = dp_red_begin(t->red, share);
+    if (s == QKV_OK) s = qkv_model_forward(t->m, bn, Nc, tok + b0 * Nc, tgt + b0 * Nc, 1, NULL, loss);
+    if (s == QKV_OK) s = qkv_model_backward(t->m);
+    if ((s = dp_red_finish(t->red, s)) != QKV_OK) return s; /* every rank stops together */
+    if ((s = dp_reduce(t->dp, share, loss)) != QKV_OK) return s;
+    if (fp16) {
+        int skipped = 0;
+        return qkv_loss_scaler_step(&t->scaler, t->m, t->opt, lr, r->clip, gnorm, &skipped);
+    }
+    return qkv_adamw_step(t->opt, lr, r->clip, gnorm);
+}
+
+/* After step r.step: the checkpoint when one is due (rank 0 writes it; it
+ * records the next step). 0, or -1 when any rank failed. */
+static int checkpoint_if_due(trainer *t, FILE *log) {
+    train_run *r = &t->r;
+    if ((r->step + 1) % t->ckpt_every != 0 && r->step + 1 != r->steps) return 0;
+    int64_t keep = r->step;
+    r->step++;
+    fflush(log);
+    int bad = t->dp->rank == 0 && save_checkpoint(t->out, t->m, t->opt, r, t->prec, &t->scaler) != 0;
+    r->step = keep;
+    return dp_any(t->dp, bad) ? -1 : 0;
+}
+
+/* The steps from r.step to r.steps, logged to log, with checkpoints and the
+ * progress line. 0, or -1 after printing why. */
+static int train_loop(trainer *t, FILE *log, int32_t *tok, int32_t *tgt, int64_t N) {
+    train_run *r = &t->r;
+    qkv_status s = QKV_OK;
+    int tty = !t->quiet && isatty(STDERR_FILENO), failed = 0;
+    double t0 = now_s(), t_last = t0, ema = NAN;
+    int64_t first = r->step;
+    for (; r->step < r->steps; r->step++) {
+        double loss = 0, gnorm = 0, ts = now_s();
+        double lr = qkv_lr_schedule(r->step, r->warmup, r->steps, r->lr, r->min_lr);
+        int64_t tokens = 0;
+        if ((s = train_step(t, tok, tgt, N, lr, &loss, &gnorm, &tokens)) != QKV_OK) break;
+        double te = now_s();
+        double tps = (double)tokens / (te - ts);
+        int64_t was = r->cur_length;
+        train_curriculum_update(r, loss);
+        if (!t->quiet && r->cur_length != was)
+            fprintf(stderr, "%scurriculum: %lld pairs from step %lld\n", tty ? "\n" : "", (long long)r->cur_length,
+                    (long long)r->step + 1);
+        fprintf(log, "%lld,%.9g,%.6g,%.6g,%.1f\n", (long long)r->step, loss, lr, gnorm, tps);
+        ema = isnan(ema) ? loss : 0.95 * ema + 0.05 * loss;
+        if (checkpoint_if_due(t, log) != 0) {
+            failed = 1;
+            break;
         }
-        if (dp->size > 1 && r.batch < dp->size) {
-            cli_error(CMD, "--batch", NULL, "%lld rows cannot be shared by %d ranks", (long long)r.batch, dp->size);
-            fclose(log);
-            goto done;
+        if (!t->quiet && (te - t_last > (tty ? 0.2 : 10.0) || r->step + 1 == r->steps)) {
+            t_last = te;
+            print_progress(r, first, t0, te, ema, tps, tty);
         }
-        int32_t *tok = malloc((size_t)(r.batch * N) * sizeof(int32_t)), *tgt = malloc((size_t)(r.batch * N) * sizeof(int32_t));
-        if (!tok || !tgt) {
-            free(tok);
-            free(tgt);
-            fclose(log);
-            cli_error(CMD, "--batch", NULL, "out of memory");
-            goto done;
-        }
-        int tty = !quiet && isatty(STDERR_FILENO);
-        if (!quiet)
-            fprintf(stderr, "qkv train: %s, n = %lld, vocab %lld, %lld parameters, %lld steps%s%s%s\n",
-                    qkv_task_name(r.task.task), (long long)N, (long long)V, (long long)qkv_model_param_count(m),
-                    (long long)r.steps, r.step ? " (resumed)" : "", prec ? ", attention in " : "",
-                    prec ? PRECISION_NAMES[prec] : "");
-        double t0 = now_s(), t_last = t0, ema = NAN;
-        int64_t first = r.step;
-        int failed = 0;
-        for (; r.step < r.steps; r.step++) {
-            double loss = 0, gnorm = 0, ts = now_s();
-            double lr = qkv_lr_schedule(r.step, r.warmup, r.steps, r.lr, r.min_lr);
-            qkv_task_spec cur = r.task; /* the curriculum's length, if any (N is the most) */
-            int64_t Nc = N;
-            if (r.cur_length > 0) cur.length = r.cur_length;
-            if ((s = qkv_task_shape(&cur, NULL, &Nc, NULL)) != QKV_OK ||
-                (s = qkv_task_batch(&cur, r.seed, r.step, r.batch, tok, tgt)) != QKV_OK)
-                break;
-            qkv_model_set_step(m, r.seed, r.step);
-            qkv_model_zero_grad(m);
-            if (PRECISION_DTYPES[prec] == QKV_F16 && (s = qkv_model_set_loss_scale(m, scaler.scale)) != QKV_OK) break;
-            int64_t b0 = 0, bn = r.batch;
-            double share = 1.0;
-            if (dp->size > 1) dp_slice(dp, r.batch, Nc, tgt, &b0, &bn, &share);
-            s = dp_red_begin(red, share);
-            if (s == QKV_OK) s = qkv_model_forward(m, bn, Nc, tok + b0 * Nc, tgt + b0 * Nc, 1, NULL, &loss);
-            if (s == QKV_OK) s = qkv_model_backward(m);
-            if ((s = dp_red_finish(red, s)) != QKV_OK) break; /* every rank stops together */
-            if ((s = dp_reduce(dp, share, &loss)) != QKV_OK) break;
-            if (PRECISION_DTYPES[prec] == QKV_F16) { /* unscale; skip the step on inf/NaN (logged grad_norm inf) */
-                int skipped = 0;
-                if ((s = qkv_loss_scaler_step(&scaler, m, opt, lr, r.clip, &gnorm, &skipped)) != QKV_OK) break;
-            } else if ((s = qkv_adamw_step(opt, lr, r.clip, &gnorm)) != QKV_OK) {
-                break;
-            }
-            double te = now_s();
-            double tps = (double)(r.batch * Nc) / (te - ts);
-            int64_t was = r.cur_length;
-            train_curriculum_update(&r, loss);
-            if (!quiet && r.cur_length != was)
-                fprintf(stderr, "%scurriculum: %lld pairs from step %lld\n", tty ? "\n" : "", (long long)r.cur_length,
-                        (long long)r.step + 1);
-            fprintf(log, "%lld,%.9g,%.6g,%.6g,%.1f\n", (long long)r.step, loss, lr, gnorm, tps);
-            ema = isnan(ema) ? loss : 0.95 * ema + 0.05 * loss;
-            if ((r.step + 1) % ckpt_every == 0 || r.step + 1 == r.steps) {
-                int64_t keep = r.step;
-                r.step++;
-                fflush(log);
-                if (dp_any(dp, dp->rank == 0 && save_checkpoint(out, m, opt, &r, prec, &scaler) != 0)) {
-                    failed = 1;
-                    break;
-                }
-                r.step = keep;
-            }
-            if (!quiet && (te - t_last > (tty ? 0.2 : 10.0) || r.step + 1 == r.steps)) {
-                t_last = te;
-                print_progress(&r, first, t0, te, ema, tps, tty);
-            }
-        }
-        if (tty) fputc('\n', stderr);
-        dp_red_free(red); /* and the model's gradient hook */
-        red = NULL;
+    }
+    if (tty) fputc('\n', stderr);
+    if (failed) return -1;
+    if (s != QKV_OK) {
+        cli_error(CMD, NULL, NULL, "step %lld: %s", (long long)r->step, qkv_status_string(s));
+        return -1;
+    }
+    return 0;
+}
+
+/* The log and the batch buffers around train_loop. 0, or -1 after printing why. */
+static int train_all(trainer *t) {
+    const dp_ctx *dp = t->dp;
+    train_run *r = &t->r;
+    int64_t V, N;
+    int causal;
+    qkv_task_shape(&r->task, &V, &N, &causal);
+    FILE *log = dp->rank == 0 ? open_log(t->out, r->step) : fopen("/dev/null", "w");
+    if (dp_any(dp, !log)) {
+        if (log) fclose(log);
+        return -1;
+    }
+    if (dp->size > 1 && r->batch < dp->size) {
+        cli_error(CMD, "--batch", NULL, "%lld rows cannot be shared by %d ranks", (long long)r->batch, dp->size);
+        fclose(log);
+        return -1;
+    }
+    int32_t *tok = malloc((size_t)(r->batch * N) * sizeof(int32_t)), *tgt = malloc((size_t)(r->batch * N) * sizeof(int32_t));
+    if (!tok || !tgt) {
         free(tok);
         free(tgt);
-        if (fclose(log) != 0) failed = 1;
-        if (failed) goto done;
-        if (s != QKV_OK) {
-            cli_error(CMD, NULL, NULL, "step %lld: %s", (long long)r.step, qkv_status_string(s));
-            goto done;
-        }
-        double acc, tacc, eloss;
-        if (dp->rank != 0) { /* rank 0 evaluates and reports */
-            rc = CLI_EXIT_OK;
-            goto done;
-        }
-        if ((s = evaluate(m, &r, 512, r.seed ^ EVAL_SEED_SALT, &acc, &tacc, &eloss)) == QKV_OK)
-            printf("%s: exact-sequence accuracy %.2f%%, token accuracy %.2f%%, loss %.4f on 512 fresh examples\n",
-                   qkv_task_name(r.task.task), 100 * acc, 100 * tacc, eloss);
-        if (PRECISION_DTYPES[prec] == QKV_F16)
-            printf("fp16 loss scaling: %lld steps skipped (inf/NaN gradients), final scale %g\n",
-                   (long long)scaler.skipped, scaler.scale);
-        if (write_loss_png(out) != 0) goto done;
-        printf("checkpoint: %s/%s\nloss log:   %s/loss.csv\nloss curve: %s/loss.png\n", out, TRAIN_CKPT_FILE, out,
-               out);
-        rc = CLI_EXIT_OK;
+        fclose(log);
+        cli_error(CMD, "--batch", NULL, "out of memory");
+        return -1;
     }
-done:
-    dp_red_free(red);
-    qkv_adamw_free(opt);
-    qkv_model_free(m);
-    qkv_safetensors_free(ckpt);
-    train_run_free(&r);
+    if (!t->quiet)
+        fprintf(stderr, "qkv train: %s, n = %lld, vocab %lld, %lld parameters, %lld steps%s%s%s\n",
+                qkv_task_name(r->task.task), (long long)N, (long long)V, (long long)qkv_model_param_count(t->m),
+                (long long)r->steps, r->step ? " (resumed)" : "", t->prec ? ", attention in " : "",
+                t->prec ? PRECISION_NAMES[t->prec] : "");
+    int rc = train_loop(t, log, tok, tgt, N);
+    dp_red_free(t->red); /* and the model's gradient hook */
+    t->red = NULL;
+    free(tok);
+    free(tgt);
+    if (fclose(log) != 0 && rc == 0) rc = -1;
+    return rc;
+}
+
+/* Rank 0's last words: accuracy on fresh examples, the loss scaler's
+ * record, the loss curve (when this qkv draws) and where everything is.
+ * 0, or -1 after printing why. */
+static int report(trainer *t) {
+    qkv_status s;
+    double acc, tacc, eloss;
+    if ((s = evaluate(t->m, &t->r, 512, t->r.seed ^ EVAL_SEED_SALT, &acc, &tacc, &eloss)) == QKV_OK)
+        printf("%s: exact-sequence accuracy %.2f%%, token accuracy %.2f%%, loss %.4f on 512 fresh examples\n",
+               qkv_task_name(t->r.task.task), 100 * acc, 100 * tacc, eloss);
+    if (PRECISION_DTYPES[t->prec] == QKV_F16)
+        printf("fp16 loss scaling: %lld steps skipped (inf/NaN gradients), final scale %g\n",
+               (long long)t->scaler.skipped, t->scaler.scale);
+    int drawn = cli_can_draw(CMD);
+    if (drawn && write_loss_png(t->out) != 0) return -1;
+    printf("checkpoint: %s/%s\nloss log:   %s/loss.csv\n", t->out, TRAIN_CKPT_FILE, t->out);
+    if (drawn) printf("loss curve: %s/loss.png\n", t->out);
+    return 0;
+}
+
+static int train_main(int argc, char **argv, const dp_ctx *dp) {
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.r.batch = 32;
+    t.r.steps = 2000;
+    t.r.warmup = 100;
+    t.r.lr = 1e-3;
+    t.r.min_lr = 1e-4;
+    t.r.clip = 1.0;
+    t.r.weight_decay = 0.01;
+    t.r.seed = 1;
+    t.dp = dp;
+    train_args o;
+    int rc = parse_train_args(argc, argv, &t.r, &o);
+    if (rc != PARSE_CONTINUE) return rc;
+    t.ckpt_every = o.ckpt_every;
+    t.quiet = o.quiet || dp->rank != 0; /* data parallel: rank 0 reports */
+    t.prec = o.prec;
+    t.out = o.out;
+    t.resume = o.resume;
+    qkv_loss_scaler_init(&t.scaler);
+    rc = prepare_model(&t, &o);
+    if (rc == PARSE_CONTINUE)
+        rc = prepare_training(&t) != 0 || train_all(&t) != 0 || (dp->rank == 0 && report(&t) != 0) ? CLI_EXIT_FAIL
+                                                                                                   : CLI_EXIT_OK;
+    dp_red_free(t.red);
+    qkv_adamw_free(t.opt);
+    qkv_model_free(t.m);
+    qkv_safetensors_free(t.ckpt);
+    train_run_free(&t.r);
     return rc;
 }
 

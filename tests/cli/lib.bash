@@ -71,6 +71,37 @@ differ() { if cmp -s "$2" "$3"; then fail "$1: $2 and $3 are the same"; else pas
 # is_png FILE: FILE starts with the PNG signature.
 is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ]; }
 
+# with_png: whether the qkv under test draws PNG pictures, from
+# QKV_TEST_WITH_PNG (1 or 0: CTest sets it from the build's QKV_WITH_PNG).
+# Unset, the script stops with a message: a test must not guess which
+# build it checks.
+with_png() {
+    case ${QKV_TEST_WITH_PNG:-} in
+    1) return 0 ;;
+    0) return 1 ;;
+    *)
+        echo "QKV_TEST_WITH_PNG is '${QKV_TEST_WITH_PNG:-}': run the test through ctest, or set it to 1 (a build with PNG) or 0" >&2
+        exit 1
+        ;;
+    esac
+}
+
+# pictures STDERR FILE...: in a build with PNG every FILE is a PNG picture
+# and STDERR does not say "pictures not drawn"; without PNG no FILE exists
+# and STDERR says once that pictures are not drawn.
+pictures() {
+    local err=$1 f
+    shift
+    if with_png; then
+        for f; do if [ -f "$f" ] && is_png "$f"; then pass; else fail "missing or not PNG: $f"; fi; done
+        if grep -q "pictures not drawn" "$err"; then fail "$err: 'pictures not drawn' in a build with PNG"; else pass; fi
+    else
+        for f; do if [ -e "$f" ]; then fail "$f written by a build without PNG"; else pass; fi; done
+        [ "$(grep -c "pictures not drawn: this qkv was built without PNG" "$err")" -eq 1 ] && pass \
+            || fail "$err: not once 'pictures not drawn: this qkv was built without PNG': $(cat "$err")"
+    fi
+}
+
 # wait_for_file FILE PID: returns once FILE exists or process PID has ended,
 # however long that takes: a fixed bound fails on a loaded machine and under
 # valgrind (a first checkpoint there takes tens of seconds), and the test

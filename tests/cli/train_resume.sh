@@ -52,9 +52,10 @@ check $? "full disk: the kept checkpoint still loads"
 [ -z "$(ls "$d" | grep -i tmp)" ]
 check $? "full disk: no temporary file left behind"
 
-# The loss curve picture.
-[ -s "$T/full/loss.png" ] && is_png "$T/full/loss.png"
-check $? "loss.png is a PNG"
+# The loss curve picture (without PNG: none, said once, and not announced).
+pictures "$T/full.out" "$T/full/loss.png"
+if with_png; then grep -q "^loss curve: $T/full/loss.png$" "$T/full.out"; else ! grep -q "^loss curve:" "$T/full.out"; fi
+check $? "the summary names loss.png exactly when it is drawn"
 
 # Thread count does not change the numbers.
 "$QKV" train "${args[@]}" --threads 1 --out "$T/t1" > /dev/null 2>&1 && cut -d, -f1-4 "$T/t1/loss.csv" > "$T/t1.curve"

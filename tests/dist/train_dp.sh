@@ -10,6 +10,11 @@ mpiexec=$1
 qkv=$2
 tmp=$(mktemp -d "${QKV_TEST_TMP:-/tmp}/train_dp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+png=${QKV_TEST_WITH_PNG:-}
+case $png in
+1 | 0) ;;
+*) echo "QKV_TEST_WITH_PNG is '$png': run the test through ctest, or set it to 1 (a build with PNG) or 0" >&2; exit 1 ;;
+esac
 args=(--task copy --seq 6 --symbols 8 --layers 1 --dim 32 --heads 2 --batch 10 --steps 24 --warmup 3
       --seed 5 --threads 1 --ckpt-every 12 --quiet)
 "$qkv" train "${args[@]}" --out "$tmp/one" >/dev/null || { echo "FAIL: one process" >&2; exit 1; }
@@ -32,6 +37,13 @@ for np in 2 3 4; do
   printf 'np=%d: ' "$np"
   cmp_loss "$tmp/one/loss.csv" "$d/loss.csv" || { echo "FAIL: np=$np loss curve differs" >&2; fails=$((fails + 1)); }
   [ -f "$d/model.safetensors" ] || { echo "FAIL: np=$np: no checkpoint" >&2; fails=$((fails + 1)); }
+  # The loss curve from rank 0 in a build with PNG; none without (said once).
+  if [ "$png" = 1 ]; then
+    [ -s "$d/loss.png" ] || { echo "FAIL: np=$np: no loss.png" >&2; fails=$((fails + 1)); }
+  elif [ -e "$d/loss.png" ] || [ "$(grep -c "pictures not drawn" "$tmp/log$np")" != 1 ]; then
+    echo "FAIL: np=$np: without PNG, loss.png or not once 'pictures not drawn'" >&2
+    fails=$((fails + 1))
+  fi
   n_acc=$(grep -c "exact-sequence accuracy" "$tmp/log$np")
   [ "$n_acc" = 1 ] || { echo "FAIL: np=$np: $n_acc ranks reported (want rank 0 only)" >&2; fails=$((fails + 1)); }
   if ls "$d" | grep -q "tmp"; then echo "FAIL: np=$np: temporary files left: $(ls "$d")" >&2; fails=$((fails + 1)); fi
