@@ -163,20 +163,13 @@ static void outputs_undo(outputs *o) {
     if (o->folder) rmdir(o->folder);
 }
 
-/* The --out folder, made if it does not exist (then recorded in o). 0, or
- * -1 after printing why. */
+/* The --out folder, made if it does not exist (then recorded in o, so that
+ * a failed run removes it). 0, or -1 after printing why. */
 static int make_folder(outputs *o, const char *out) {
     struct stat sb;
-    if (stat(out, &sb) != 0) {
-        if (mkdir(out, 0777) != 0) {
-            cli_error(CMD, "--out", out, "cannot create the folder: %s", strerror(errno));
-            return -1;
-        }
-        o->folder = out;
-    } else if (!S_ISDIR(sb.st_mode)) {
-        cli_error(CMD, "--out", out, "not a folder");
-        return -1;
-    }
+    int existed = stat(out, &sb) == 0;
+    if (cli_make_out_dir(CMD, out) != 0) return -1;
+    if (!existed) o->folder = out;
     return 0;
 }
 
@@ -201,24 +194,6 @@ static int save_picture(outputs *o, const char *dir, const char *name, const qkv
     }
     o->n++;
     printf("wrote %s\n", path);
-    return 0;
-}
-
-/* The heatmap in 24-bit colour on the terminal. 0, or -1 after printing why. */
-static int print_ansi(const qkv_heatmap *hm) {
-    size_t len = 0;
-    char *buf = NULL;
-    qkv_status s = qkv_heatmap_format_ansi(hm, QKV_ANSI_24BIT, NULL, 0, &len);
-    if (s == QKV_OK && (buf = malloc(len + 1)) != NULL)
-        s = qkv_heatmap_format_ansi(hm, QKV_ANSI_24BIT, buf, len + 1, &len);
-    if (s != QKV_OK || !buf) {
-        free(buf);
-        cli_error(CMD, NULL, NULL, "terminal heatmap: %s", buf ? qkv_status_string(s) : "out of memory");
-        return -1;
-    }
-    printf("\n");
-    fputs(buf, stdout);
-    free(buf);
     return 0;
 }
 
@@ -284,7 +259,7 @@ static int draw_ckpt(qkv_model *m, const qkv_model_config *cfg, int64_t n, const
             hm.vmin = 0.0;
             hm.vmax = 1.0;
             hm.show_values = n <= 12;
-            if (color && print_ansi(&hm) != 0) return -1;
+            if (color && cli_print_heatmap(CMD, &hm, QKV_ANSI_24BIT) != 0) return -1;
             if (save_picture(o, out, name, &hm) != 0) return -1;
         }
     }
@@ -550,7 +525,7 @@ static int draw_layer(const model_maps *mm, const char *text, int64_t l, int64_t
     hm.vmax = 1.0;
     if (head >= 0 && color) {
         hm.row_labels = hm.col_labels = mm->tokens;
-        if (print_ansi(&hm) != 0) return -1;
+        if (cli_print_heatmap(CMD, &hm, QKV_ANSI_24BIT) != 0) return -1;
         hm.row_labels = hm.col_labels = hm.cell >= MIN_LABEL_CELL ? mm->tokens : mm->blanks;
     }
     return save_picture(o, out, name, &hm);
