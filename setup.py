@@ -86,11 +86,13 @@ try:
 except ImportError:   # no wheel package: pip's own fallback tags the wheel
     pass
 
+# Keep setuptools' scratch files (build/, *.egg-info) out of the CMake
+# build folders and of python/: in build-python/ of the current folder.
+os.makedirs("build-python", exist_ok=True)
 setup(
     version=_version(),
     cmdclass=cmdclass,
     distclass=BinaryDistribution,
-    # Keep setuptools' scratch files out of the CMake build folders.
     options={"build": {"build_base": "build-python"},
              "egg_info": {"egg_base": "build-python"}},
 )
