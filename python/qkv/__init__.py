@@ -33,6 +33,9 @@ encode() pools as the model says (or pooling='mean' | 'cls' | 'max';
 pooling='none' gives each text's token states); errors raise qkv.Error with
 the library's sentence naming the file, field or text (Error.why).
 
+PyTorch: qkv.torch.scaled_dot_product_attention is torch's function of that
+name computed by qkv, with autograd (import qkv.torch; see its documentation).
+
 The library is found from $QKV_LIBRARY (a path to libqkv.so), then the copy
 inside the package (pip install . puts it there), then the build folders of
 this source tree (build*/libqkv.so), then the system's library path.
