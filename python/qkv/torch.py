@@ -101,7 +101,6 @@ class _Plan:
             scale = float(scale)
             if scale == 0 or not math.isfinite(scale):
                 raise ValueError("qkv.torch: scale must be finite and non-zero, not %r" % scale)
-        dropout_p = float(dropout_p)
         if not 0.0 <= dropout_p < 1.0:
             raise ValueError("qkv.torch: dropout_p must be in [0, 1), not %r" % dropout_p)
         self.dtype = q.dtype
@@ -287,9 +286,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     softmax(query key^T * scale + mask) value, on CPU tensors, with qkv's
     backward under autograd. return_attn=True returns (out, attn). See the
     module's documentation for shapes, masks and the differences."""
-    seed = 0
-    if isinstance(dropout_p, (int, float)) and dropout_p > 0:
-        seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))
+    try:
+        dropout_p = float(dropout_p)
+    except (TypeError, ValueError):
+        raise TypeError("qkv.torch: dropout_p must be a number, not %r" % (dropout_p,)) from None
+    seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64)) if dropout_p > 0 else 0
     plan = _Plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
                  return_attn)
     mask_in = attn_mask if plan.mask_shape is not None else None

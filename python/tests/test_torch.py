@@ -321,6 +321,9 @@ class Errors(unittest.TestCase):
             sdpa(q, k, v, dropout_p=1.0)
         with self.assertRaisesRegex(ValueError, "dropout_p"):
             sdpa(q, k, v, dropout_p=-0.1)
+        with self.assertRaisesRegex(TypeError, "dropout_p"):
+            sdpa(q, k, v, dropout_p="0.5x")
+        self.assertTrue(torch.equal(sdpa(q, k, v, dropout_p=torch.tensor(0.0)), sdpa(q, k, v)))
         with self.assertRaisesRegex(ValueError, "scale"):
             sdpa(q, k, v, scale=0.0)
         with self.assertRaisesRegex(ValueError, "scale"):
