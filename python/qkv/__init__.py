@@ -33,8 +33,12 @@ encode() pools as the model says (or pooling='mean' | 'cls' | 'max';
 pooling='none' gives each text's token states); errors raise qkv.Error with
 the library's sentence naming the file, field or text (Error.why).
 
-The library is found from $QKV_LIBRARY (a path to libqkv.so), then the build
-folders of this source tree (build*/libqkv.so), then the system's library path.
+PyTorch: qkv.torch.scaled_dot_product_attention is torch's function of that
+name computed by qkv, with autograd (import qkv.torch; see its documentation).
+
+The library is found from $QKV_LIBRARY (a path to libqkv.so), then the copy
+inside the package (pip install . puts it there), then the build folders of
+this source tree (build*/libqkv.so), then the system's library path.
 """
 import ctypes
 import ctypes.util
@@ -55,7 +59,12 @@ def _find_library():
     env = os.environ.get("QKV_LIBRARY")
     if env:
         return env
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.dirname(os.path.abspath(__file__))
+    # An installed package (pip install .) carries its own copy.
+    own = os.path.join(here, "libqkv.so")
+    if os.path.isfile(own):
+        return own
+    root = os.path.dirname(os.path.dirname(here))
     found = sorted(glob.glob(os.path.join(root, "build*", "libqkv.so")), key=os.path.getmtime,
                    reverse=True)
     if found:
@@ -63,7 +72,8 @@ def _find_library():
     name = ctypes.util.find_library("qkv")
     if name:
         return name
-    raise ImportError("qkv: libqkv.so not found: build it (cmake --build build) or set QKV_LIBRARY")
+    raise ImportError("qkv: libqkv.so not found: install the package (pip install . at the "
+                      "repository root), build it (cmake --build build) or set QKV_LIBRARY")
 
 library_path = _find_library()
 _lib = ctypes.CDLL(library_path)

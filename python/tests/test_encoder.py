@@ -17,8 +17,7 @@ import unittest
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
-import qkv  # noqa: E402
+from qkv_under_test import qkv  # noqa: E402  (the source tree's, or the installed one)
 
 DATA = os.path.join(HERE, "..", "..", "tests", "data", "encoder")
 TINY = os.path.join(DATA, "tiny")

@@ -3,14 +3,11 @@
 Run: python3 -m pytest python/tests   or   python3 python/tests/test_qkv.py
 (the module is found from this file's place; the library as python/qkv says:
 $QKV_LIBRARY or the newest build*/libqkv.so of the source tree)."""
-import os
-import sys
 import unittest
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import qkv  # noqa: E402
+from qkv_under_test import qkv  # noqa: E402  (the source tree's, or the installed one)
 
 
 def ref_attention(q, k, v, causal=False, window=None, scale=None, key_lengths=None,

@@ -1,0 +1,297 @@
+"""qkv's attention as a PyTorch function (CPU tensors, autograd included).
+
+    import torch, qkv.torch
+    q = torch.randn(2, 8, 128, 64, requires_grad=True)        # [B, H, L, E]
+    out = qkv.torch.scaled_dot_product_attention(q, q, q, is_causal=True)
+    out.sum().backward()                                       # qkv's backward
+
+scaled_dot_product_attention takes torch.nn.functional's arguments and
+semantics: query [..., H, L, E], key [..., H_kv, S, E], value
+[..., H_kv, S, E_v] (2 or more dimensions; the leading ones must be equal),
+output [..., H, L, E_v]; attn_mask boolean (True: the key takes part) or
+float (added to the scores), broadcastable to [..., H, L, S]; is_causal
+aligned top-left as torch's (query i sees keys j <= i, also when L != S);
+scale (default 1/sqrt(E)); enable_gqa (H a multiple of H_kv, query head h
+reads key/value head h // (H / H_kv)); dropout_p on the attention weights,
+with qkv's counter-based mask seeded from torch's default generator (so
+torch.manual_seed makes it reproducible; the backward regenerates it).
+return_attn=True also returns the attention weights [..., H, L, S]
+(before dropout; not differentiable).
+
+float32, float64, bfloat16 and float16 (the half types are stored as such,
+computed in float32; attn is returned in the query's dtype).
+Gradients flow to query, key, value and a float attn_mask; once (no double
+backward).
+
+qkv's C layout is [B, n, H, D] and its descriptor has no strides; a
+contiguous torch tensor [B, H, n, D] is read in place by treating each
+(batch, head) pair as one of qkv's batches (no copy). Non-contiguous
+inputs are copied once (.contiguous()). Differences from torch: a query
+row whose keys are all masked gives 0 (torch: NaN); no broadcasting
+between the leading dimensions of query, key and value; scale=0 and empty
+dimensions are refused (ValueError). Errors in the arguments raise
+TypeError (tensor type, dtype, device) or ValueError (shapes, values)."""
+import ctypes
+import math
+
+import torch
+
+from . import (_AttnDesc, _AttnGrads, _backward, _desc_init, _forward, _MASKS, _ok)
+
+__all__ = ["scaled_dot_product_attention"]
+
+_QKV_DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 4, torch.float16: 5}
+_BIAS_SHARED = 1
+
+
+def _check_tensor(t, name):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("qkv.torch: %s must be a torch.Tensor, not %s" % (name, type(t).__name__))
+    if t.device.type != "cpu":
+        raise TypeError("qkv.torch: %s is on %s: qkv runs on CPU tensors (move it with .cpu())"
+                        % (name, t.device))
+    if t.layout != torch.strided:
+        raise TypeError("qkv.torch: %s must be a dense (strided) tensor, not %s" % (name, t.layout))
+
+
+class _Plan:
+    """How one call maps onto qkv: query [*lead, H, L, E] is seen as U =
+    B * H_kv of qkv's batches (B the product of lead), each of g * L queries
+    (g = H / H_kv, the query heads sharing a key head, stacked), one head:
+    that is the contiguous memory of the torch tensors. A bias that is the
+    same for every unit goes in one call; one varying over the batch, one
+    call per batch entry; one varying over the heads, one call per unit."""
+
+    def __init__(self, q, k, v, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
+                 return_attn):
+        for t, name in ((q, "query"), (k, "key"), (v, "value")):
+            _check_tensor(t, name)
+        if q.dtype not in _QKV_DTYPES:
+            raise TypeError("qkv.torch: query has dtype %s: float32, float64, bfloat16 or "
+                            "float16 expected" % q.dtype)
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            raise TypeError("qkv.torch: query, key and value must share a dtype, not %s, %s, %s"
+                            % (q.dtype, k.dtype, v.dtype))
+        if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
+            raise ValueError("qkv.torch: query, key and value must have the same number (>= 2) "
+                             "of dimensions [..., n, E], not shapes %s, %s, %s"
+                             % (tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+        if q.dim() == 2:
+            lead, H, Hk = (), 1, 1
+        else:
+            lead, H, Hk = qs[:-3], qs[-3], ks[-3]
+        L, E, S, Ev = qs[-2], qs[-1], ks[-2], vs[-1]
+        shape_msg = ("qkv.torch: shapes do not fit: query %s, key %s, value %s (expected "
+                     "[..., H, L, E], [..., H_kv, S, E], [..., H_kv, S, E_v])" % (qs, ks, vs))
+        if ks[:-3] != lead or vs[:-3] != lead or ks[-1] != E or vs[-2] != S or \
+                (q.dim() > 2 and vs[-3] != Hk):
+            raise ValueError(shape_msg)
+        if Hk != H:
+            if not enable_gqa:
+                raise ValueError("qkv.torch: query has %d heads, key and value %d: pass "
+                                 "enable_gqa=True for grouped-query attention" % (H, Hk))
+            if H % Hk:
+                raise ValueError("qkv.torch: enable_gqa: the query's %d heads are not a multiple "
+                                 "of the key's %d" % (H, Hk))
+        if min(qs + ks + vs) == 0:
+            raise ValueError("qkv.torch: empty dimensions are not supported: query %s, key %s, "
+                             "value %s" % (qs, ks, vs))
+        if scale is not None:
+            scale = float(scale)
+            if scale == 0 or not math.isfinite(scale):
+                raise ValueError("qkv.torch: scale must be finite and non-zero, not %r" % scale)
+        if not 0.0 <= dropout_p < 1.0:
+            raise ValueError("qkv.torch: dropout_p must be in [0, 1), not %r" % dropout_p)
+        self.dtype = q.dtype
+        self.lead, self.H, self.Hk, self.L, self.S, self.E, self.Ev = lead, H, Hk, L, S, E, Ev
+        self.B = math.prod(lead) if lead else 1
+        self.g = H // Hk
+        self.U = self.B * Hk
+        self.scale, self.dropout_p, self.seed = scale, dropout_p, seed
+        self.return_attn = bool(return_attn)
+        self.native_mask = _MASKS["none"]
+        self.window = (0, 0)
+        self.bias_dtype = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+        self.mask = None          # [Bm, Hm, Lm, Sm] float bias (Bm in {1, B}, Hm in {1, H})
+        self.mask_shape = None    # the user's float mask's shape (its gradient's)
+        if is_causal:
+            if attn_mask is not None:
+                raise ValueError("qkv.torch: pass attn_mask or is_causal, not both")
+            if self.g == 1 and L == S:
+                self.native_mask = _MASKS["causal"]
+            elif self.g == 1 and L > S:
+                # qkv aligns bottom-right (query i at key position i + S - L):
+                # a window reaching L - S past it ends at key i, torch's top-left.
+                self.native_mask = _MASKS["window"]
+                self.window = (L + S, L - S)
+            else:
+                attn_mask = torch.ones(L, S, dtype=torch.bool).tril()
+        if attn_mask is not None:
+            self._set_mask(attn_mask)
+        # Calls: (first unit, units) ranges covering 0 .. U.
+        if self.mask is None or (self.mask.shape[0] == 1 and self.mask.shape[1] == 1):
+            chunk = self.U
+        elif self.mask.shape[1] == 1:
+            chunk = Hk
+        else:
+            chunk = 1
+        self.calls = [(u0, chunk) for u0 in range(0, self.U, chunk)]
+
+    def _set_mask(self, m):
+        _check_tensor(m, "attn_mask")
+        full = self.lead + (self.H, self.L, self.S)
+        try:
+            ok = torch.broadcast_shapes(tuple(m.shape), full) == full
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError("qkv.torch: attn_mask of shape %s does not broadcast to %s"
+                             % (tuple(m.shape), full))
+        if m.dtype == torch.bool:
+            bias = torch.zeros(m.shape, dtype=self.bias_dtype).masked_fill_(~m, -math.inf)
+        elif m.dtype.is_floating_point:
+            bias = m.detach().to(self.bias_dtype)
+            self.mask_shape, self.mask_dtype = tuple(m.shape), m.dtype
+        else:
+            raise TypeError("qkv.torch: attn_mask must be bool or floating point, not %s" % m.dtype)
+        shape = (1,) * (len(full) - bias.dim()) + tuple(bias.shape)
+        bias = bias.reshape(shape)
+        mlead, Hm = shape[:-3], shape[-3]
+        if all(d == 1 for d in mlead):
+            bias = bias.reshape(1, Hm, shape[-2], shape[-1])
+        else:
+            bias = bias.expand(*(self.lead + shape[-3:])).reshape(self.B, Hm, shape[-2], shape[-1])
+        self.mask = bias
+
+    def call_bias(self, u0):
+        """The qkv bias [g * L, S] (contiguous) of the call starting at unit u0."""
+        if self.mask is None:
+            return None
+        b, j = divmod(u0, self.Hk)
+        m = self.mask[b if self.mask.shape[0] > 1 else 0]
+        g = self.g
+        m = m[j * g:(j + 1) * g] if m.shape[0] > 1 else m
+        return m.expand(g, self.L, self.S).reshape(g * self.L, self.S).contiguous()
+
+    def desc(self, ci, units, bias):
+        d = _AttnDesc()
+        _desc_init(ctypes.byref(d))
+        d.dtype = _QKV_DTYPES[self.dtype]
+        d.batch, d.n_q, d.n_k, d.heads, d.heads_kv = units, self.g * self.L, self.S, 1, 1
+        d.dim, d.dim_v = self.E, self.Ev
+        if self.scale is not None:
+            d.scale = self.scale
+        d.mask = self.native_mask
+        d.window_left, d.window_right = self.window
+        if bias is not None:
+            d.bias_kind = _BIAS_SHARED
+            d.bias = bias.data_ptr()
+        if self.dropout_p > 0:
+            d.dropout = self.dropout_p
+            # qkv's dropout hashes (seed, batch, head, row, key) with the
+            # batch counted within a call: each call gets its own seed.
+            d.dropout_seed = (self.seed + ci * 0x9E3779B97F4A7C15) % (1 << 64)
+        return d
+
+
+def _ptr(t, unit, unit_elems):
+    return ctypes.c_void_p(t.data_ptr() + unit * unit_elems * t.element_size())
+
+
+class _Attention(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, plan, rank2):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        p = plan
+        shape = (p.L, p.Ev) if rank2 else p.lead + (p.H, p.L, p.Ev)
+        out = torch.empty(shape, dtype=p.dtype)
+        lse = torch.empty((p.U, p.g * p.L), dtype=p.bias_dtype)
+        attn = None
+        if p.return_attn:
+            ashape = (p.L, p.S) if rank2 else p.lead + (p.H, p.L, p.S)
+            attn = torch.empty(ashape, dtype=p.bias_dtype)
+        gl = p.g * p.L
+        for ci, (u0, units) in enumerate(p.calls):
+            bias = p.call_bias(u0)
+            d = p.desc(ci, units, bias)
+            _ok(_forward(ctypes.byref(d), _ptr(q, u0, gl * p.E), _ptr(k, u0, p.S * p.E),
+                         _ptr(v, u0, p.S * p.Ev), _ptr(out, u0, gl * p.Ev),
+                         None if attn is None else _ptr(attn, u0, gl * p.S),
+                         _ptr(lse, u0, gl)), "qkv_attention_forward")
+        ctx.plan = p
+        ctx.save_for_backward(q, k, v, out, lse)
+        if attn is None:
+            return out
+        if attn.dtype != p.dtype:
+            attn = attn.to(p.dtype)
+        ctx.mark_non_differentiable(attn)
+        return out, attn
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, *unused):
+        p = ctx.plan
+        q, k, v, out, lse = ctx.saved_tensors
+        dout = dout.contiguous().to(p.dtype)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        want_dmask = p.mask_shape is not None and ctx.needs_input_grad[3]
+        dmask = torch.zeros(p.mask.shape, dtype=p.bias_dtype) if want_dmask else None
+        gl = p.g * p.L
+        for ci, (u0, units) in enumerate(p.calls):
+            bias = p.call_bias(u0)
+            d = p.desc(ci, units, bias)
+            dbias = torch.empty_like(bias) if want_dmask else None
+            g = _AttnGrads(dq=_ptr(dq, u0, gl * p.E).value, dk=_ptr(dk, u0, p.S * p.E).value,
+                           dv=_ptr(dv, u0, p.S * p.Ev).value,
+                           dbias=None if dbias is None else dbias.data_ptr())
+            _ok(_backward(ctypes.byref(d), _ptr(q, u0, gl * p.E), _ptr(k, u0, p.S * p.E),
+                          _ptr(v, u0, p.S * p.Ev), _ptr(out, u0, gl * p.Ev), _ptr(lse, u0, gl),
+                          _ptr(dout, u0, gl * p.Ev), ctypes.byref(g)), "qkv_attention_backward")
+            if want_dmask:
+                _add_dbias(p, dmask, u0, dbias.view(p.g, p.L, p.S))
+        if want_dmask:
+            dmask = _mask_grad(p, dmask).to(p.mask_dtype)
+        return dq, dk, dv, dmask, None, None
+
+
+def _add_dbias(p, dmask, u0, db):
+    """Adds a call's bias gradient db [g, L, S] into dmask [Bm, Hm, Lm, Sm]."""
+    b, j = divmod(u0, p.Hk)
+    target = dmask[b if dmask.shape[0] > 1 else 0]
+    if target.shape[0] > 1:
+        target = target[j * p.g:(j + 1) * p.g]
+    else:
+        db = db.sum(0, keepdim=True)
+    target += db.sum_to_size(target.shape)
+
+
+def _mask_grad(p, dmask):
+    """dmask [Bm, Hm, Lm, Sm] as the gradient of the user's mask (its shape)."""
+    shape = p.mask_shape
+    full_rank = len(p.lead) + 3
+    padded = (1,) * (full_rank - len(shape)) + shape
+    if dmask.shape[0] > 1:
+        dmask = dmask.reshape(p.lead + tuple(dmask.shape[1:]))
+    else:
+        dmask = dmask.reshape((1,) * len(p.lead) + tuple(dmask.shape[1:]))
+    return dmask.sum_to_size(padded).reshape(shape)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False,
+                                 return_attn=False):
+    """torch.nn.functional.scaled_dot_product_attention computed by qkv:
+    softmax(query key^T * scale + mask) value, on CPU tensors, with qkv's
+    backward under autograd. return_attn=True returns (out, attn). See the
+    module's documentation for shapes, masks and the differences."""
+    try:
+        dropout_p = float(dropout_p)
+    except (TypeError, ValueError):
+        raise TypeError("qkv.torch: dropout_p must be a number, not %r" % (dropout_p,)) from None
+    seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64)) if dropout_p > 0 else 0
+    plan = _Plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
+                 return_attn)
+    mask_in = attn_mask if plan.mask_shape is not None else None
+    return _Attention.apply(query, key, value, mask_in, plan, query.dim() == 2)

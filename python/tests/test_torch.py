@@ -1,0 +1,351 @@
+"""Tests of qkv.torch.scaled_dot_product_attention against the explicit
+math of torch's scaled dot-product attention, softmax(Q K^T scale + mask) V,
+computed by torch in float64 (and against torch.nn.functional's own
+scaled_dot_product_attention where the installed torch has it, 2.0 on):
+forward within 1e-5 (float32) and 1e-12 (float64), gradients with
+torch.autograd.gradcheck in float64 (query, key, value and float masks),
+masks of every kind, is_causal with L != S (top-left, as torch), GQA,
+dropout, half precision, and the errors.
+
+Needs PyTorch (Debian: apt-get install python3-torch) and NumPy.
+Run: python3 python/tests/test_torch.py   (or python3 -m pytest python/tests;
+the library as python/qkv says: $QKV_LIBRARY or the newest build*/libqkv.so;
+QKV_TEST_INSTALLED=1 tests the installed package instead)."""
+import math
+import unittest
+
+import torch
+import torch.nn.functional as F
+
+from qkv_under_test import qkv  # noqa: E402  (the source tree's, or the installed one)
+import qkv.torch as qt  # noqa: E402
+
+sdpa = qt.scaled_dot_product_attention
+TORCH_SDPA = getattr(F, "scaled_dot_product_attention", None)
+
+
+def ref_sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """torch's documented math, in the inputs' dtype: (out, weights)."""
+    if enable_gqa:
+        g = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(g, dim=-3)
+        v = v.repeat_interleave(g, dim=-3)
+    L, S = q.shape[-2], k.shape[-2]
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ k.transpose(-2, -1) * sc
+    if is_causal:
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), -math.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            s = s.masked_fill(~attn_mask, -math.inf)
+        else:
+            s = s + attn_mask
+    w = torch.softmax(s, dim=-1)
+    return w @ v, w
+
+
+def rand(*shape, dtype=torch.float64, grad=False, seed=None):
+    g = torch.Generator().manual_seed(hash(shape) % 1000 if seed is None else seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(grad)
+
+
+def qkv_of(B, H, L, S, E, Ev=None, Hk=None, dtype=torch.float64, grad=False):
+    lead = (B,) if B else ()
+    Hk = H if Hk is None else Hk
+    return (rand(*lead, H, L, E, dtype=dtype, grad=grad, seed=1),
+            rand(*lead, Hk, S, E, dtype=dtype, grad=grad, seed=2),
+            rand(*lead, Hk, S, E if Ev is None else Ev, dtype=dtype, grad=grad, seed=3))
+
+
+class Forward(unittest.TestCase):
+
+    def check(self, q, k, v, tol=None, **kw):
+        ref, w = ref_sdpa(q.double(), k.double(), v.double(), **{
+            n: (x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
+            for n, x in kw.items()})
+        out = sdpa(q, k, v, **kw)
+        self.assertEqual(out.shape, ref.shape)
+        self.assertEqual(out.dtype, q.dtype)
+        tol = tol if tol is not None else (1e-12 if q.dtype == torch.float64 else 1e-5)
+        err = (out.double() - ref).abs().max().item()
+        self.assertLessEqual(err, tol, "max |qkv - math| = %g for %s" % (err, kw))
+        if TORCH_SDPA is not None and q.dtype in (torch.float32, torch.float64):
+            try:
+                theirs = TORCH_SDPA(q, k, v, **kw)
+            except TypeError:   # scale (torch 2.1) or enable_gqa (2.5) unknown to this torch
+                theirs = None
+            if theirs is not None:
+                self.assertLessEqual((out - theirs).abs().max().item(), tol)
+        return out, w
+
+    def test_sizes_and_dtypes(self):
+        for dtype in (torch.float32, torch.float64):
+            for B, H, L, S, E, Ev in ((1, 1, 1, 1, 1, 1), (2, 3, 7, 7, 8, 8), (1, 2, 65, 65, 16, 5),
+                                      (3, 1, 7, 65, 1, 7), (2, 2, 65, 1, 7, 3)):
+                with self.subTest(dtype=dtype, shape=(B, H, L, S, E, Ev)):
+                    self.check(*qkv_of(B, H, L, S, E, Ev, dtype=dtype))
+
+    def test_ranks(self):
+        # [L, E], [N, L, E], [B, H, L, E] and two leading dimensions.
+        self.check(rand(7, 5), rand(9, 5), rand(9, 3))
+        self.check(rand(4, 7, 5), rand(4, 9, 5), rand(4, 9, 3))
+        self.check(rand(2, 3, 4, 7, 5), rand(2, 3, 4, 9, 5), rand(2, 3, 4, 9, 3))
+
+    def test_scale(self):
+        self.check(*qkv_of(2, 2, 7, 9, 8), scale=0.3)
+        self.check(*qkv_of(2, 2, 7, 9, 8), scale=-1.5)
+
+    def test_causal_top_left(self):
+        # torch's is_causal is tril(diagonal=0) on [L, S] whatever L and S.
+        for L, S in ((7, 7), (5, 9), (9, 5), (65, 7), (1, 65), (65, 1)):
+            for dtype in (torch.float32, torch.float64):
+                with self.subTest(L=L, S=S, dtype=dtype):
+                    self.check(*qkv_of(2, 3, L, S, 8, dtype=dtype), is_causal=True)
+
+    def test_bool_masks(self):
+        B, H, L, S = 2, 3, 7, 9
+        q, k, v = qkv_of(B, H, L, S, 8)
+        g = torch.Generator().manual_seed(5)
+        full = torch.rand(B, H, L, S, generator=g) > 0.4
+        full[..., 0] = True  # no row without keys (torch gives NaN there, qkv 0)
+        padding = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        padding[0, ..., 6:] = False
+        for m in (full, full[0, 0], full[:, :1], full[:1], full[0], padding,
+                  torch.ones(S, dtype=torch.bool)):
+            with self.subTest(mask=tuple(m.shape)):
+                self.check(q, k, v, attn_mask=m)
+
+    def test_float_masks(self):
+        B, H, L, S = 2, 3, 7, 9
+        for dtype in (torch.float32, torch.float64):
+            q, k, v = qkv_of(B, H, L, S, 8, dtype=dtype)
+            m = rand(B, H, L, S, dtype=dtype, seed=9)
+            m[0, 1, 2, 3:5] = -math.inf   # -inf masks a key
+            for mm in (m, m[:, :1], m[:1], m[0, 0], m[..., :1, :], m[0, 0, 0]):
+                with self.subTest(dtype=dtype, mask=tuple(mm.shape)):
+                    self.check(q, k, v, attn_mask=mm)
+
+    def test_gqa(self):
+        for H, Hk in ((6, 2), (6, 1), (4, 4)):
+            for kw in ({}, {"is_causal": True}):
+                for L, S in ((7, 7), (5, 9), (9, 5)):
+                    with self.subTest(H=H, Hk=Hk, L=L, S=S, kw=kw):
+                        self.check(*qkv_of(2, H, L, S, 8, Hk=Hk), enable_gqa=True, **kw)
+        q, k, v = qkv_of(2, 6, 7, 9, 8, Hk=3)
+        m = torch.rand(2, 6, 7, 9, generator=torch.Generator().manual_seed(3)) > 0.3
+        m[..., 0] = True
+        self.check(q, k, v, attn_mask=m, enable_gqa=True)
+        self.check(q, k, v, attn_mask=m[:, :1], enable_gqa=True)
+
+    def test_return_attn(self):
+        q, k, v = qkv_of(2, 6, 7, 9, 8, Hk=2)
+        m = rand(2, 1, 7, 9, seed=4)
+        out, attn = sdpa(q, k, v, attn_mask=m, enable_gqa=True, return_attn=True)
+        ref, w = ref_sdpa(q, k, v, attn_mask=m, enable_gqa=True)
+        self.assertEqual(attn.shape, (2, 6, 7, 9))
+        self.assertLessEqual((attn - w).abs().max().item(), 1e-12)
+        self.assertLessEqual((out - ref).abs().max().item(), 1e-12)
+        out, attn = sdpa(*qkv_of(1, 2, 5, 9, 4), is_causal=True, return_attn=True)
+        self.assertTrue(torch.all(attn[..., 0, 1:] == 0))
+        self.assertLessEqual((attn.sum(-1) - 1).abs().max().item(), 1e-12)
+
+    def test_non_contiguous(self):
+        # qkv's own layout [B, n, H, D] seen as torch's [B, H, n, D]: copied.
+        q, k, v = (t.transpose(1, 2)
+                   for t in (rand(2, 7, 3, 8), rand(2, 9, 3, 8), rand(2, 9, 3, 8)))
+        self.assertFalse(q.is_contiguous())
+        self.check(q, k, v, is_causal=True)
+
+    def test_half(self):
+        for dtype in (torch.bfloat16, torch.float16):
+            q, k, v = qkv_of(2, 4, 33, 17, 16, Hk=2, dtype=dtype, grad=True)
+            out = sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            self.assertEqual(out.dtype, dtype)
+            q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+            ref, _ = ref_sdpa(q64, k64, v64, is_causal=True, enable_gqa=True)
+            tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+            self.assertLessEqual((out.double() - ref).abs().max().item(), tol * 4)
+            dout = rand(*out.shape, seed=8)
+            out.backward(dout.to(dtype))
+            ref.backward(dout)
+            for a, b in ((q, q64), (k, k64), (v, v64)):
+                self.assertEqual(a.grad.dtype, dtype)
+                err = (a.grad.double() - b.grad).abs().max().item()
+                self.assertLessEqual(err, tol * 8 * max(1.0, b.grad.abs().max().item()))
+
+
+class Gradients(unittest.TestCase):
+
+    def gradcheck(self, fn, *inputs):
+        self.assertTrue(torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-8, rtol=1e-6))
+
+    def test_plain_and_causal(self):
+        for L, S in ((1, 1), (5, 5), (4, 7), (7, 4)):
+            for causal in (False, True):
+                with self.subTest(L=L, S=S, causal=causal):
+                    self.gradcheck(lambda a, b, c: sdpa(a, b, c, is_causal=causal),
+                                   *qkv_of(2, 2, L, S, 3, 2, grad=True))
+
+    def test_gqa(self):
+        for causal in (False, True):
+            self.gradcheck(lambda a, b, c: sdpa(a, b, c, is_causal=causal, enable_gqa=True),
+                           *qkv_of(2, 4, 5, 6, 3, 2, Hk=2, grad=True))
+
+    def test_masks(self):
+        q, k, v = qkv_of(2, 3, 4, 5, 3, grad=True)
+        bm = torch.rand(2, 3, 4, 5, generator=torch.Generator().manual_seed(2)) > 0.3
+        bm[..., 0] = True
+        self.gradcheck(lambda a, b, c: sdpa(a, b, c, attn_mask=bm), q, k, v)
+        self.gradcheck(lambda a, b, c: sdpa(a, b, c, attn_mask=bm[:, :1]), q, k, v)
+        # Float masks: their gradient too, summed over what they broadcast.
+        for shape in ((2, 3, 4, 5), (2, 1, 4, 5), (3, 4, 5), (4, 5), (2, 1, 1, 5), (5,)):
+            m = rand(*shape, grad=True, seed=6)
+            with self.subTest(mask=shape):
+                self.gradcheck(lambda a, b, c, mm: sdpa(a, b, c, attn_mask=mm), q, k, v, m)
+        q, k, v = qkv_of(2, 4, 4, 5, 3, Hk=2, grad=True)
+        m = rand(2, 4, 4, 5, grad=True, seed=7)
+        self.gradcheck(lambda a, b, c, mm: sdpa(a, b, c, attn_mask=mm, enable_gqa=True), q, k, v, m)
+
+    def test_against_autograd_of_the_math(self):
+        q, k, v = qkv_of(2, 6, 65, 7, 8, Hk=3, grad=True)
+        m = rand(2, 1, 65, 7, grad=True, seed=11)
+        out = sdpa(q, k, v, attn_mask=m, enable_gqa=True, scale=0.7)
+        ref, _ = ref_sdpa(q, k, v, attn_mask=m, enable_gqa=True, scale=0.7)
+        dout = rand(*out.shape, seed=12)
+        got = torch.autograd.grad(out, (q, k, v, m), dout)
+        want = torch.autograd.grad(ref, (q, k, v, m), dout)
+        for a, b, name in zip(got, want, "qkvm"):
+            self.assertLessEqual((a - b).abs().max().item(), 1e-12, name)
+
+    def test_float32_backward(self):
+        q, k, v = qkv_of(2, 3, 7, 65, 8, dtype=torch.float32, grad=True)
+        out = sdpa(q, k, v, is_causal=True)
+        dout = rand(*out.shape, seed=13)
+        got = torch.autograd.grad(out, (q, k, v), dout.float())
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref, _ = ref_sdpa(q64, k64, v64, is_causal=True)
+        want = torch.autograd.grad(ref, (q64, k64, v64), dout)
+        for a, b in zip(got, want):
+            self.assertLessEqual((a.double() - b).abs().max().item(), 1e-5)
+
+    def test_attn_is_not_differentiable(self):
+        q, k, v = qkv_of(1, 2, 3, 4, 3, grad=True)
+        out, attn = sdpa(q, k, v, return_attn=True)
+        self.assertFalse(attn.requires_grad)
+        self.assertTrue(out.requires_grad)
+
+
+class Dropout(unittest.TestCase):
+
+    def test_reproducible_and_random(self):
+        q, k, v = qkv_of(2, 2, 9, 11, 4)
+        torch.manual_seed(1)
+        a = sdpa(q, k, v, dropout_p=0.3)
+        torch.manual_seed(1)
+        b = sdpa(q, k, v, dropout_p=0.3)
+        c = sdpa(q, k, v, dropout_p=0.3)
+        self.assertTrue(torch.equal(a, b))
+        self.assertFalse(torch.equal(a, c))
+        self.assertFalse(torch.equal(a, sdpa(q, k, v)))
+
+    def test_rate(self):
+        # Uniform weights 1/S and V = I: out[i, j] = keep_ij / (S (1 - p)).
+        S, p = 2048, 0.25
+        q = torch.zeros(2, 2, 4, 8, dtype=torch.float64)
+        k = rand(2, 2, S, 8)
+        v = torch.eye(S, dtype=torch.float64).expand(2, 2, S, S).contiguous()
+        # No mask: one qkv call; a (zero) mask per head: one call per pair.
+        for m in (None, torch.zeros(1, 2, 1, S, dtype=torch.float64)):
+            torch.manual_seed(3)
+            out = sdpa(q, k, v, attn_mask=m, dropout_p=p)
+            kept = out * S * (1 - p)
+            self.assertTrue(torch.all((kept.abs() < 1e-9) | ((kept - 1).abs() < 1e-9)))
+            rate = 1 - kept.mean().item()
+            self.assertLess(abs(rate - p), 0.02,
+                            "dropped %.4f of the weights, expected %.2f" % (rate, p))
+            # Every (batch, head) pair draws its own mask.
+            flat = kept.reshape(4, 4, S)
+            for i in range(1, 4):
+                self.assertFalse(torch.equal(flat[0], flat[i]), "pairs 0 and %d" % i)
+
+    def test_gradients(self):
+        q, k, v = qkv_of(2, 4, 5, 6, 3, Hk=2, grad=True)
+        m = rand(2, 4, 5, 6, grad=True, seed=14)
+
+        def fn(a, b, c, mm):
+            torch.manual_seed(7)   # the same dropout mask on every evaluation
+            return sdpa(a, b, c, attn_mask=mm, dropout_p=0.4, enable_gqa=True)
+        self.assertTrue(torch.autograd.gradcheck(fn, (q, k, v, m), eps=1e-6, atol=1e-8, rtol=1e-6))
+
+
+class Errors(unittest.TestCase):
+
+    def test_types(self):
+        q, k, v = qkv_of(1, 2, 3, 4, 5)
+        with self.assertRaisesRegex(TypeError, "torch.Tensor"):
+            sdpa(q.numpy(), k, v)
+        with self.assertRaisesRegex(TypeError, "CPU"):
+            sdpa(torch.empty(1, 2, 3, 5, device="meta"), k, v)
+        with self.assertRaisesRegex(TypeError, "dtype"):
+            sdpa(q.long(), k.long(), v.long())
+        with self.assertRaisesRegex(TypeError, "share a dtype"):
+            sdpa(q, k.float(), v)
+        with self.assertRaisesRegex(TypeError, "attn_mask must be bool or floating"):
+            sdpa(q, k, v, attn_mask=torch.ones(3, 4, dtype=torch.int32))
+        with self.assertRaisesRegex(TypeError, "CPU"):
+            sdpa(q, k, v, attn_mask=torch.ones(3, 4, device="meta"))
+        with self.assertRaisesRegex(TypeError, "dense"):
+            sdpa(q, k, v, attn_mask=torch.ones(3, 4).to_sparse())
+
+    def test_shapes(self):
+        q, k, v = qkv_of(2, 2, 3, 4, 5)
+        for args in ((q, k[..., :4], v), (q, k, v[..., :3, :]), (q, k[:1], v[:1]),
+                     (q[0], k, v), (q[0, 0, 0], k[0, 0, 0], v[0, 0, 0]), (q, k[:, :1], v)):
+            with self.subTest(shapes=[tuple(a.shape) for a in args]):
+                with self.assertRaises(ValueError):
+                    sdpa(*args)
+        with self.assertRaisesRegex(ValueError, "enable_gqa"):
+            sdpa(*qkv_of(1, 4, 3, 4, 5, Hk=2))
+        with self.assertRaisesRegex(ValueError, "multiple"):
+            sdpa(*qkv_of(1, 4, 3, 4, 5, Hk=3), enable_gqa=True)
+        with self.assertRaisesRegex(ValueError, "empty"):
+            sdpa(q[:, :, :0], k, v)
+        for shape in ((3, 5), (2, 3, 2, 4), (4, 3), (3, 3, 4)):
+            with self.subTest(mask=shape):
+                with self.assertRaisesRegex(ValueError, "does not broadcast"):
+                    sdpa(q, k, v, attn_mask=torch.ones(shape, dtype=torch.bool))
+
+    def test_values(self):
+        q, k, v = qkv_of(1, 2, 3, 4, 5)
+        with self.assertRaisesRegex(ValueError, "dropout_p"):
+            sdpa(q, k, v, dropout_p=1.0)
+        with self.assertRaisesRegex(ValueError, "dropout_p"):
+            sdpa(q, k, v, dropout_p=-0.1)
+        with self.assertRaisesRegex(TypeError, "dropout_p"):
+            sdpa(q, k, v, dropout_p="0.5x")
+        self.assertTrue(torch.equal(sdpa(q, k, v, dropout_p=torch.tensor(0.0)), sdpa(q, k, v)))
+        with self.assertRaisesRegex(ValueError, "scale"):
+            sdpa(q, k, v, scale=0.0)
+        with self.assertRaisesRegex(ValueError, "scale"):
+            sdpa(q, k, v, scale=math.nan)
+        with self.assertRaisesRegex(ValueError, "not both"):
+            sdpa(q, k, v, attn_mask=torch.ones(3, 4, dtype=torch.bool), is_causal=True)
+
+    def test_rows_without_keys(self):
+        # qkv gives such a row 0 (torch's math gives NaN): documented.
+        q, k, v = qkv_of(1, 1, 2, 3, 4, grad=True)
+        m = torch.tensor([[True, False, True], [False, False, False]])
+        out = sdpa(q, k, v, attn_mask=m)
+        self.assertTrue(torch.all(out[0, 0, 1] == 0))
+        ref, _ = ref_sdpa(q[..., :1, :], k, v, attn_mask=m[:1])   # the row with keys
+        self.assertLessEqual((out[0, 0, 0] - ref[0, 0, 0]).abs().max().item(), 1e-12)
+        # ... and no gradient: the other row's alone.
+        got = torch.autograd.grad(out.sum(), (q, k, v))
+        want = torch.autograd.grad(ref.sum(), (q, k, v))
+        for a, b in zip(got, want):
+            self.assertLessEqual((a - b).abs().max().item(), 1e-12)
+
+
+if __name__ == "__main__":
+    print("qkv %s (%s), torch %s" % (qkv.version(), qkv.library_path, torch.__version__))
+    unittest.main()
