@@ -137,6 +137,7 @@ class _Plan:
         else:
             chunk = 1
         self.calls = [(u0, chunk) for u0 in range(0, self.U, chunk)]
+        self._descs = {}
 
     def _set_mask(self, m):
         _check_tensor(m, "attn_mask")
@@ -175,6 +176,16 @@ class _Plan:
         return m.expand(g, self.L, self.S).reshape(g * self.L, self.S).contiguous()
 
     def desc(self, ci, units, bias):
+        if bias is None and self.dropout_p == 0:
+            # The same descriptor serves every call of a cached plan (the
+            # library only reads it).
+            d = self._descs.get(ci)
+            if d is None:
+                d = self._descs[ci] = self._make_desc(ci, units, None)
+            return d
+        return self._make_desc(ci, units, bias)
+
+    def _make_desc(self, ci, units, bias):
         d = _AttnDesc()
         _desc_init(ctypes.byref(d))
         d.dtype = _QKV_DTYPES[self.dtype]
@@ -196,7 +207,26 @@ class _Plan:
 
 
 def _ptr(t, unit, unit_elems):
-    return ctypes.c_void_p(t.data_ptr() + unit * unit_elems * t.element_size())
+    return t.data_ptr() + unit * unit_elems * t.element_size()
+
+
+def _run_forward(p, q, k, v, rank2, want_lse):
+    """qkv's forward of plan p on contiguous q, k, v: (out, attn or None in
+    the bias dtype, lse or None)."""
+    out = torch.empty((p.L, p.Ev) if rank2 else p.lead + (p.H, p.L, p.Ev), dtype=p.dtype)
+    lse = torch.empty((p.U, p.g * p.L), dtype=p.bias_dtype) if want_lse else None
+    attn = None
+    if p.return_attn:
+        attn = torch.empty((p.L, p.S) if rank2 else p.lead + (p.H, p.L, p.S), dtype=p.bias_dtype)
+    gl = p.g * p.L
+    for ci, (u0, units) in enumerate(p.calls):
+        bias = p.call_bias(u0)   # kept alive: d holds its address
+        d = p.desc(ci, units, bias)
+        _ok(_forward(ctypes.byref(d), _ptr(q, u0, gl * p.E), _ptr(k, u0, p.S * p.E),
+                     _ptr(v, u0, p.S * p.Ev), _ptr(out, u0, gl * p.Ev),
+                     None if attn is None else _ptr(attn, u0, gl * p.S),
+                     None if lse is None else _ptr(lse, u0, gl)), "qkv_attention_forward")
+    return out, attn, lse
 
 
 class _Attention(torch.autograd.Function):
@@ -205,21 +235,7 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, mask, plan, rank2):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         p = plan
-        shape = (p.L, p.Ev) if rank2 else p.lead + (p.H, p.L, p.Ev)
-        out = torch.empty(shape, dtype=p.dtype)
-        lse = torch.empty((p.U, p.g * p.L), dtype=p.bias_dtype)
-        attn = None
-        if p.return_attn:
-            ashape = (p.L, p.S) if rank2 else p.lead + (p.H, p.L, p.S)
-            attn = torch.empty(ashape, dtype=p.bias_dtype)
-        gl = p.g * p.L
-        for ci, (u0, units) in enumerate(p.calls):
-            bias = p.call_bias(u0)
-            d = p.desc(ci, units, bias)
-            _ok(_forward(ctypes.byref(d), _ptr(q, u0, gl * p.E), _ptr(k, u0, p.S * p.E),
-                         _ptr(v, u0, p.S * p.Ev), _ptr(out, u0, gl * p.Ev),
-                         None if attn is None else _ptr(attn, u0, gl * p.S),
-                         _ptr(lse, u0, gl)), "qkv_attention_forward")
+        out, attn, lse = _run_forward(p, q, k, v, rank2, True)
         ctx.plan = p
         ctx.save_for_backward(q, k, v, out, lse)
         if attn is None:
@@ -243,8 +259,8 @@ class _Attention(torch.autograd.Function):
             bias = p.call_bias(u0)
             d = p.desc(ci, units, bias)
             dbias = torch.empty_like(bias) if want_dmask else None
-            g = _AttnGrads(dq=_ptr(dq, u0, gl * p.E).value, dk=_ptr(dk, u0, p.S * p.E).value,
-                           dv=_ptr(dv, u0, p.S * p.Ev).value,
+            g = _AttnGrads(dq=_ptr(dq, u0, gl * p.E), dk=_ptr(dk, u0, p.S * p.E),
+                           dv=_ptr(dv, u0, p.S * p.Ev),
                            dbias=None if dbias is None else dbias.data_ptr())
             _ok(_backward(ctypes.byref(d), _ptr(q, u0, gl * p.E), _ptr(k, u0, p.S * p.E),
                           _ptr(v, u0, p.S * p.Ev), _ptr(out, u0, gl * p.Ev), _ptr(lse, u0, gl),
@@ -291,7 +307,43 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     except (TypeError, ValueError):
         raise TypeError("qkv.torch: dropout_p must be a number, not %r" % (dropout_p,)) from None
     seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64)) if dropout_p > 0 else 0
-    plan = _Plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
-                 return_attn)
+    plan = None
+    if attn_mask is None and dropout_p == 0:
+        # A call without a mask or dropout is planned once per shape: the
+        # plan (and its descriptors) depends only on what the key holds.
+        ckey = _plan_key(query, key, value, is_causal, scale, enable_gqa, return_attn)
+        plan = _plans.get(ckey)
+        if plan is None:
+            plan = _Plan(query, key, value, None, is_causal, scale, enable_gqa, 0.0, 0, return_attn)
+            if len(_plans) >= 64:
+                _plans.clear()
+            _plans[ckey] = plan
+    if plan is None:
+        plan = _Plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
+                     return_attn)
+    rank2 = query.dim() == 2
     mask_in = attn_mask if plan.mask_shape is not None else None
-    return _Attention.apply(query, key, value, mask_in, plan, query.dim() == 2)
+    if not torch.is_grad_enabled() or not (query.requires_grad or key.requires_grad or
+                                           value.requires_grad or
+                                           (mask_in is not None and mask_in.requires_grad)):
+        # No gradient wanted: the forward alone, without autograd's record
+        # or the log-sum-exp.
+        out, attn, _ = _run_forward(plan, query.contiguous(), key.contiguous(),
+                                    value.contiguous(), rank2, False)
+        if attn is None:
+            return out
+        return out, (attn if attn.dtype == plan.dtype else attn.to(plan.dtype))
+    return _Attention.apply(query, key, value, mask_in, plan, rank2)
+
+
+_plans = {}
+
+
+def _plan_key(q, k, v, is_causal, scale, enable_gqa, return_attn):
+    """What a plan without a mask depends on; None when an argument is not a
+    CPU tensor (then _Plan reports it)."""
+    for t in (q, k, v):
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.layout != torch.strided:
+            return None
+    return (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, k.dtype, v.dtype,
+            bool(is_causal), scale, bool(enable_gqa), bool(return_attn))

@@ -74,6 +74,8 @@ class Forward(unittest.TestCase):
                 theirs = TORCH_SDPA(q, k, v, **kw)
             except TypeError:   # scale (torch 2.1) or enable_gqa (2.5) unknown to this torch
                 theirs = None
+            except IndexError:  # a 1-D mask: it broadcasts, but torch 2.x's SDPA refuses it
+                theirs = None
             if theirs is not None:
                 self.assertLessEqual((out - theirs).abs().max().item(), tol)
         return out, w
@@ -148,6 +150,28 @@ class Forward(unittest.TestCase):
         out, attn = sdpa(*qkv_of(1, 2, 5, 9, 4), is_causal=True, return_attn=True)
         self.assertTrue(torch.all(attn[..., 0, 1:] == 0))
         self.assertLessEqual((attn.sum(-1) - 1).abs().max().item(), 1e-12)
+
+    def test_planned_once_per_shape(self):
+        # Calls without a mask reuse a plan per shape and options: the same
+        # shapes with other options, and the call with gradients (autograd)
+        # against the one without (the forward alone), must not mix.
+        q, k, v = qkv_of(2, 4, 7, 9, 8)
+        for _ in range(2):
+            for causal in (False, True):
+                for scale in (None, 0.3):
+                    ref, w = ref_sdpa(q, k, v, is_causal=causal, scale=scale)
+                    out, attn = sdpa(q, k, v, is_causal=causal, scale=scale, return_attn=True)
+                    self.assertLessEqual((out - ref).abs().max().item(), 1e-12)
+                    self.assertLessEqual((attn - w).abs().max().item(), 1e-12)
+                    self.assertLessEqual((sdpa(q, k, v, is_causal=causal, scale=scale) - ref)
+                                         .abs().max().item(), 1e-12)
+                    qg = q.detach().requires_grad_()
+                    with_grad = sdpa(qg, k, v, is_causal=causal, scale=scale)
+                    self.assertTrue(with_grad.requires_grad)
+                    self.assertTrue(torch.equal(with_grad.detach(),
+                                                sdpa(q, k, v, is_causal=causal, scale=scale)))
+                    with torch.no_grad():
+                        self.assertFalse(sdpa(qg, k, v, is_causal=causal, scale=scale).requires_grad)
 
     def test_non_contiguous(self):
         # qkv's own layout [B, n, H, D] seen as torch's [B, H, n, D]: copied.
