@@ -14,8 +14,9 @@ when output_attentions is asked for). Nothing else of the model changes:
 its embeddings, masks, feed-forward layers and outputs are the model's.
 restore removes the replacement.
 
-Supported: the forward signatures of transformers 4.x (checked; 4.46.3 is
-the tested version), attn_implementation "eager" or "sdpa", the models'
+Supported: the forward signatures of transformers 4.x up to 4.49 (checked
+by use_qkv; tested with 4.46.3 and 4.49.0, the newest that runs on torch
+1.13), attn_implementation "eager" or "sdpa", the models'
 padding masks (BERT's additive [B, 1, 1, S] mask, or any additive or
 boolean mask broadcastable to [B, H, L, S]; GPT-2's causal mask plus its
 padding mask), GPT-2's key/value cache (layer_past, use_cache), float32,
@@ -47,7 +48,11 @@ def _classes():
     return mb, mg, PreTrainedModel
 
 
-def _check_args(name, head_mask, encoder_hidden_states):
+def _check_args(name, head_mask, encoder_hidden_states, kwargs):
+    extra = sorted(k for k, v in kwargs.items() if v is not None)
+    if extra:
+        raise NotImplementedError("qkv.hf: %s: argument(s) %s not supported through qkv"
+                                  % (name, ", ".join(extra)))
     if head_mask is not None:
         raise NotImplementedError("qkv.hf: %s: head_mask is not supported through qkv "
                                   "(call qkv.hf.restore(model) to use it)" % name)
@@ -67,8 +72,8 @@ def _float_mask(mask, dtype):
 
 def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None,
                   encoder_hidden_states=None, encoder_attention_mask=None,
-                  past_key_value=None, output_attentions=False):
-    _check_args("BertSelfAttention", head_mask, encoder_hidden_states)
+                  past_key_value=None, output_attentions=False, **kwargs):
+    _check_args("BertSelfAttention", head_mask, encoder_hidden_states, kwargs)
     if past_key_value is not None:
         raise NotImplementedError("qkv.hf: BertSelfAttention: past_key_value is not supported "
                                   "through qkv (call qkv.hf.restore(model))")
@@ -98,8 +103,8 @@ def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None,
 
 def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, head_mask=None,
                   encoder_hidden_states=None, encoder_attention_mask=None, use_cache=False,
-                  output_attentions=False):
-    _check_args("GPT2Attention", head_mask, encoder_hidden_states)
+                  output_attentions=False, **kwargs):
+    _check_args("GPT2Attention", head_mask, encoder_hidden_states, kwargs)
     if self.is_cross_attention:
         raise NotImplementedError("qkv.hf: GPT2Attention: cross-attention is not supported "
                                   "through qkv (call qkv.hf.restore(model))")
@@ -141,14 +146,19 @@ def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, hea
     return outputs
 
 
+def _named_parameters(f):
+    return [n for n, p in inspect.signature(f).parameters.items() if p.kind != p.VAR_KEYWORD]
+
+
 def _expect_signature(cls, forward):
-    want = list(inspect.signature(forward).parameters)
-    have = list(inspect.signature(cls.forward).parameters)
+    """The module's forward must take the named arguments ours does (a
+    trailing **kwargs, as 4.48 on have, is allowed)."""
+    want, have = _named_parameters(forward), _named_parameters(cls.forward)
     if have != want:
         import transformers
         raise NotImplementedError(
             "qkv.hf: %s.forward of transformers %s takes (%s), not the (%s) qkv.hf implements "
-            "(transformers 4.x, tested with 4.46.3)"
+            "(transformers 4.x up to 4.49, tested with 4.46.3 and 4.49.0)"
             % (cls.__name__, transformers.__version__, ", ".join(have[1:]), ", ".join(want[1:])))
 
 
