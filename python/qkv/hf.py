@@ -70,6 +70,21 @@ def _float_mask(mask, dtype):
     return mask
 
 
+def _heads(x, H, D):
+    """[B, L, H * D] as [B, H, L, D] (a view)."""
+    return x.view(x.shape[0], x.shape[1], H, D).permute(0, 2, 1, 3)
+
+
+def _attend(q, k, v, mask, dropout_p, is_causal, scale, output_attentions):
+    """qkv's attention of q [B, H, L, D], k, v: (out [B, L, H * D], weights or None)."""
+    res = _qt.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                           is_causal=is_causal, scale=scale,
+                                           return_attn=bool(output_attentions))
+    out, attn = res if output_attentions else (res, None)
+    B, H, L, D = out.shape
+    return out.permute(0, 2, 1, 3).reshape(B, L, H * D), attn
+
+
 def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None,
                   encoder_hidden_states=None, encoder_attention_mask=None,
                   past_key_value=None, output_attentions=False, **kwargs):
@@ -77,24 +92,13 @@ def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None,
     if past_key_value is not None:
         raise NotImplementedError("qkv.hf: BertSelfAttention: past_key_value is not supported "
                                   "through qkv (call qkv.hf.restore(model))")
-    B, L = hidden_states.shape[:2]
     H, D = self.num_attention_heads, self.attention_head_size
-
-    def heads(x):
-        return x.view(B, L, H, D).permute(0, 2, 1, 3)
-
-    q = heads(self.query(hidden_states))
-    k = heads(self.key(hidden_states))
-    v = heads(self.value(hidden_states))
+    q, k, v = (_heads(f(hidden_states), H, D) for f in (self.query, self.key, self.value))
     mask = attention_mask
     if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
     p = self.dropout.p if self.training else 0.0
-    res = _qt.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                           scale=1.0 / math.sqrt(D),
-                                           return_attn=bool(output_attentions))
-    out, attn = res if output_attentions else (res, None)
-    ctx = out.permute(0, 2, 1, 3).reshape(B, L, H * D)
+    ctx, attn = _attend(q, k, v, mask, p, False, 1.0 / math.sqrt(D), output_attentions)
     outputs = (ctx, attn) if output_attentions else (ctx,)
     if self.is_decoder:
         outputs = outputs + ((k, v),)
@@ -108,18 +112,13 @@ def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, hea
     if self.is_cross_attention:
         raise NotImplementedError("qkv.hf: GPT2Attention: cross-attention is not supported "
                                   "through qkv (call qkv.hf.restore(model))")
-    B, L = hidden_states.shape[:2]
     H, D = self.num_heads, self.head_dim
-
-    def heads(x):
-        return x.view(B, L, H, D).permute(0, 2, 1, 3)
-
-    q, k, v = (heads(x) for x in self.c_attn(hidden_states).split(self.split_size, dim=2))
+    q, k, v = (_heads(x, H, D) for x in self.c_attn(hidden_states).split(self.split_size, dim=2))
     if layer_past is not None:
         k = torch.cat((layer_past[0], k), dim=-2)
         v = torch.cat((layer_past[1], v), dim=-2)
     present = (k, v) if use_cache is True else None
-    S = k.shape[-2]
+    L, S = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(D) if self.scale_attn_weights else 1.0
     if self.scale_attn_by_inverse_layer_idx:
         scale /= float(self.layer_idx + 1)
@@ -135,10 +134,7 @@ def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, hea
             bias = bias + mask.to(q.dtype)
         causal = False
     p = self.attn_dropout.p if self.training else 0.0
-    res = _qt.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, is_causal=causal,
-                                           scale=scale, return_attn=bool(output_attentions))
-    out, attn = res if output_attentions else (res, None)
-    out = out.permute(0, 2, 1, 3).reshape(B, L, H * D)
+    out, attn = _attend(q, k, v, bias, p, causal, scale, output_attentions)
     out = self.resid_dropout(self.c_proj(out))
     outputs = (out, present)
     if output_attentions:
