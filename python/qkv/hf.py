@@ -1,0 +1,209 @@
+"""Hugging Face transformers' BERT and GPT-2 self-attention computed by qkv.
+
+    import transformers, qkv.hf
+    model = transformers.BertModel.from_pretrained("bert-base-uncased")
+    qkv.hf.use_qkv(model)            # every self-attention layer now calls qkv
+    out = model(**batch, output_attentions=True)   # out.attentions: qkv's weights
+    qkv.hf.restore(model)            # back to the model's own attention
+
+use_qkv replaces the forward of each attention module of the model (BERT's
+BertSelfAttention, GPT-2's GPT2Attention, and their sdpa subclasses) by a
+function that computes query, key and value with the module's own linear
+layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
+when output_attentions is asked for). Nothing else of the model changes:
+its embeddings, masks, feed-forward layers and outputs are the model's.
+restore removes the replacement.
+
+Supported: the forward signatures of transformers 4.x up to 4.49 (checked
+by use_qkv; tested with 4.46.3 and 4.49.0, the newest that runs on torch
+1.13), attn_implementation "eager" or "sdpa", the models'
+padding masks (BERT's additive [B, 1, 1, S] mask, or any additive or
+boolean mask broadcastable to [B, H, L, S]; GPT-2's causal mask plus its
+padding mask), GPT-2's key/value cache (layer_past, use_cache), float32,
+float64, bfloat16 and float16, autograd, dropout in training mode (qkv's
+dropout, not torch's; the returned weights are those before dropout).
+Not supported (NotImplementedError): head_mask, cross-attention
+(encoder_hidden_states), BERT's past_key_value, BERT's relative position
+embeddings, a transformers version whose attention modules take other
+arguments. A model other than BERT or GPT-2 raises TypeError."""
+import inspect
+import math
+
+import torch
+
+from . import torch as _qt
+
+__all__ = ["use_qkv", "restore"]
+
+_ATTR = "_qkv_hf_patched"
+
+
+def _classes():
+    try:
+        from transformers.models.bert import modeling_bert as mb
+        from transformers.models.gpt2 import modeling_gpt2 as mg
+        from transformers import PreTrainedModel
+    except ImportError as e:
+        raise ImportError("qkv.hf needs transformers (pip install transformers): %s" % e) from None
+    return mb, mg, PreTrainedModel
+
+
+def _check_args(name, head_mask, encoder_hidden_states, kwargs):
+    extra = sorted(k for k, v in kwargs.items() if v is not None)
+    if extra:
+        raise NotImplementedError("qkv.hf: %s: argument(s) %s not supported through qkv"
+                                  % (name, ", ".join(extra)))
+    if head_mask is not None:
+        raise NotImplementedError("qkv.hf: %s: head_mask is not supported through qkv "
+                                  "(call qkv.hf.restore(model) to use it)" % name)
+    if encoder_hidden_states is not None:
+        raise NotImplementedError("qkv.hf: %s: cross-attention (encoder_hidden_states) is not "
+                                  "supported through qkv (call qkv.hf.restore(model))" % name)
+
+
+def _float_mask(mask, dtype):
+    """The model's mask as an additive float mask (a boolean one: True attends)."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+    return mask
+
+
+def _heads(x, H, D):
+    """[B, L, H * D] as [B, H, L, D] (a view)."""
+    return x.view(x.shape[0], x.shape[1], H, D).permute(0, 2, 1, 3)
+
+
+def _attend(q, k, v, mask, dropout_p, is_causal, scale, output_attentions):
+    """qkv's attention of q [B, H, L, D], k, v: (out [B, L, H * D], weights or None)."""
+    res = _qt.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                           is_causal=is_causal, scale=scale,
+                                           return_attn=bool(output_attentions))
+    out, attn = res if output_attentions else (res, None)
+    B, H, L, D = out.shape
+    return out.permute(0, 2, 1, 3).reshape(B, L, H * D), attn
+
+
+def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None,
+                  encoder_hidden_states=None, encoder_attention_mask=None,
+                  past_key_value=None, output_attentions=False, **kwargs):
+    _check_args("BertSelfAttention", head_mask, encoder_hidden_states, kwargs)
+    if past_key_value is not None:
+        raise NotImplementedError("qkv.hf: BertSelfAttention: past_key_value is not supported "
+                                  "through qkv (call qkv.hf.restore(model))")
+    H, D = self.num_attention_heads, self.attention_head_size
+    q, k, v = (_heads(f(hidden_states), H, D) for f in (self.query, self.key, self.value))
+    mask = attention_mask
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)
+    p = self.dropout.p if self.training else 0.0
+    ctx, attn = _attend(q, k, v, mask, p, False, 1.0 / math.sqrt(D), output_attentions)
+    outputs = (ctx, attn) if output_attentions else (ctx,)
+    if self.is_decoder:
+        outputs = outputs + ((k, v),)
+    return outputs
+
+
+def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, head_mask=None,
+                  encoder_hidden_states=None, encoder_attention_mask=None, use_cache=False,
+                  output_attentions=False, **kwargs):
+    _check_args("GPT2Attention", head_mask, encoder_hidden_states, kwargs)
+    if self.is_cross_attention:
+        raise NotImplementedError("qkv.hf: GPT2Attention: cross-attention is not supported "
+                                  "through qkv (call qkv.hf.restore(model))")
+    H, D = self.num_heads, self.head_dim
+    q, k, v = (_heads(x, H, D) for x in self.c_attn(hidden_states).split(self.split_size, dim=2))
+    if layer_past is not None:
+        k = torch.cat((layer_past[0], k), dim=-2)
+        v = torch.cat((layer_past[1], v), dim=-2)
+    present = (k, v) if use_cache is True else None
+    L, S = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(D) if self.scale_attn_weights else 1.0
+    if self.scale_attn_by_inverse_layer_idx:
+        scale /= float(self.layer_idx + 1)
+    mask = _float_mask(attention_mask, q.dtype)
+    if mask is None and L == S:
+        causal, bias = True, None
+    else:
+        # query i is at position i + S - L: it sees keys j <= i + S - L (the
+        # model's own causal mask, masked with the dtype's lowest value).
+        keep = torch.ones(L, S, dtype=torch.bool).tril(S - L)
+        bias = torch.zeros(L, S, dtype=q.dtype).masked_fill_(~keep, torch.finfo(q.dtype).min)
+        if mask is not None:
+            bias = bias + mask.to(q.dtype)
+        causal = False
+    p = self.attn_dropout.p if self.training else 0.0
+    out, attn = _attend(q, k, v, bias, p, causal, scale, output_attentions)
+    out = self.resid_dropout(self.c_proj(out))
+    outputs = (out, present)
+    if output_attentions:
+        outputs += (attn,)
+    return outputs
+
+
+def _named_parameters(f):
+    return [n for n, p in inspect.signature(f).parameters.items() if p.kind != p.VAR_KEYWORD]
+
+
+def _expect_signature(cls, forward):
+    """The module's forward must take the named arguments ours does (a
+    trailing **kwargs, as 4.48 on have, is allowed)."""
+    want, have = _named_parameters(forward), _named_parameters(cls.forward)
+    if have != want:
+        import transformers
+        raise NotImplementedError(
+            "qkv.hf: %s.forward of transformers %s takes (%s), not the (%s) qkv.hf implements "
+            "(transformers 4.x up to 4.49, tested with 4.46.3 and 4.49.0)"
+            % (cls.__name__, transformers.__version__, ", ".join(have[1:]), ", ".join(want[1:])))
+
+
+def _targets(model):
+    mb, mg, PreTrainedModel = _classes()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("qkv.hf: expected a transformers model, not %s" % type(model).__name__)
+    if isinstance(model, mb.BertPreTrainedModel):
+        cls, forward = mb.BertSelfAttention, _bert_forward
+    elif isinstance(model, mg.GPT2PreTrainedModel):
+        cls, forward = mg.GPT2Attention, _gpt2_forward
+    else:
+        raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*) and GPT-2 "
+                        "(GPT2Model, GPT2LMHeadModel, ...) models are" % type(model).__name__)
+    return cls, forward
+
+
+def use_qkv(model):
+    """Makes the self-attention layers of a transformers BERT or GPT-2 model
+    run through qkv (in place); returns the model. See the module's
+    documentation for what is supported."""
+    cls, forward = _targets(model)
+    impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
+    if impl not in ("eager", "sdpa"):
+        raise NotImplementedError("qkv.hf: attn_implementation %r is not supported (eager or "
+                                  "sdpa: load the model with attn_implementation=\"eager\")" % impl)
+    mods = [m for m in model.modules() if isinstance(m, cls)]
+    if not mods:
+        raise TypeError("qkv.hf: %s has no %s module" % (type(model).__name__, cls.__name__))
+    for m in mods:
+        _expect_signature(type(m), forward)
+    if cls.__name__ == "BertSelfAttention":
+        for m in mods:
+            if m.position_embedding_type != "absolute":
+                raise NotImplementedError("qkv.hf: position_embedding_type %r is not supported "
+                                          "(absolute only)" % m.position_embedding_type)
+    for m in mods:
+        m.forward = forward.__get__(m, type(m))
+        setattr(m, _ATTR, True)
+    return model
+
+
+def restore(model):
+    """Undoes use_qkv: the model's attention modules run their own forward
+    again. A model use_qkv did not change is left as it is. Returns the model."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("qkv.hf: expected a transformers model, not %s" % type(model).__name__)
+    for m in model.modules():
+        if getattr(m, _ATTR, False):
+            del m.forward
+            delattr(m, _ATTR)
+    return model
