@@ -306,8 +306,8 @@ int cli_parse_threads(const char *cmd, const char *value, qkv_attn_desc *d) {
 }
 
 int cli_flush_stdout(const char *cmd, int rc) {
-    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
-        cli_error(cmd, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
+    if ((fflush(stdout) != 0 || ferror(stdout)) && rc == CLI_EXIT_OK) {
+        cli_error(cmd, NULL, "stdout", "write error: %s", strerror(errno));
         return CLI_EXIT_FAIL;
     }
     return rc;

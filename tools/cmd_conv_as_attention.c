@@ -218,9 +218,5 @@ out:
     qkv_array_free(&x);
     qkv_array_free(&y);
     free(yd);
-    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
-        cli_error(CMD, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
-        rc = CLI_EXIT_FAIL;
-    }
-    return rc;
+    return cli_flush_stdout(CMD, rc);
 }

@@ -544,15 +544,6 @@ static void print_label(const text_list *l, int64_t i) {
     if (cut < n) fputs("...", stdout);
 }
 
-/* stdout flushed without error? The exit status. */
-static int finish_stdout(const char *cmd) {
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-        cli_error(cmd, NULL, "stdout", "write error: %s", strerror(errno));
-        return CLI_EXIT_FAIL;
-    }
-    return CLI_EXIT_OK;
-}
-
 /* ------------------------------------------------------------------------- */
 /* The commands */
 
@@ -620,7 +611,7 @@ int cli_cmd_tokenize(int argc, char **argv) {
                     else printf("%ld", (long)j.ids[k]);
                 }
                 putchar('\n');
-                if (i == j.texts.n - 1) rc = finish_stdout(j.cmd);
+                if (i == j.texts.n - 1) rc = cli_flush_stdout(j.cmd, CLI_EXIT_OK);
             }
         }
     }
@@ -662,7 +653,7 @@ int cli_cmd_similarity(int argc, char **argv) {
                 print_label(&j.texts, r);
                 putchar('\n');
             }
-            rc = finish_stdout(j.cmd);
+            rc = cli_flush_stdout(j.cmd, CLI_EXIT_OK);
         }
     }
     free(v);
@@ -721,7 +712,7 @@ int cli_cmd_search(int argc, char **argv) {
                     putchar('\n');
                 }
             }
-            rc = finish_stdout(j.cmd);
+            rc = cli_flush_stdout(j.cmd, CLI_EXIT_OK);
         }
     }
     free(best);

@@ -399,9 +399,5 @@ int cli_cmd_image(int argc, char **argv) {
     int rc = parse_args(argc, argv, &c);
     if (rc != PARSE_CONTINUE) return rc;
     rc = run(&c);
-    if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
-        cli_error(CMD, NULL, NULL, "cannot write to standard output: %s", strerror(errno));
-        rc = CLI_EXIT_FAIL;
-    }
-    return rc;
+    return cli_flush_stdout(CMD, rc);
 }
