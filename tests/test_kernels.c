@@ -9,6 +9,7 @@
  *   - sums of n products (qk, pv, the gemm, KV decode, bf16 products): both
  *     within 2 (n + 2) u sum |terms| of each other (u = 2^-24: any order of
  *     a float sum, fused or not, is within (n + 1) u sum |terms| of exact);
+ *   - the layers' rows (kernels/nn.h): the tolerances stated there;
  *   - exp2 and what uses it (softmax, backward softmax): 4e-6 relative (the
  *     polynomials are within 2e-7 of 2^x), the sums of weights as above on
  *     top; exp2's special values exactly (0 -> 1, -inf and x < -126 -> +0,
@@ -579,6 +580,97 @@ static void test_half_bwd_softmax(const qkv_half_kernels *K, const qkv_half_kern
         }
 }
 
+/* ---- layer rows (kernels/nn.h) ------------------------------------------- */
+
+/* bias_act: values over the activations' whole range (|x| up to 12, where
+ * GELU's lower tail is below 1e-30), tails and special values; within
+ * 6e-7 |y| + 1e-12 of the generic (libm in double; kernels/nn.h), and NaN,
+ * +-inf, +-0 as the generic gives them. */
+static void test_nn_bias_act(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
+    static const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1.0f, -1.0f, 1.4142135f, -1.4142135f};
+    for (int act = QKV_NN_ACT_NONE; act <= QKV_NN_ACT_RELU; act++)
+        for (size_t si = 0; si < NSIZES; si++)
+            for (int mis = 0; mis < 2; mis++) {
+                size_t n = SIZES[si] + 8;
+                gbuf gy, gb;
+                float *y = fnew(&gy, n, mis), *b = fnew(&gb, n, mis), *w = malloc(n * sizeof *w);
+                for (size_t i = 0; i < n; i++) {
+                    y[i] = (float)((tu_rng_uniform(&g_rng) * 2 - 1) * (si & 1 ? 12.0 : 3.0));
+                    b[i] = rnd(0.1);
+                }
+                for (size_t i = 0; i < 8 && i < n; i++) y[n - 1 - i] = special[i];
+                int use_b = (int)(si % 3 != 0);
+                if (!use_b)
+                    for (size_t i = 0; i < n; i++) b[i] = 0.0f;
+                memcpy(w, y, n * sizeof *w);
+                G->bias_act(w, b, n, act);
+                K->bias_act(y, use_b ? b : NULL, n, act);
+                if (use_b && act == QKV_NN_ACT_NONE) { /* a sum: one rounding, exact */
+                    for (size_t i = 0; i < n; i++)
+                        if (!same_bits(y[i], w[i])) CHECK(0, "%s bias_act none n=%zu [%zu]", g_isa, n, i);
+                }
+                for (size_t i = 0; i < n; i++) {
+                    double tol = 6e-7 * fabs(w[i]) + 1e-12;
+                    int ok = isnan(w[i]) ? isnan(y[i]) : (isinf(w[i]) ? y[i] == w[i] : fabs(y[i] - w[i]) <= tol);
+                    if (!ok) {
+                        CHECK(0, "%s bias_act act=%d n=%zu [%zu]: %.9g, generic %.9g", g_isa, act, n, i, y[i], w[i]);
+                        break;
+                    }
+                }
+                CHECK(gb_ok(&gy) && gb_ok(&gb), "%s bias_act act=%d n=%zu: nothing outside the row", g_isa, act, n);
+                gb_free(&gy);
+                gb_free(&gb);
+                free(w);
+            }
+    /* the special values of the activations */
+    const float nan = NAN, inf = INFINITY;
+    float v[4] = {nan, inf, -inf, 0.0f};
+    for (int act = QKV_NN_ACT_GELU; act <= QKV_NN_ACT_RELU; act++) {
+        float x[4], r[4];
+        memcpy(x, v, sizeof x);
+        memcpy(r, v, sizeof r);
+        K->bias_act(x, NULL, 4, act);
+        G->bias_act(r, NULL, 4, act);
+        CHECK(isnan(x[0]), "%s act=%d: NaN stays NaN", g_isa, act);
+        CHECK(x[1] == inf && r[1] == inf, "%s act=%d: +inf -> +inf", g_isa, act);
+        CHECK(x[3] == 0.0f, "%s act=%d: 0 -> 0", g_isa, act);
+    }
+}
+
+/* add_layernorm on rows of random scale and offset (the mean far from 0
+ * tests the centring), with and without a residual. */
+static void test_nn_layernorm(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
+    for (size_t si = 0; si < NSIZES; si++)
+        for (int withres = 0; withres < 2; withres++) {
+            size_t n = SIZES[si] + (si > 5 ? 300 : 1);
+            gbuf gx, gr, gg, gbb;
+            float *x = fnew(&gx, n, (int)si & 1), *r = fnew(&gr, n, 0), *g = fnew(&gg, n, 1), *b = fnew(&gbb, n, 0);
+            float *w = malloc(n * sizeof *w);
+            double off = rnd(10.0), sc = exp(rnd(2.0));
+            for (size_t i = 0; i < n; i++) {
+                x[i] = (float)(off + sc * rnd(1.0));
+                r[i] = rnd(1.0);
+                g[i] = 1.0f + rnd(0.3);
+                b[i] = rnd(0.3);
+            }
+            memcpy(w, x, n * sizeof *w);
+            G->add_layernorm(w, withres ? r : NULL, g, b, n, 1e-12f);
+            K->add_layernorm(x, withres ? r : NULL, g, b, n, 1e-12f);
+            double worst = 0;
+            for (size_t i = 0; i < n; i++) {
+                double e = fabs(x[i] - w[i]) / (8.0 * fabs(g[i]) + fabs(b[i]));
+                if (!(e <= worst)) worst = e;
+            }
+            CHECK(worst <= 2e-6, "%s add_layernorm n=%zu res=%d: error %.3g", g_isa, n, withres, worst);
+            CHECK(gb_ok(&gx) && gb_ok(&gr) && gb_ok(&gg) && gb_ok(&gbb), "%s add_layernorm n=%zu: guards", g_isa, n);
+            gb_free(&gx);
+            gb_free(&gr);
+            gb_free(&gg);
+            gb_free(&gbb);
+            free(w);
+        }
+}
+
 int main(void) {
     const qkv_kernel_set *gen = qkv_kernel_set_of(QKV_ARCH_GENERIC);
     CHECK(gen != NULL && qkv_kernel_set_active() != NULL, "the generic set exists");
@@ -604,7 +696,9 @@ int main(void) {
         test_all_finite(&s->attn, &gen->attn);
         test_gemm(&s->gemm, &gen->gemm);
         test_kv(&s->kv, &gen->kv);
-        printf("%s (gemm %s, kv %s): %s\n", qkv_arch_name(arch), s->gemm.name, s->kv.name,
+        test_nn_bias_act(&s->nn, &gen->nn);
+        test_nn_layernorm(&s->nn, &gen->nn);
+        printf("%s (gemm %s, kv %s, nn %s): %s\n", qkv_arch_name(arch), s->gemm.name, s->kv.name, s->nn.name,
                tu_failed == before ? "ok" : "FAILED");
         /* the bf16 kernels: native ones where the CPU has them, else the generic ones against themselves */
         if (arch == QKV_ARCH_GENERIC || s->half.native) {

@@ -9,6 +9,7 @@
  *   matmul            kernels/gemm.h      kernels/<isa>/gemm.c
  *   KV decode         kernels/kv.h        kernels/<isa>/kv.c
  *   bf16 tiles        kernels/half.h      kernels/<isa>/half.c
+ *   layer rows        kernels/nn.h        kernels/<isa>/nn.c
  * with <isa> one of generic, avx2, avx512, avx512bf16, each folder compiled
  * with that ISA's flags only. */
 #ifndef QKV_KERNELS_KERNELS_H
@@ -18,12 +19,14 @@
 #include "kernels/gemm.h"
 #include "kernels/half.h"
 #include "kernels/kv.h"
+#include "kernels/nn.h"
 
 typedef struct qkv_kernel_set {
     qkv_kernels attn;
     qkv_gemm_kernel gemm;
     kv_kernels kv;
     qkv_half_kernels half;
+    qkv_nn_kernels nn;
 } qkv_kernel_set;
 
 /* The set of an arch (qkv_arch of core/cpu.h), or NULL when the CPU or
@@ -37,5 +40,6 @@ const qkv_kernels *qkv_kernels_active(void);
 const qkv_gemm_kernel *qkv_gemm_kernel_active(void);
 const kv_kernels *qkv_kv_kernels_active(void);
 const qkv_half_kernels *qkv_half_kernels_active(void);
+const qkv_nn_kernels *qkv_nn_kernels_active(void);
 
 #endif

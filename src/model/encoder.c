@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "kernels/kernels.h"
 #include "layers/linear.h"
 #include "model/encoder_internal.h"
 #include "model/model_internal.h"
@@ -99,39 +100,29 @@ static qkv_status tokenize_all(qkv_encoder *e, const char *const *texts, const s
 /* ---- row operations (in parallel over rows; each row as the serial loop) */
 
 typedef struct row_job {
+    const qkv_nn_kernels *k;
     float *x;
     const float *res, *g, *b;
     int64_t width;
-    double eps;
+    float eps;
     int act;
 } row_job;
 
-/* x = LayerNorm(x + res) row by row, statistics in double. */
+/* x = LayerNorm(x + res) row by row. */
 static void ln_rows(void *ctx, int64_t r0, int64_t r1) {
     const row_job *j = ctx;
-    int64_t n = j->width;
-    for (int64_t r = r0; r < r1; r++) {
-        float *x = j->x + r * n;
-        if (j->res)
-            for (int64_t i = 0; i < n; i++) x[i] += j->res[r * n + i];
-        model_layernorm_row(x, j->g, j->b, n, j->eps, x, NULL, NULL);
-    }
+    for (int64_t r = r0; r < r1; r++)
+        j->k->add_layernorm(j->x + r * j->width, j->res ? j->res + r * j->width : NULL, j->g, j->b,
+                            (size_t)j->width, j->eps);
 }
 
 static void act_rows(void *ctx, int64_t r0, int64_t r1) {
     const row_job *j = ctx;
-    for (int64_t i = r0 * j->width; i < r1 * j->width; i++) {
-        double x = j->x[i];
-        if (j->act == ENC_ACT_GELU) x = 0.5 * x * (1.0 + erf(x * 0.70710678118654752440));
-        else if (j->act == ENC_ACT_GELU_NEW)
-            x = 0.5 * x * (1.0 + tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
-        else if (x < 0) x = 0;
-        j->x[i] = (float)x;
-    }
+    for (int64_t r = r0; r < r1; r++) j->k->bias_act(j->x + r * j->width, NULL, (size_t)j->width, j->act);
 }
 
 static void layer_norm(qkv_encoder *e, float *x, const float *res, const float *g, const float *b, int64_t rows) {
-    row_job j = {x, res, g, b, e->info.hidden, e->info.layer_norm_eps, 0};
+    row_job j = {qkv_nn_kernels_active(), x, res, g, b, e->info.hidden, (float)e->info.layer_norm_eps, 0};
     qkv_par_range(e->threads, rows, 8 * e->info.hidden, ln_rows, &j);
 }
 
@@ -185,8 +176,10 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
             return s;
         layer_norm(e, e->x, e->tmp, L->ln1_g, L->ln1_b, rows); /* x = LN(x + attn) */
         if ((s = nn_linear(e->x, rows, H, L->wi, L->bi, I, e->inter, th)) != QKV_OK) return s;
-        row_job j = {e->inter, NULL, NULL, NULL, I, 0, e->info.hidden_act};
-        qkv_par_range(th, rows, 16 * I, act_rows, &j);
+        static const int ACT[] = {[ENC_ACT_GELU] = QKV_NN_ACT_GELU, [ENC_ACT_GELU_NEW] = QKV_NN_ACT_GELU_TANH,
+                                  [ENC_ACT_RELU] = QKV_NN_ACT_RELU};
+        row_job j = {qkv_nn_kernels_active(), e->inter, NULL, NULL, NULL, I, 0, ACT[e->info.hidden_act]};
+        qkv_par_range(th, rows, 4 * I, act_rows, &j);
         if ((s = nn_linear(e->inter, rows, I, L->wo2, L->bo2, H, e->tmp, th)) != QKV_OK) return s;
         layer_norm(e, e->x, e->tmp, L->ln2_g, L->ln2_b, rows); /* x = LN(x + mlp) */
     }

@@ -1,0 +1,151 @@
+/* AVX-512F row kernels (kernels/nn.h), 16 floats per step, masked tails.
+ *
+ * GELU: x Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2 computed for z = |x| /
+ * sqrt 2 in two pieces and reflected by the sign of x, so that both tails
+ * keep their relative accuracy:
+ *   z < 1/2:  erf(z) = z P1(z^2), degree 6, relative error 1.3e-9 (on
+ *             [0, 1]), erfc = 1 - erf losing at most one bit;
+ *   z >= 1/2: erfc(z) = exp(-z^2) P2(t), t = 1 / (1 + z / 2), degree 9,
+ *             relative error 4.8e-10 on [1/2, 6] (beyond, Phi(-x) < 1e-16),
+ *             exp(-z^2) as exp(-x^2 / 2) with its argument in double.
+ * Both polynomials were fitted for qkv (Lawson-weighted least squares
+ * toward minimax on the relative error); in float the result is within a
+ * few units in the last place of x Phi(x). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels/avx512/vmath.h"
+#include "kernels/nn.h"
+
+static inline __mmask16 tail_mask(size_t rem) {
+    return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
+}
+
+#define FMA_C(p, x, c) _mm512_fmadd_ps(p, x, _mm512_set1_ps(c))
+
+/* 2^a for a = k * f(x) given in double (two vectors of 8): the float part
+ * through the polynomial, the rest folded in as 2^hi (1 + lo ln 2). The
+ * argument of an exponential is the sensitive part - an error of d in it is
+ * a relative error of d in the result - and in float its rounding alone
+ * would be |a| units in the last place (~20 in GELU's tails). */
+static inline __m512 exp2_split_ps(__m512d a0, __m512d a1) {
+    __m256 h0 = _mm512_cvtpd_ps(a0), h1 = _mm512_cvtpd_ps(a1);
+    __m256 l0 = _mm512_cvtpd_ps(_mm512_sub_pd(a0, _mm512_cvtps_pd(h0)));
+    __m256 l1 = _mm512_cvtpd_ps(_mm512_sub_pd(a1, _mm512_cvtps_pd(h1)));
+    __m512 hi = _mm512_insertf32x8(_mm512_castps256_ps512(h0), h1, 1);
+    __m512 lo = _mm512_insertf32x8(_mm512_castps256_ps512(l0), l1, 1);
+    lo = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(lo, lo, _CMP_ORD_Q), lo); /* inf - inf: 0 */
+    return _mm512_mul_ps(exp2_ps(hi), _mm512_fmadd_ps(lo, _mm512_set1_ps(0.69314718055994530942f), _mm512_set1_ps(1.0f)));
+}
+
+static inline __m512d lo8(__m512 x) { return _mm512_cvtps_pd(_mm512_castps512_ps256(x)); }
+static inline __m512d hi8(__m512 x) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)); }
+
+/* exp(-x^2 / 2) = 2^(-x^2 log2(e) / 2), the argument in double. */
+static inline __m512 exp_neg_half_sq_ps(__m512 x) {
+    const __m512d k = _mm512_set1_pd(-0.5 * 1.44269504088896340736);
+    __m512d x0 = lo8(x), x1 = hi8(x);
+    return exp2_split_ps(_mm512_mul_pd(_mm512_mul_pd(x0, x0), k), _mm512_mul_pd(_mm512_mul_pd(x1, x1), k));
+}
+
+/* Phi(x), the standard normal distribution function. */
+static inline __m512 phi_ps(__m512 x) {
+    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(0.70710678118654752440f));
+    __m512 u = _mm512_mul_ps(z, z);
+    /* erf(z) for z < 1/2 */
+    __m512 p = _mm512_set1_ps(7.854186405e-05f);
+    p = FMA_C(p, u, -8.010300856e-04f);
+    p = FMA_C(p, u, 5.188341304e-03f);
+    p = FMA_C(p, u, -2.685382024e-02f);
+    p = FMA_C(p, u, 1.128358540e-01f);
+    p = FMA_C(p, u, -3.761262586e-01f);
+    p = FMA_C(p, u, 1.128379166e+00f);
+    __m512 erf_small = _mm512_mul_ps(z, p);
+    /* erfc(z) for z >= 1/2 */
+    const __m512 big = _mm512_set1_ps(6.0f * 1.41421356237309504880f);
+    __m512 xc = _mm512_min_ps(_mm512_abs_ps(x), big), zc = _mm512_min_ps(z, _mm512_set1_ps(6.0f));
+    __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(zc, half, one));
+    __m512 q = _mm512_set1_ps(-7.492214959e-02f);
+    q = FMA_C(q, t, 3.524441868e-01f);
+    q = FMA_C(q, t, -6.110503421e-01f);
+    q = FMA_C(q, t, 4.037747951e-01f);
+    q = FMA_C(q, t, -1.042798358e-01f);
+    q = FMA_C(q, t, 2.326852950e-01f);
+    q = FMA_C(q, t, 2.359506243e-01f);
+    q = FMA_C(q, t, 2.833690630e-01f);
+    q = FMA_C(q, t, 2.820165444e-01f);
+    q = FMA_C(q, t, 1.671214255e-06f);
+    __m512 erfc_big = _mm512_mul_ps(exp_neg_half_sq_ps(xc), q);
+    __mmask16 small = _mm512_cmp_ps_mask(z, half, _CMP_LT_OQ);
+    __m512 erfc_z = _mm512_mask_blend_ps(small, erfc_big, _mm512_sub_ps(one, erf_small));
+    /* Phi(x) = erfc(z) / 2 for x < 0, 1 - erfc(z) / 2 otherwise */
+    __m512 lower = _mm512_mul_ps(half, erfc_z);
+    __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    return _mm512_mask_blend_ps(neg, _mm512_sub_ps(one, lower), lower);
+}
+
+/* x / (1 + exp(-2 u)), u = sqrt(2/pi) (x + 0.044715 x^3): the tanh form
+ * without its cancellation near u = 0 (0.5 (1 + tanh u) = 1 / (1 + e^-2u)),
+ * the exponent in double. */
+static inline __m512 gelu_tanh_ps(__m512 x) {
+    const __m512d k = _mm512_set1_pd(-2.0 * 0.79788456080286535588 * 1.44269504088896340736);
+    const __m512d c = _mm512_set1_pd(0.044715);
+    __m512d x0 = lo8(x), x1 = hi8(x);
+    __m512d a0 = _mm512_mul_pd(k, _mm512_fmadd_pd(_mm512_mul_pd(_mm512_mul_pd(x0, x0), x0), c, x0));
+    __m512d a1 = _mm512_mul_pd(k, _mm512_fmadd_pd(_mm512_mul_pd(_mm512_mul_pd(x1, x1), x1), c, x1));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp2_split_ps(a0, a1)));
+}
+
+static inline __m512 act_ps(__m512 x, int act) {
+    switch (act) {
+    case QKV_NN_ACT_GELU: return _mm512_mul_ps(x, phi_ps(x));
+    case QKV_NN_ACT_GELU_TANH: return gelu_tanh_ps(x);
+    case QKV_NN_ACT_RELU:
+        return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps());
+    default: return x;
+    }
+}
+
+static void bias_act_avx512(float *y, const float *bias, size_t n, int act) {
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 x = _mm512_maskz_loadu_ps(m, y + i);
+        if (bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, bias + i));
+        _mm512_mask_storeu_ps(y + i, m, act_ps(x, act));
+    }
+}
+
+/* Sums in 16 float lanes (rows of a few hundred to a few thousand), the
+ * variance from the centred values. */
+static void add_layernorm_avx512(float *x, const float *res, const float *g, const float *b, size_t n, float eps) {
+    __m512 s = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        if (res) {
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, res + i));
+            _mm512_mask_storeu_ps(x + i, m, v);
+        }
+        s = _mm512_add_ps(s, v);
+    }
+    const float mean = _mm512_reduce_add_ps(s) / (float)n;
+    const __m512 vm = _mm512_set1_ps(mean);
+    __m512 sq = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, x + i), vm);
+        sq = _mm512_fmadd_ps(d, d, sq);
+    }
+    const __m512 rs = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(sq) / (float)n + eps));
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm), rs);
+        __m512 o = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, b + i));
+        _mm512_mask_storeu_ps(x + i, m, o);
+    }
+}
+
+void qkv_nn_init_avx512(qkv_nn_kernels *k) {
+    *k = (qkv_nn_kernels){"avx512", bias_act_avx512, add_layernorm_avx512};
+}
