@@ -5,7 +5,8 @@
  * widths, guards around every output (nothing written outside the contract's
  * ranges), with stated tolerances:
  *   - moves and roundings (pack_panel, scale_stream, all_finite, the bf16
- *     packings, m of the softmax): exact;
+ *     packings, m of the softmax, the int8 quantisation and tiles, whose
+ *     sums are exact): exact;
  *   - sums of n products (qk, pv, the gemm, KV decode, bf16 products): both
  *     within 2 (n + 2) u sum |terms| of each other (u = 2^-24: any order of
  *     a float sum, fused or not, is within (n + 1) u sum |terms| of exact);
@@ -671,6 +672,66 @@ static void test_nn_layernorm(const qkv_nn_kernels *K, const qkv_nn_kernels *G) 
         }
 }
 
+/* ---- int8 matmul (kernels/i8.h): exact sums, the same bits everywhere ---- */
+
+static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
+    static const size_t KS[] = {1, 3, 4, 7, 63, 65, 129, 384};
+    for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++) {
+        size_t k = KS[ki], kp = (k + 3) / 4 * 4;
+        /* quant_row: bitwise, with zeros, ties, NaN and a zero row */
+        gbuf gx, ga, gb;
+        float *x = fnew(&gx, k, (int)ki & 1);
+        uint8_t *a = gb_new(&ga, kp, 1), *b = gb_new(&gb, kp, 3);
+        for (int round = 0; round < 3; round++) {
+            for (size_t t = 0; t < k; t++) x[t] = round == 2 ? 0.0f : rnd(1.0);
+            if (round == 1 && k > 2) {
+                x[1] = NAN;
+                x[k - 1] = -x[0] * 0.5f;
+            }
+            float s1 = K->quant_row(x, k, kp, a), s2 = G->quant_row(x, k, kp, b);
+            CHECK(same_bits(s1, s2) && memcmp(a, b, kp) == 0, "%s quant_row k=%zu round %d", g_isa, k, round);
+            CHECK(gb_ok(&ga), "%s quant_row k=%zu: nothing past kp", g_isa, k);
+        }
+        gb_free(&gx);
+        gb_free(&ga);
+        gb_free(&gb);
+        /* tile: every m up to mr (both tables' mr), n 1..32, bitwise */
+        int mmax = K->mr > G->mr ? K->mr : G->mr;
+        size_t lda = kp + 4 * (ki & 1);
+        uint8_t *A = malloc((size_t)mmax * lda);
+        int8_t *B = malloc(kp * QKV_I8_NR);
+        int32_t ws[QKV_I8_NR];
+        float sa[32], sw[QKV_I8_NR], bias[QKV_I8_NR];
+        for (size_t i = 0; i < (size_t)mmax * lda; i++) A[i] = (uint8_t)(tu_rng_uniform(&g_rng) * 256);
+        for (size_t i = 0; i < kp * QKV_I8_NR; i++) B[i] = (int8_t)(tu_rng_uniform(&g_rng) * 255 - 127);
+        for (int j = 0; j < QKV_I8_NR; j++) {
+            ws[j] = (int32_t)(tu_rng_uniform(&g_rng) * 2000) - 1000;
+            sw[j] = (float)(tu_rng_uniform(&g_rng) * 0.01);
+            bias[j] = rnd(1.0);
+        }
+        for (int i = 0; i < 32; i++) sa[i] = (float)(tu_rng_uniform(&g_rng) * 0.02);
+        for (int m = 1; m <= mmax; m++)
+            for (int n = 1; n <= QKV_I8_NR; n += (n < 3 || n > 29) ? 1 : 7) {
+                int mk = m < K->mr ? m : K->mr, mg = m < G->mr ? m : G->mr;
+                if (mk != m || mg != m) continue;
+                gbuf gc, gd;
+                size_t ldc = (size_t)n + 3;
+                float *c = fnew(&gc, (size_t)m * ldc, 1), *d = fnew(&gd, (size_t)m * ldc, 1);
+                for (size_t i = 0; i < (size_t)m * ldc; i++) c[i] = d[i] = 7.0f;
+                const float *bb = (m + n) % 2 ? bias : NULL;
+                K->tile(kp, A, lda, B, ws, sa, sw, bb, c, ldc, m, n);
+                G->tile(kp, A, lda, B, ws, sa, sw, bb, d, ldc, m, n);
+                CHECK(memcmp(c, d, (size_t)m * ldc * sizeof *c) == 0, "%s i8 tile k=%zu m=%d n=%d: same bits", g_isa,
+                      k, m, n);
+                CHECK(gb_ok(&gc), "%s i8 tile k=%zu m=%d n=%d: guards", g_isa, k, m, n);
+                gb_free(&gc);
+                gb_free(&gd);
+            }
+        free(A);
+        free(B);
+    }
+}
+
 int main(void) {
     const qkv_kernel_set *gen = qkv_kernel_set_of(QKV_ARCH_GENERIC);
     CHECK(gen != NULL && qkv_kernel_set_active() != NULL, "the generic set exists");
@@ -713,5 +774,16 @@ int main(void) {
         }
     }
     if (!qkv_cpu_has_avx512bf16()) printf("avx512bf16: not available here, skipped\n");
+    /* the int8 kernels: VNNI where the CPU has it, and the generic ones against themselves */
+    for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
+        const qkv_kernel_set *s = qkv_kernel_set_of(arch);
+        if (!s || (arch != QKV_ARCH_GENERIC && !s->i8.native)) continue;
+        const int b3 = tu_failed;
+        g_isa = s->i8.name;
+        CHECK(s->i8.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512vnni()), "int8 table %s", g_isa);
+        test_i8(&s->i8, &gen->i8);
+        printf("%s int8 kernels: %s\n", s->i8.name, tu_failed == b3 ? "ok" : "FAILED");
+    }
+    if (!qkv_cpu_has_avx512vnni()) printf("avx512vnni: not available here, skipped\n");
     return tu_finish();
 }

@@ -16,6 +16,7 @@
 
 static int g_has[QKV_ARCH_COUNT];
 static int g_has_bf16;
+static int g_has_vnni;
 static int g_default = QKV_ARCH_GENERIC;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static atomic_int g_forced = -1;
@@ -45,6 +46,8 @@ static void detect_x86(void) {
     __cpuid_count(7, 1, a, b, c, d);
     g_has_bf16 = g_has[QKV_ARCH_AVX512] && ((a >> 5) & 1); /* AVX512_BF16 */
 #endif
+    __cpuid_count(7, 0, a, b, c, d);
+    g_has_vnni = g_has[QKV_ARCH_AVX512] && ((c >> 11) & 1); /* AVX512_VNNI */
 }
 #endif
 
@@ -76,6 +79,11 @@ int qkv_cpu_has(qkv_arch arch) {
 int qkv_cpu_has_avx512bf16(void) {
     pthread_once(&g_once, init_once);
     return g_has_bf16;
+}
+
+int qkv_cpu_has_avx512vnni(void) {
+    pthread_once(&g_once, init_once);
+    return g_has_vnni;
 }
 
 qkv_arch qkv_cpu_arch(void) {

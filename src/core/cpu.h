@@ -21,6 +21,10 @@ int qkv_cpu_has(qkv_arch arch);
  * QKV_ARCH_AVX512: the bf16 kernels run within the AVX-512 ISA. */
 int qkv_cpu_has_avx512bf16(void);
 
+/* Whether the CPU also has AVX512-VNNI (CPUID.(7,0):ECX[11]) on top of
+ * QKV_ARCH_AVX512: the int8 kernels run within the AVX-512 ISA. */
+int qkv_cpu_has_avx512vnni(void);
+
 /* The arch in use: the forced one if any, else QKV_ARCH, else the best the
  * CPU has. Thread-safe; always one that qkv_cpu_has. */
 qkv_arch qkv_cpu_arch(void);

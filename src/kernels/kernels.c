@@ -13,6 +13,7 @@ static void fill(int arch, qkv_kernel_set *s) {
     qkv_kv_init_generic(&s->kv);
     qkv_half_init_generic(&s->half);
     qkv_nn_init_generic(&s->nn);
+    qkv_i8_init_generic(&s->i8);
 #ifdef QKV_HAVE_X86 /* the ISA folders are built on x86-64 only */
     if (arch == QKV_ARCH_AVX2) {
         qkv_attn_init_avx2(&s->attn);
@@ -24,6 +25,7 @@ static void fill(int arch, qkv_kernel_set *s) {
         qkv_kv_init_avx512(&s->kv);
         qkv_nn_init_avx512(&s->nn);
         if (qkv_cpu_has_avx512bf16()) qkv_half_init_avx512bf16(&s->half);
+        if (qkv_cpu_has_avx512vnni()) qkv_i8_init_avx512vnni(&s->i8);
     }
 #else
     (void)arch;
@@ -51,3 +53,4 @@ const qkv_gemm_kernel *qkv_gemm_kernel_active(void) { return &qkv_kernel_set_act
 const kv_kernels *qkv_kv_kernels_active(void) { return &qkv_kernel_set_active()->kv; }
 const qkv_half_kernels *qkv_half_kernels_active(void) { return &qkv_kernel_set_active()->half; }
 const qkv_nn_kernels *qkv_nn_kernels_active(void) { return &qkv_kernel_set_active()->nn; }
+const qkv_i8_kernels *qkv_i8_kernels_active(void) { return &qkv_kernel_set_active()->i8; }

@@ -1,8 +1,9 @@
 /* The kernels in use (internal): one set per ISA holding a table of every
  * kernel family, filled once at first use, BLIS-style: start from the
  * generic tables, then the ISA's inits override the slots it implements
- * (AVX-512 also takes the AVX512-BF16 kernels when the CPU has them). The
- * ISA comes from core/cpu.h (CPU detection, QKV_ARCH, a test's forcing).
+ * (AVX-512 also takes the AVX512-BF16 and AVX512-VNNI kernels when the CPU
+ * has them). The ISA comes from core/cpu.h (CPU detection, QKV_ARCH, a
+ * test's forcing).
  *
  *   family            contract            kernels
  *   attention tiles   kernels/attn.h      kernels/<isa>/attn.c
@@ -10,7 +11,8 @@
  *   KV decode         kernels/kv.h        kernels/<isa>/kv.c
  *   bf16 tiles        kernels/half.h      kernels/<isa>/half.c
  *   layer rows        kernels/nn.h        kernels/<isa>/nn.c
- * with <isa> one of generic, avx2, avx512, avx512bf16, each folder compiled
+ *   int8 matmul       kernels/i8.h        kernels/<isa>/i8.c
+ * with <isa> one of generic, avx2, avx512, avx512bf16, avx512vnni, each folder compiled
  * with that ISA's flags only. */
 #ifndef QKV_KERNELS_KERNELS_H
 #define QKV_KERNELS_KERNELS_H
@@ -18,6 +20,7 @@
 #include "kernels/attn.h"
 #include "kernels/gemm.h"
 #include "kernels/half.h"
+#include "kernels/i8.h"
 #include "kernels/kv.h"
 #include "kernels/nn.h"
 
@@ -27,6 +30,7 @@ typedef struct qkv_kernel_set {
     kv_kernels kv;
     qkv_half_kernels half;
     qkv_nn_kernels nn;
+    qkv_i8_kernels i8;
 } qkv_kernel_set;
 
 /* The set of an arch (qkv_arch of core/cpu.h), or NULL when the CPU or
@@ -41,5 +45,6 @@ const qkv_gemm_kernel *qkv_gemm_kernel_active(void);
 const kv_kernels *qkv_kv_kernels_active(void);
 const qkv_half_kernels *qkv_half_kernels_active(void);
 const qkv_nn_kernels *qkv_nn_kernels_active(void);
+const qkv_i8_kernels *qkv_i8_kernels_active(void);
 
 #endif

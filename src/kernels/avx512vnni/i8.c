@@ -1,0 +1,81 @@
+/* AVX512-VNNI int8 kernels (compiled with -mavx512f/bw/vl/vnni only here):
+ * a 14 x 32 tile, 28 zmm int32 accumulators, two zmm of weights (32
+ * channels x 4 k) and one broadcast of 4 activation bytes per step: each
+ * vpdpbusd adds 64 exact u8 x s8 products, four times an fp32 FMA's work. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/i8.h"
+
+#define MR 14
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+
+static inline __mmask16 tail_mask(size_t rem) {
+    return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
+}
+
+static float quant_row_vnni(const float *x, size_t k, size_t kp, uint8_t *a) {
+    __m512 mx = _mm512_setzero_ps();
+    for (size_t t = 0; t < k; t += 16)
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(k - t), x + t)));
+    float m = _mm512_reduce_max_ps(mx);
+    float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    const __m512 vi = _mm512_set1_ps(inv);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), off = _mm512_set1_epi32(128);
+    for (size_t t = 0; t < k; t += 16) {
+        __mmask16 mk = tail_mask(k - t);
+        __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + t), vi),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), off); /* NaN: INT_MIN -> -127 */
+        _mm_mask_storeu_epi8(a + t, mk, _mm512_cvtepi32_epi8(q));
+    }
+    if (kp > k) memset(a + k, 128, kp - k);
+    return m > 0.0f ? m / 127.0f : 0.0f;
+}
+
+static void tile_vnni(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum,
+                      const float *sa, const float *sw, const float *bias, float *c, size_t ldc, int m, int n) {
+    /* Rows past m read row m - 1 again (never stored), so the loop has no branch. */
+#define DECL(r)                                                                \
+    __m512i c0_##r = _mm512_setzero_si512(), c1_##r = _mm512_setzero_si512(); \
+    const uint8_t *a_##r = a + (size_t)((r) < m ? (r) : m - 1) * lda;
+    ROWS(DECL)
+#undef DECL
+    for (size_t t = 0; t < kp; t += 4) {
+        __m512i b0 = _mm512_loadu_si512(bp), b1 = _mm512_loadu_si512(bp + 64);
+#define DOT(r)                                                    \
+    {                                                             \
+        int32_t w;                                                \
+        memcpy(&w, a_##r + t, 4);                                 \
+        __m512i x = _mm512_set1_epi32(w);                         \
+        c0_##r = _mm512_dpbusd_epi32(c0_##r, x, b0);              \
+        c1_##r = _mm512_dpbusd_epi32(c1_##r, x, b1);              \
+    }
+        ROWS(DOT)
+#undef DOT
+        bp += QKV_I8_NR * 4;
+    }
+    __mmask16 k0 = tail_mask((size_t)n), k1 = n > 16 ? tail_mask((size_t)n - 16) : 0;
+    const __m512i w128_0 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(k0, wsum), 7);
+    const __m512i w128_1 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(k1, wsum + 16), 7);
+    const __m512 sw0 = _mm512_maskz_loadu_ps(k0, sw), sw1 = _mm512_maskz_loadu_ps(k1, sw + 16);
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(k0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(k1, bias + 16) : _mm512_setzero_ps();
+#define ST(r)                                                                                       \
+    if ((r) < m) {                                                                                  \
+        __m512 s = _mm512_set1_ps(sa[r]);                                                           \
+        __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0_##r, w128_0)), _mm512_mul_ps(s, sw0)); \
+        __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1_##r, w128_1)), _mm512_mul_ps(s, sw1)); \
+        if (bias) {                                                                                 \
+            v0 = _mm512_add_ps(v0, b0);                                                             \
+            v1 = _mm512_add_ps(v1, b1);                                                             \
+        }                                                                                           \
+        _mm512_mask_storeu_ps(c + (size_t)(r) * ldc, k0, v0);                                       \
+        _mm512_mask_storeu_ps(c + (size_t)(r) * ldc + 16, k1, v1);                                  \
+    }
+    ROWS(ST)
+#undef ST
+}
+
+void qkv_i8_init_avx512vnni(qkv_i8_kernels *k) { *k = (qkv_i8_kernels){"avx512vnni", 1, MR, quant_row_vnni, tile_vnni}; }

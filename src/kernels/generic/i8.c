@@ -1,0 +1,35 @@
+/* Portable int8 kernels: the contract of kernels/i8.h in plain C loops. */
+#include <math.h>
+
+#include "kernels/i8.h"
+
+static float quant_row_generic(const float *x, size_t k, size_t kp, uint8_t *a) {
+    float m = 0.0f;
+    for (size_t t = 0; t < k; t++) {
+        float v = fabsf(x[t]);
+        if (v > m) m = v;
+    }
+    float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    for (size_t t = 0; t < k; t++) {
+        float v = rintf(x[t] * inv);
+        if (!(v >= -127.0f)) v = -127.0f; /* NaN too */
+        if (v > 127.0f) v = 127.0f;
+        a[t] = (uint8_t)((int)v + 128);
+    }
+    for (size_t t = k; t < kp; t++) a[t] = 128;
+    return m > 0.0f ? m / 127.0f : 0.0f;
+}
+
+static void tile_generic(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum,
+                         const float *sa, const float *sw, const float *bias, float *c, size_t ldc, int m, int n) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            int32_t acc = 0;
+            for (size_t t = 0; t < kp; t++)
+                acc += (int32_t)a[(size_t)i * lda + t] * (int32_t)bp[(t / 4) * QKV_I8_NR * 4 + (size_t)j * 4 + t % 4];
+            float v = (float)(acc - 128 * wsum[j]) * (sa[i] * sw[j]);
+            c[(size_t)i * ldc + (size_t)j] = bias ? v + bias[j] : v;
+        }
+}
+
+void qkv_i8_init_generic(qkv_i8_kernels *k) { *k = (qkv_i8_kernels){"generic", 0, 4, quant_row_generic, tile_generic}; }

@@ -1,0 +1,46 @@
+/* The int8 matmul's contract (internal): a linear layer y = x W^T + b with
+ * the weights quantised once per output channel (int8, symmetric) and the
+ * activations quantised per row at run time (symmetric int8 carried as
+ * unsigned, q + 128, the operand order of the u8 x s8 dot-product
+ * instructions: AVX512-VNNI vpdpbusd), products summed exactly in int32.
+ * The framework (src/gemm/i8.c) packs the weights, quantises the rows and
+ * splits the tiles among threads; a kernel quantises one row or computes
+ * one tile. Every sum is exact, so every ISA gives the same bits (the
+ * dequantisation is the same float operations in the same order).
+ *
+ * Layouts, for K padded to kp (a multiple of 4) with zeros:
+ *   a row      a[t] = q_t + 128, t < kp (128 past K: a zero)
+ *   W panels   bp[(t / 4) * QKV_I8_NR * 4 + j * 4 + t % 4] = Wq[j0 + j][t]
+ *              for j < QKV_I8_NR (0 past the last output channel)
+ *   wsum[j]    sum over t of Wq[j][t], so that sum (q + 128) w = acc and
+ *              sum q w = acc - 128 wsum */
+#ifndef QKV_KERNELS_I8_H
+#define QKV_KERNELS_I8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QKV_I8_NR 32 /* output channels per packed panel, the same for every ISA */
+#define QKV_I8_MAX_K 65536 /* 255 * 127 * K stays inside int32 */
+
+typedef struct qkv_i8_kernels {
+    const char *name;
+    int native; /* 1: dot-product instructions (VNNI) */
+    int mr;     /* rows per tile */
+    /* With m = max |x[t]| over t < k: s = m / 127 (0 when m = 0), and a[t]
+     * = clamp(rint(x[t] * (127 / m)), -127, 127) + 128 for t < k (NaN ->
+     * -127), 128 for k <= t < kp. Returns s. */
+    float (*quant_row)(const float *x, size_t k, size_t kp, uint8_t *a);
+    /* For i < m (1..mr), j < n (1..QKV_I8_NR): acc = sum_{t < kp} a[i*lda
+     * + t] bp[...] (exact), then c[i*ldc + j] = ((float)(acc - 128 wsum[j])
+     * * (sa[i] * sw[j])) + bias[j] (bias NULL: no addition), each operation
+     * rounded once, in this order. Nothing outside the m x n tile is
+     * written; rows >= m of a are not read. */
+    void (*tile)(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum,
+                 const float *sa, const float *sw, const float *bias, float *c, size_t ldc, int m, int n);
+} qkv_i8_kernels;
+
+void qkv_i8_init_generic(qkv_i8_kernels *k);
+void qkv_i8_init_avx512vnni(qkv_i8_kernels *k);
+
+#endif
