@@ -678,18 +678,27 @@ static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
     static const size_t KS[] = {1, 3, 4, 7, 63, 65, 129, 384};
     for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++) {
         size_t k = KS[ki], kp = (k + 3) / 4 * 4;
-        /* quant_row: bitwise, with zeros, ties, NaN and a zero row */
+        /* quant_row: bitwise, with zeros, ties, NaN, outliers (none, some,
+         * more than QKV_I8_MAX_OUT) and a zero row */
         gbuf gx, ga, gb;
         float *x = fnew(&gx, k, (int)ki & 1);
         uint8_t *a = gb_new(&ga, kp, 1), *b = gb_new(&gb, kp, 3);
-        for (int round = 0; round < 3; round++) {
+        for (int round = 0; round < 5; round++) {
             for (size_t t = 0; t < k; t++) x[t] = round == 2 ? 0.0f : rnd(1.0);
             if (round == 1 && k > 2) {
                 x[1] = NAN;
                 x[k - 1] = -x[0] * 0.5f;
             }
-            float s1 = K->quant_row(x, k, kp, a), s2 = G->quant_row(x, k, kp, b);
-            CHECK(same_bits(s1, s2) && memcmp(a, b, kp) == 0, "%s quant_row k=%zu round %d", g_isa, k, round);
+            for (size_t t = 0; round >= 3 && t < k; t += (round == 3 ? 37 : 8)) x[t] = (t & 1 ? -60.0f : 50.0f);
+            int32_t i1[QKV_I8_MAX_OUT], i2[QKV_I8_MAX_OUT];
+            float v1[QKV_I8_MAX_OUT], v2[QKV_I8_MAX_OUT];
+            int n1 = -1, n2 = -2;
+            float s1 = K->quant_row(x, k, kp, a, i1, v1, &n1), s2 = G->quant_row(x, k, kp, b, i2, v2, &n2);
+            CHECK(same_bits(s1, s2) && memcmp(a, b, kp) == 0 && n1 == n2 && n1 >= 0 && n1 <= QKV_I8_MAX_OUT &&
+                      memcmp(i1, i2, (size_t)n1 * sizeof *i1) == 0 && memcmp(v1, v2, (size_t)n1 * sizeof *v1) == 0,
+                  "%s quant_row k=%zu round %d", g_isa, k, round);
+            CHECK(round < 4 || k < 64 || n1 == QKV_I8_MAX_OUT, "%s quant_row k=%zu: outliers found (%d)", g_isa, k, n1);
+            for (int o = 0; o < n1; o++) CHECK(a[i1[o]] == 128, "%s quant_row: an outlier's byte is a zero", g_isa);
             CHECK(gb_ok(&ga), "%s quant_row k=%zu: nothing past kp", g_isa, k);
         }
         gb_free(&gx);
@@ -710,6 +719,9 @@ static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
             bias[j] = rnd(1.0);
         }
         for (int i = 0; i < 32; i++) sa[i] = (float)(tu_rng_uniform(&g_rng) * 0.02);
+        float xo[32 * 3], wo[3 * QKV_I8_NR];
+        for (int i = 0; i < 32 * 3; i++) xo[i] = i % 4 ? 0.0f : rnd(20.0);
+        for (int i = 0; i < 3 * QKV_I8_NR; i++) wo[i] = (float)(int)(tu_rng_uniform(&g_rng) * 255 - 127);
         for (int m = 1; m <= mmax; m++)
             for (int n = 1; n <= QKV_I8_NR; n += (n < 3 || n > 29) ? 1 : 7) {
                 int mk = m < K->mr ? m : K->mr, mg = m < G->mr ? m : G->mr;
@@ -719,8 +731,9 @@ static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
                 float *c = fnew(&gc, (size_t)m * ldc, 1), *d = fnew(&gd, (size_t)m * ldc, 1);
                 for (size_t i = 0; i < (size_t)m * ldc; i++) c[i] = d[i] = 7.0f;
                 const float *bb = (m + n) % 2 ? bias : NULL;
-                K->tile(kp, A, lda, B, ws, sa, sw, bb, c, ldc, m, n);
-                G->tile(kp, A, lda, B, ws, sa, sw, bb, d, ldc, m, n);
+                size_t nu = (size_t)(m + n) % 4; /* 0 .. 3 outlier columns */
+                K->tile(kp, A, lda, B, ws, sa, sw, bb, c, ldc, m, n, nu, xo, wo);
+                G->tile(kp, A, lda, B, ws, sa, sw, bb, d, ldc, m, n, nu, xo, wo);
                 CHECK(memcmp(c, d, (size_t)m * ldc * sizeof *c) == 0, "%s i8 tile k=%zu m=%d n=%d: same bits", g_isa,
                       k, m, n);
                 CHECK(gb_ok(&gc), "%s i8 tile k=%zu m=%d n=%d: guards", g_isa, k, m, n);

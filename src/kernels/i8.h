@@ -23,21 +23,39 @@
 #define QKV_I8_NR 32 /* output channels per packed panel, the same for every ISA */
 #define QKV_I8_MAX_K 65536 /* 255 * 127 * K stays inside int32 */
 
+/* A row's outliers: the values above QKV_I8_OUTLIER times the mean |x| of
+ * the row (the first QKV_I8_MAX_OUT of them, in index order) stay float
+ * and are added by the tile as exact products with the int8 weights; the
+ * row's scale comes from the rest. BERT's hidden states carry a few such
+ * channels (10 to 40 times the typical value), which would otherwise leave
+ * the other values a handful of levels. */
+#define QKV_I8_OUTLIER 6.0f
+#define QKV_I8_MAX_OUT 8
+
 typedef struct qkv_i8_kernels {
     const char *name;
     int native; /* 1: dot-product instructions (VNNI) */
     int mr;     /* rows per tile */
-    /* With m = max |x[t]| over t < k: s = m / 127 (0 when m = 0), and a[t]
-     * = clamp(rint(x[t] * (127 / m)), -127, 127) + 128 for t < k (NaN ->
-     * -127), 128 for k <= t < kp. Returns s. */
-    float (*quant_row)(const float *x, size_t k, size_t kp, uint8_t *a);
+    /* With T = QKV_I8_OUTLIER * (sum |x[t]|) / k (the sum in float as 16
+     * lane sums over t mod 16, each in order of t, then added in lane
+     * order: a vector's order, the same on every ISA), the outliers are the
+     * first QKV_I8_MAX_OUT t (increasing) with |x[t]| > T: their indices
+     * and values go to oidx, oval, their count to *nout. With m = the
+     * largest |x[t]| of the other t (NaN counts as 0): s = m / 127 (0 when
+     * m = 0) and a[t] = clamp(rint(x[t] * (127 / m)), -127, 127) + 128 (an
+     * outlier, and t >= k: 128, a zero; NaN: -127). Returns s. */
+    float (*quant_row)(const float *x, size_t k, size_t kp, uint8_t *a, int32_t *oidx, float *oval, int *nout);
     /* For i < m (1..mr), j < n (1..QKV_I8_NR): acc = sum_{t < kp} a[i*lda
-     * + t] bp[...] (exact), then c[i*ldc + j] = ((float)(acc - 128 wsum[j])
-     * * (sa[i] * sw[j])) + bias[j] (bias NULL: no addition), each operation
-     * rounded once, in this order. Nothing outside the m x n tile is
-     * written; rows >= m of a are not read. */
-    void (*tile)(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum,
-                 const float *sa, const float *sw, const float *bias, float *c, size_t ldc, int m, int n);
+     * + t] bp[...] (exact), then v = (float)(acc - 128 wsum[j]) * sa[i];
+     * for u < nu: v = v + xo[i*nu + u] * wo[u*QKV_I8_NR + j] (the row's
+     * outliers, 0 where a row has none in column u; wo holds the weights of
+     * those columns as floats); c[i*ldc + j] = v * sw[j] + bias[j] (bias
+     * NULL: no addition); each operation rounded once, in this order.
+     * Nothing outside the m x n tile is written; rows >= m of a are not
+     * read. */
+    void (*tile)(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum, const float *sa,
+                 const float *sw, const float *bias, float *c, size_t ldc, int m, int n, size_t nu, const float *xo,
+                 const float *wo);
 } qkv_i8_kernels;
 
 void qkv_i8_init_generic(qkv_i8_kernels *k);

@@ -15,27 +15,60 @@ static inline __mmask16 tail_mask(size_t rem) {
     return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
 }
 
-static float quant_row_vnni(const float *x, size_t k, size_t kp, uint8_t *a) {
+static float quant_row_vnni(const float *x, size_t k, size_t kp, uint8_t *a, int32_t *oidx, float *oval, int *nout) {
+    __m512 sv = _mm512_setzero_ps();
+    for (size_t t = 0; t < k; t += 16) sv = _mm512_add_ps(sv, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(k - t), x + t)));
+    float lane[16], sum = 0.0f;
+    _mm512_storeu_ps(lane, sv);
+    for (int l = 0; l < 16; l++) sum += lane[l];
+    const float thr = QKV_I8_OUTLIER * (sum / (float)k);
+    const __m512 vt = _mm512_set1_ps(thr);
+    /* the outliers, first ones first */
+    int no = 0;
+    size_t last = 0;
+    for (size_t t = 0; t < k && no < QKV_I8_MAX_OUT; t += 16) {
+        __mmask16 gt = _mm512_mask_cmp_ps_mask(tail_mask(k - t), _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(k - t), x + t)),
+                                               vt, _CMP_GT_OQ);
+        for (unsigned bits = gt; bits && no < QKV_I8_MAX_OUT; bits &= bits - 1) {
+            size_t i = t + (size_t)__builtin_ctz(bits);
+            oidx[no] = (int32_t)i;
+            oval[no++] = x[i];
+            last = i;
+        }
+    }
+    *nout = no;
+    /* the scale from the others */
+    const __m512i lane_idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i vlast = _mm512_set1_epi32(no ? (int)last : -1);
     __m512 mx = _mm512_setzero_ps();
-    for (size_t t = 0; t < k; t += 16)
-        mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(k - t), x + t)));
+    for (size_t t = 0; t < k; t += 16) {
+        __mmask16 mk = tail_mask(k - t);
+        __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, x + t));
+        __mmask16 out = _mm512_cmp_ps_mask(v, vt, _CMP_GT_OQ) &
+                        _mm512_cmple_epi32_mask(_mm512_add_epi32(lane_idx, _mm512_set1_epi32((int)t)), vlast);
+        mx = _mm512_mask_max_ps(mx, (__mmask16)(mk & ~out), v, mx); /* NaN in v: mx kept */
+    }
     float m = _mm512_reduce_max_ps(mx);
     float inv = m > 0.0f ? 127.0f / m : 0.0f;
     const __m512 vi = _mm512_set1_ps(inv);
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), off = _mm512_set1_epi32(128);
     for (size_t t = 0; t < k; t += 16) {
         __mmask16 mk = tail_mask(k - t);
-        __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + t), vi),
-                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        q = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), off); /* NaN: INT_MIN -> -127 */
-        _mm_mask_storeu_epi8(a + t, mk, _mm512_cvtepi32_epi8(q));
+        __m512 xv = _mm512_maskz_loadu_ps(mk, x + t);
+        __mmask16 out = _mm512_cmp_ps_mask(_mm512_abs_ps(xv), vt, _CMP_GT_OQ) &
+                        _mm512_cmple_epi32_mask(_mm512_add_epi32(lane_idx, _mm512_set1_epi32((int)t)), vlast);
+        __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(xv, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q = _mm512_min_epi32(_mm512_max_epi32(q, lo), hi); /* NaN: INT_MIN -> -127 */
+        q = _mm512_maskz_mov_epi32((__mmask16)~out, q); /* an outlier: 0 */
+        _mm_mask_storeu_epi8(a + t, mk, _mm512_cvtepi32_epi8(_mm512_add_epi32(q, off)));
     }
     if (kp > k) memset(a + k, 128, kp - k);
     return m > 0.0f ? m / 127.0f : 0.0f;
 }
 
 static void tile_vnni(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum,
-                      const float *sa, const float *sw, const float *bias, float *c, size_t ldc, int m, int n) {
+                      const float *sa, const float *sw, const float *bias, float *c, size_t ldc, int m, int n,
+                      size_t nu, const float *xo, const float *wo) {
     /* Rows past m read row m - 1 again (never stored), so the loop has no branch. */
 #define DECL(r)                                                                \
     __m512i c0_##r = _mm512_setzero_si512(), c1_##r = _mm512_setzero_si512(); \
@@ -65,8 +98,15 @@ static void tile_vnni(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp,
 #define ST(r)                                                                                       \
     if ((r) < m) {                                                                                  \
         __m512 s = _mm512_set1_ps(sa[r]);                                                           \
-        __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0_##r, w128_0)), _mm512_mul_ps(s, sw0)); \
-        __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1_##r, w128_1)), _mm512_mul_ps(s, sw1)); \
+        __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0_##r, w128_0)), s);         \
+        __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1_##r, w128_1)), s);         \
+        for (size_t u = 0; u < nu; u++) {                                                           \
+            __m512 xu = _mm512_set1_ps(xo[(size_t)(r) * nu + u]);                                   \
+            v0 = _mm512_add_ps(v0, _mm512_mul_ps(xu, _mm512_loadu_ps(wo + u * QKV_I8_NR)));         \
+            v1 = _mm512_add_ps(v1, _mm512_mul_ps(xu, _mm512_loadu_ps(wo + u * QKV_I8_NR + 16)));    \
+        }                                                                                           \
+        v0 = _mm512_mul_ps(v0, sw0);                                                                \
+        v1 = _mm512_mul_ps(v1, sw1);                                                                \
         if (bias) {                                                                                 \
             v0 = _mm512_add_ps(v0, b0);                                                             \
             v1 = _mm512_add_ps(v1, b1);                                                             \
