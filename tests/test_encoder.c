@@ -177,7 +177,7 @@ static void check_model(const char *dir, const char *act) {
     free_ref(ref);
 
     qkv_encoder_free(enc);
-    qkv_encoder_options opt = {2, 0};
+    qkv_encoder_options opt = {.threads = 2};
     CHECK_STATUS(qkv_encoder_load(dir, &opt, &enc, why, sizeof why), QKV_OK);
     CHECK_STATUS(qkv_encoder_token_states(enc, g_text, NULL, g_count, y, total, off, &total, why, sizeof why), QKV_OK);
     CHECK(memcmp(x, y, (size_t)total * 16 * sizeof *x) == 0, "2 threads differ from 1");
@@ -380,6 +380,11 @@ static void check_bad_input(void) {
     qkv_encoder *enc = NULL;
     CHECK_STATUS(qkv_encoder_load(NULL, NULL, &enc, why, sizeof why), QKV_ERR_NULL_POINTER);
     expect_refused("/nonexistent/qkv-model", QKV_ERR_IO, "/nonexistent/qkv-model", NULL);
+    for (int p = -1; p <= 3; p += 2) { /* -1, 1 (not a precision), 3 */
+        qkv_encoder_options o = {.precision = p};
+        CHECK_STATUS(qkv_encoder_load(g_src, &o, &enc, why, sizeof why), QKV_ERR_BAD_ENUM);
+        CHECK(enc == NULL && strstr(why, "precision") != NULL, "precision %d refused, naming it: %s", p, why);
+    }
 
     make_dir(dir, sizeof dir, "enc_roberta", 1, "\"model_type\": \"bert\"", "\"model_type\": \"roberta\"");
     expect_refused(dir, QKV_ERR_UNSUPPORTED, "model_type", "roberta");
@@ -510,7 +515,7 @@ static void fail_free(void *p, void *user) {
 }
 
 static void check_alloc_failures(void) {
-    qkv_encoder_options opt = {1, 0};
+    qkv_encoder_options opt = {.threads = 1};
     int done = 0;
     for (long k = 1; k < 100000 && !done; k++) {
         char why[256];

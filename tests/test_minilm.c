@@ -13,7 +13,15 @@
  * 0.99999 and max |qkv - reference| <= 1e-4 (the worst of each is
  * printed); the vectors have unit length; and the weights are mapped, not
  * read: the resident memory grows by far less than model.safetensors'
- * size while loading (Linux: /proc/self/statm). */
+ * size while loading (Linux: /proc/self/statm).
+ *
+ * The int8 encoder (QKV_ENCODER_INT8) against the same reference: cosine
+ * >= 0.99 for every sentence; the ranking of all pairwise similarities
+ * kept (Spearman >= 0.99 over the n (n - 1) / 2 pairs); the nearest
+ * neighbour kept for every sentence whose reference nearest neighbour
+ * leads its second by more than 0.01 in cosine (the few with closer
+ * ties may swap; the count kept of all is printed); the same bits on 1
+ * and 2 threads. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -136,7 +144,107 @@ static void check_ids(const qkv_tokenizer *tok, int64_t max_len, const lines *te
 }
 
 /* Sentence vectors against embeddings.npy. */
-static void check_embeddings(qkv_encoder *enc, const lines *text, const char *npy) {
+/* The ranks (1..n, ties averaged) of v[0..n). */
+static void ranks(const double *v, int n, double *r) {
+    for (int i = 0; i < n; i++) {
+        int below = 0, equal = 0;
+        for (int j = 0; j < n; j++) {
+            below += v[j] < v[i];
+            equal += v[j] == v[i];
+        }
+        r[i] = below + (equal + 1) / 2.0;
+    }
+}
+
+static double cosine_of(const float *x, const float *y) {
+    double dot = 0, xx = 0, yy = 0;
+    for (int c = 0; c < HIDDEN; c++) {
+        dot += (double)x[c] * y[c];
+        xx += (double)x[c] * x[c];
+        yy += (double)y[c] * y[c];
+    }
+    return dot / sqrt(xx * yy);
+}
+
+/* Similarities among the sentences: Spearman's rho of the pairs' cosines
+ * under q against under r, how many sentences keep their nearest
+ * neighbour, and how many of those whose reference nearest neighbour
+ * leads by more than `margin` do not. */
+static void similarity_agreement(const float *q, const float *r, int n, double margin, double *rho, int *kept,
+                                 int *clear_lost) {
+    int np = n * (n - 1) / 2, k = 0;
+    double *a = malloc((size_t)np * sizeof *a), *b = malloc((size_t)np * sizeof *b);
+    double *ra = malloc((size_t)np * sizeof *ra), *rb = malloc((size_t)np * sizeof *rb);
+    *kept = *clear_lost = 0;
+    for (int i = 0; i < n; i++) {
+        int nq = -1, nr = -1;
+        double bq = -2, br = -2, br2 = -2;
+        for (int j = 0; j < n; j++) {
+            if (j == i) continue;
+            double cq = cosine_of(q + (size_t)i * HIDDEN, q + (size_t)j * HIDDEN);
+            double cr = cosine_of(r + (size_t)i * HIDDEN, r + (size_t)j * HIDDEN);
+            if (cq > bq) bq = cq, nq = j;
+            if (cr > br) br2 = br, br = cr, nr = j;
+            else if (cr > br2) br2 = cr;
+            if (j > i) a[k] = cq, b[k++] = cr;
+        }
+        *kept += nq == nr;
+        *clear_lost += nq != nr && br - br2 > margin;
+    }
+    ranks(a, np, ra);
+    ranks(b, np, rb);
+    double d2 = 0;
+    for (int i = 0; i < np; i++) d2 += (ra[i] - rb[i]) * (ra[i] - rb[i]);
+    *rho = 1 - 6 * d2 / ((double)np * ((double)np * np - 1));
+    free(a);
+    free(b);
+    free(ra);
+    free(rb);
+}
+
+/* QKV_ENCODER_INT8 against the reference r [n, HIDDEN]. */
+static void check_int8(const char *dir, const lines *text, const float *r) {
+    int n = text->count;
+    qkv_encoder *e1 = NULL, *e2 = NULL;
+    char why[512] = "";
+    qkv_encoder_options o1 = {.threads = 1, .precision = QKV_ENCODER_INT8}, o2 = {.threads = 2, .precision = QKV_ENCODER_INT8};
+    CHECK(qkv_encoder_load(dir, &o1, &e1, why, sizeof why) == QKV_OK, "int8 load: %s", why);
+    CHECK(qkv_encoder_load(dir, &o2, &e2, why, sizeof why) == QKV_OK, "int8 load: %s", why);
+    float *q = malloc((size_t)n * HIDDEN * sizeof *q), *q1 = malloc((size_t)n * HIDDEN * sizeof *q1);
+    const char **texts = malloc((size_t)n * sizeof *texts);
+    if (!e1 || !e2 || !q || !q1 || !texts) goto done;
+    qkv_encoder_info info;
+    qkv_encoder_get_info(e2, &info);
+    CHECK(info.precision == QKV_ENCODER_INT8, "info.precision %d", info.precision);
+    for (int s = 0; s < n; s++) texts[s] = text->line[s];
+    CHECK(qkv_encoder_embed(e2, texts, text->len, n, QKV_POOLING_FROM_MODEL, -1, q, why, sizeof why) == QKV_OK,
+          "int8 embed: %s", why);
+    CHECK(qkv_encoder_embed(e1, texts, text->len, n, QKV_POOLING_FROM_MODEL, -1, q1, why, sizeof why) == QKV_OK,
+          "int8 embed: %s", why);
+    CHECK(memcmp(q, q1, (size_t)n * HIDDEN * sizeof *q) == 0, "int8: the same bits on 1 and 2 threads");
+    double worst = 2;
+    int at = -1;
+    for (int s = 0; s < n; s++) {
+        double c = cosine_of(q + (size_t)s * HIDDEN, r + (size_t)s * HIDDEN);
+        CHECK(c >= 0.99, "int8 sentence %d: cosine %.6f < 0.99", s + 1, c);
+        if (!(c >= worst)) worst = c, at = s + 1;
+    }
+    double rho;
+    int kept, lost;
+    similarity_agreement(q, r, n, 0.01, &rho, &kept, &lost);
+    CHECK(rho >= 0.99, "int8: Spearman %.5f of the %d pairwise similarities < 0.99", rho, n * (n - 1) / 2);
+    CHECK(lost == 0, "int8: %d sentences lose a nearest neighbour that leads by more than 0.01", lost);
+    printf("int8: worst cosine %.6f (sentence %d), Spearman %.5f over %d pairs, nearest neighbour kept for %d of %d\n",
+           worst, at, rho, n * (n - 1) / 2, kept, n);
+done:
+    qkv_encoder_free(e1);
+    qkv_encoder_free(e2);
+    free(q);
+    free(q1);
+    free(texts);
+}
+
+static void check_embeddings(const char *dir, qkv_encoder *enc, const lines *text, const char *npy) {
     qkv_array ref;
     char why[256] = "";
     qkv_status st = qkv_npy_load(npy, &ref, why, sizeof why);
@@ -194,6 +302,7 @@ static void check_embeddings(qkv_encoder *enc, const lines *text, const char *np
                "difference %.3g (sentence %d)\n",
                n, t1 - t0, worst_cos, 1 - worst_cos, at_cos, worst_abs, at_abs);
     }
+    check_int8(dir, text, r);
     free(out);
     free(texts);
     qkv_array_free(&ref);
@@ -262,7 +371,7 @@ int main(void) {
 
     check_ids(qkv_encoder_tokenizer(enc), info.max_length, &text, &ref_ids);
     snprintf(path, sizeof path, "%s/embeddings.npy", data);
-    check_embeddings(enc, &text, path);
+    check_embeddings(dir, enc, &text, path);
     double rss2 = resident_bytes();
     if (rss2 > 0) printf("resident memory after embedding: %.1f MB\n", rss2 / 1e6);
 

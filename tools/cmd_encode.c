@@ -35,7 +35,7 @@
 
 enum {
     OPT_HELP, OPT_MODEL, OPT_TEXT, OPT_INPUT, OPT_OUT, OPT_OFFSETS, OPT_POOLING, OPT_NO_NORMALIZE,
-    OPT_BATCH, OPT_THREADS, OPT_MAX_LENGTH, OPT_TOKENS, OPT_CORPUS, OPT_QUERY, OPT_TOP, OPT_COUNT
+    OPT_BATCH, OPT_THREADS, OPT_MAX_LENGTH, OPT_TOKENS, OPT_CORPUS, OPT_QUERY, OPT_TOP, OPT_PRECISION, OPT_COUNT
 };
 
 /* Every option of the four commands, indexed by id; each command accepts the
@@ -56,7 +56,13 @@ static const cli_opt all_options[OPT_COUNT] = {
     {"--corpus", NULL, 1, OPT_CORPUS},
     {"--query", NULL, 1, OPT_QUERY},
     {"--top", NULL, 1, OPT_TOP},
+    {"--precision", NULL, 1, OPT_PRECISION},
 };
+
+#define PRECISION_HELP                                                                  \
+    "  --precision P       the projections' arithmetic: fp32 (default) or int8\n"      \
+    "                      (weights int8 per output channel, activations per row;\n"   \
+    "                      docs/ENCODER.md gives its accuracy)\n"
 
 /* ------------------------------------------------------------------------- */
 /* Help */
@@ -104,8 +110,9 @@ static void embed_help(void) {
                "  --pooling KIND      mean, cls, max (default: the model's), or none\n"
                "  --no-normalize      leave the pooled vectors' length as it is (default: the\n"
                "                      model's Normalize module decides)\n"
-               "  --batch N           sentences per forward call (default 32); the result does\n"
-               "                      not depend on it\n"
+               "  --batch N           sentences per forward call (default 32); the result\n"
+               "                      depends on it only through float rounding\n"
+               PRECISION_HELP
                "\n"
                "A progress line goes to stderr when it is a terminal and there is more than\n"
                "one batch.\n"
@@ -144,6 +151,7 @@ static void similarity_help(void) {
                "Vectors:\n"
                "  --pooling KIND      mean, cls or max (default: the model's)\n"
                "  --batch N           sentences per forward call (default 32)\n"
+               PRECISION_HELP
                "\n"
                "Example:\n"
                "  qkv similarity --model all-MiniLM-L6-v2 --text 'A cat sits.' --text 'A dog runs.'\n");
@@ -166,6 +174,7 @@ static void search_help(void) {
                "                      corpus is shorter)\n"
                "  --pooling KIND      mean, cls or max (default: the model's)\n"
                "  --batch N           sentences per forward call (default 32)\n"
+               PRECISION_HELP
                "\n"
                "Example:\n"
                "  qkv search --model all-MiniLM-L6-v2 --corpus faq.txt --query 'how do I reset it'\n");
@@ -257,6 +266,7 @@ typedef struct job {
     text_list queries; /* --query (search) */
     int64_t batch, threads, max_length, top;
     int pooling;       /* QKV_POOLING_FROM_MODEL, a qkv_pooling or POOLING_NONE */
+    int precision;     /* a qkv_encoder_precision */
     qkv_encoder *enc;
     qkv_encoder_info info;
     int32_t *ids;      /* [info.max_length]: one text's ids */
@@ -298,6 +308,14 @@ static int take_value(job *j, int id, const char *v) {
         else {
             cli_error(j->cmd, "--pooling", NULL, "unknown pooling '%s' (expected mean, cls, max%s)", v,
                       strcmp(j->cmd, "embed") == 0 ? " or none" : "");
+            return -1;
+        }
+        return 0;
+    case OPT_PRECISION:
+        if (strcmp(v, "fp32") == 0) j->precision = QKV_ENCODER_FP32;
+        else if (strcmp(v, "int8") == 0) j->precision = QKV_ENCODER_INT8;
+        else {
+            cli_error(j->cmd, "--precision", NULL, "unknown precision '%s' (expected fp32 or int8)", v);
             return -1;
         }
         return 0;
@@ -373,7 +391,7 @@ static int check_out_dir(const char *cmd, const char *opt, const char *path) {
 
 /* Load --model with --threads and --max-length. 0, or -1 after printing why. */
 static int load_model(job *j) {
-    qkv_encoder_options o = {(int)j->threads, j->max_length};
+    qkv_encoder_options o = {(int)j->threads, j->max_length, j->precision};
     char why[512] = "";
     qkv_status s = qkv_encoder_load(j->val[OPT_MODEL], &o, &j->enc, why, sizeof why);
     if (s != QKV_OK) {
@@ -550,7 +568,7 @@ static void print_label(const text_list *l, int64_t i) {
 int cli_cmd_embed(int argc, char **argv) {
     static const int ids[] = {OPT_HELP,         OPT_MODEL,   OPT_TEXT,    OPT_INPUT,     OPT_OUT,
                               OPT_OFFSETS,      OPT_POOLING, OPT_BATCH,   OPT_THREADS,   OPT_MAX_LENGTH,
-                              OPT_NO_NORMALIZE};
+                              OPT_NO_NORMALIZE, OPT_PRECISION};
     job j;
     int rc = parse_args(&j, "embed", argc, argv, ids, sizeof ids / sizeof ids[0], embed_help, embed_synopsis);
     if (rc == PARSE_CONTINUE) rc = take_texts(&j);
@@ -621,7 +639,7 @@ int cli_cmd_tokenize(int argc, char **argv) {
 
 int cli_cmd_similarity(int argc, char **argv) {
     static const int ids[] = {OPT_HELP,    OPT_MODEL,      OPT_TEXT,    OPT_INPUT,
-                              OPT_THREADS, OPT_MAX_LENGTH, OPT_POOLING, OPT_BATCH};
+                              OPT_THREADS, OPT_MAX_LENGTH, OPT_POOLING, OPT_BATCH, OPT_PRECISION};
     job j;
     int rc = parse_args(&j, "similarity", argc, argv, ids, sizeof ids / sizeof ids[0], similarity_help,
                         similarity_synopsis);
@@ -682,7 +700,7 @@ static void keep_best(hit *best, int64_t *n, int64_t k, double cos, int64_t line
 
 int cli_cmd_search(int argc, char **argv) {
     static const int ids[] = {OPT_HELP,    OPT_MODEL,      OPT_CORPUS,  OPT_QUERY, OPT_TOP,
-                              OPT_THREADS, OPT_MAX_LENGTH, OPT_POOLING, OPT_BATCH};
+                              OPT_THREADS, OPT_MAX_LENGTH, OPT_POOLING, OPT_BATCH, OPT_PRECISION};
     job j;
     int rc = parse_args(&j, "search", argc, argv, ids, sizeof ids / sizeof ids[0], search_help, search_synopsis);
     if (rc == PARSE_CONTINUE) {

@@ -57,11 +57,25 @@ typedef enum qkv_pooling {
     QKV_POOLING_MAX = 2          /* the element-wise maximum over the tokens */
 } qkv_pooling;
 
+/* The arithmetic of the six projections of every layer (Q, K, V, the
+ * attention's output, the MLP's two). The embeddings, the attention core,
+ * LayerNorm, the activation and pooling are float32 in every mode. */
+typedef enum qkv_encoder_precision {
+    QKV_ENCODER_FP32 = 0, /* the weights as mapped, float32 products (the default) */
+    QKV_ENCODER_INT8 = 2  /* weights quantised to int8 per output channel at load (a
+                             copy of about a quarter of their size; the mapped float32
+                             ones are no longer read), activations to int8 per row at
+                             run time, products summed exactly in int32 (AVX512-VNNI
+                             where present, portable code elsewhere, the same bits);
+                             docs/ENCODER.md gives the accuracy measured */
+} qkv_encoder_precision;
+
 typedef struct qkv_encoder_options {
     int threads;        /* worker threads of every call; 0: QKV_NUM_THREADS or the cores */
     int64_t max_length; /* truncation in tokens, [CLS] and [SEP] included; 0: from the
                            model (see qkv_encoder_info.max_length); else 2 ..
                            max_position_embeddings */
+    int precision;      /* a qkv_encoder_precision (0: FP32) */
 } qkv_encoder_options;
 
 /* What a loaded encoder is. */
@@ -80,6 +94,7 @@ typedef struct qkv_encoder_info {
     int normalize;           /* 1: the model L2-normalises its sentence vectors */
     double layer_norm_eps;
     int hidden_act;          /* 0 gelu (erf form), 1 gelu_new (tanh form), 2 relu */
+    int precision;           /* the qkv_encoder_precision of the options */
 } qkv_encoder_info;
 
 /* Load the model directory dir (options may be NULL: defaults). On success
@@ -101,6 +116,8 @@ typedef struct qkv_encoder_info {
  *                         than vocab_size)
  *   QKV_ERR_DTYPE         a tensor that is not floating point F32/F16/BF16
  *   QKV_ERR_BAD_SIZE      an option out of range
+ *   QKV_ERR_BAD_ENUM      precision not a qkv_encoder_precision
+ *   QKV_ERR_NOT_FINITE    INT8: a projection weight is NaN or infinite
  *   QKV_ERR_OUT_OF_MEMORY */
 QKV_API qkv_status qkv_encoder_load(const char *dir, const qkv_encoder_options *options, qkv_encoder **out,
                                     char *why, size_t why_len);

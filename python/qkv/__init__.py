@@ -396,7 +396,7 @@ _WHY_LEN = 512
 
 
 class _EncoderOptions(ctypes.Structure):
-    _fields_ = [("threads", ctypes.c_int), ("max_length", _i64)]
+    _fields_ = [("threads", ctypes.c_int), ("max_length", _i64), ("precision", ctypes.c_int)]
 
 
 class _EncoderInfo(ctypes.Structure):
@@ -405,6 +405,7 @@ class _EncoderInfo(ctypes.Structure):
         ("vocab_size", _i64), ("max_positions", _i64), ("type_vocab_size", _i64),
         ("max_length", _i64), ("pooling", ctypes.c_int), ("normalize", ctypes.c_int),
         ("layer_norm_eps", ctypes.c_double), ("hidden_act", ctypes.c_int),
+        ("precision", ctypes.c_int),
     ]
 
 
@@ -453,6 +454,9 @@ class _Texts:
         self.count = n
 
 
+_PRECISIONS = {"fp32": 0, "int8": 2}  # qkv_encoder_precision
+
+
 class Encoder:
     """A pretrained BERT-family encoder (qkv_encoder_*) read from a Hugging
     Face / sentence-transformers model directory (config.json,
@@ -461,17 +465,21 @@ class Encoder:
 
     threads: worker threads of every call (0: $QKV_NUM_THREADS or the cores);
     max_length: truncation in tokens, [CLS] and [SEP] included (0: from the
-    model). Texts are str (encoded as UTF-8) or bytes (UTF-8); invalid UTF-8
+    model); precision: 'fp32' (default) or 'int8' (the projections with int8
+    weights per output channel and activations per row; docs/ENCODER.md).
+    Texts are str (encoded as UTF-8) or bytes (UTF-8); invalid UTF-8
     is refused, never replaced. Failures raise qkv.Error with the library's
     sentence (the file and field, or the text's index). One encoder runs one
     call at a time (calls from several Python threads take turns). Use it as
     a context manager, or close() it, to free it at once."""
 
-    def __init__(self, model_dir, threads=0, max_length=0):
+    def __init__(self, model_dir, threads=0, max_length=0, precision="fp32"):
         self._h = None
         self._lock = threading.Lock()
         path = os.fsencode(model_dir)
-        opt = _EncoderOptions(int(threads), int(max_length))
+        if precision not in _PRECISIONS:
+            raise ValueError("precision must be one of %s, not %r" % (", ".join(_PRECISIONS), precision))
+        opt = _EncoderOptions(int(threads), int(max_length), _PRECISIONS[precision])
         h = _p()
         why = ctypes.create_string_buffer(_WHY_LEN)
         status = _enc_load(path, ctypes.byref(opt), ctypes.byref(h), why, _WHY_LEN)
@@ -490,6 +498,7 @@ class Encoder:
             "pooling": _POOLING_NAMES.get(info.pooling, info.pooling),
             "normalize": bool(info.normalize), "layer_norm_eps": info.layer_norm_eps,
             "hidden_act": _ACTS.get(info.hidden_act, info.hidden_act),
+            "precision": {v: k for k, v in _PRECISIONS.items()}.get(info.precision, info.precision),
         }
 
     # -- lifetime ---------------------------------------------------------
@@ -538,7 +547,7 @@ class Encoder:
         max_positions, type_vocab_size, max_length (the truncation in
         effect), pooling ('mean' | 'cls' | 'max': the model's), normalize
         (bool: the model's), layer_norm_eps, hidden_act ('gelu' | 'gelu_new'
-        | 'relu')."""
+        | 'relu'), precision ('fp32' | 'int8')."""
         return dict(self._info)
 
     @property

@@ -187,6 +187,17 @@ class TestOptionsAndLifetime(unittest.TestCase):
             self.assertEqual(max(len(i) for i in ids), 8)
             self.assertEqual(e.attentions(texts[1]).shape, (2, 4, 8, 8))
 
+    def test_precision(self):
+        texts = sentences()
+        with qkv.Encoder(TINY) as f, qkv.Encoder(TINY, precision="int8") as q:
+            self.assertEqual(f.info["precision"], "fp32")
+            self.assertEqual(q.info["precision"], "int8")
+            a, b = f.encode(texts), q.encode(texts)
+            cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+            self.assertGreaterEqual(cos.min(), 0.99, "int8 against fp32: cosine %.5f" % cos.min())
+        with self.assertRaises(ValueError):
+            qkv.Encoder(TINY, precision="int4")
+
     def test_close(self):
         with qkv.Encoder(TINY) as e:
             self.assertIn("hidden 16", repr(e))

@@ -4,8 +4,10 @@
  * Every buffer is the encoder's workspace, grown on demand; a batch is run
  * in chunks of whole sentences of at most ENC_CHUNK_TOKENS tokens, so the
  * workspace stays bounded however many texts come. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/internal.h"
 #include "kernels/kernels.h"
@@ -14,6 +16,33 @@
 #include "model/model_internal.h"
 
 #define ENC_CHUNK_TOKENS 4096
+
+/* ---- phase timing (bench_encoder's breakdown) --------------------------- */
+
+void enc_set_profile(qkv_encoder *e, double *seconds) { e->prof = seconds; }
+
+const char *enc_phase_name(int phase) {
+    static const char *const NAMES[ENC_PH_COUNT] = {"tokenize", "embeddings", "QKV projection", "attention",
+                                                     "output projection", "MLP", "LayerNorm", "pooling"};
+    return phase >= 0 && phase < ENC_PH_COUNT ? NAMES[phase] : "?";
+}
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* When timing: the start of a phase (else 0). */
+static double phase_start(const qkv_encoder *e) { return e->prof ? now_seconds() : 0.0; }
+
+/* The time since *t0 goes to phase ph (when timing); *t0 moves to now. */
+static void phase_end(const qkv_encoder *e, int ph, double *t0) {
+    if (!e->prof) return;
+    double t = now_seconds();
+    e->prof[ph] += t - *t0;
+    *t0 = t;
+}
 
 /* ---- workspace ---------------------------------------------------------- */
 
@@ -155,33 +184,51 @@ static void embed(qkv_encoder *e, int64_t s0, int64_t count) {
     layer_norm(e, e->x, NULL, e->emb_g, e->emb_b, e->offsets[s0 + count] - t0);
 }
 
+/* Projection `which` (ENC_W_*) of layer L: y [rows, out] = x [rows, in] W^T + b. */
+static qkv_status project(const qkv_encoder *e, const enc_layer *L, int which, const float *x, int64_t rows,
+                          float *y) {
+    const int64_t H = e->info.hidden, I = e->info.intermediate;
+    const int64_t out = which == ENC_W_I ? I : H, in = which == ENC_W_O2 ? I : H;
+    const float *const w[ENC_W_COUNT] = {L->wq, L->wk, L->wv, L->wo, L->wi, L->wo2};
+    const float *const b[ENC_W_COUNT] = {L->bq, L->bk, L->bv, L->bo, L->bi, L->bo2};
+    if (e->info.precision == QKV_ENCODER_INT8)
+        return qkv_i8_linear(x, rows, in, &L->i8[which], b[which], y, out, e->threads);
+    return nn_linear(x, rows, in, w[which], b[which], out, y, e->threads);
+}
+
 /* Run layers 0 .. stop - 1 on the embedded rows of e->x (packed sequences
  * at offsets, relative to the first row); with stop < layers, also leave
  * layer stop's queries and keys in e->q, e->k. */
 static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, int64_t count, int64_t stop) {
-    int64_t H = e->info.hidden, I = e->info.intermediate;
-    int th = e->threads;
+    const int64_t I = e->info.intermediate;
+    const int th = e->threads;
     qkv_status s;
     qkv_attn_desc d;
     attn_desc(e, rows, offsets, count, &d);
     for (int64_t l = 0; l <= stop && l < e->info.layers; l++) {
         const enc_layer *L = &e->layer[l];
-        if ((s = nn_linear(e->x, rows, H, L->wq, L->bq, H, e->q, th)) != QKV_OK ||
-            (s = nn_linear(e->x, rows, H, L->wk, L->bk, H, e->k, th)) != QKV_OK)
+        double t0 = phase_start(e);
+        if ((s = project(e, L, ENC_W_Q, e->x, rows, e->q)) != QKV_OK ||
+            (s = project(e, L, ENC_W_K, e->x, rows, e->k)) != QKV_OK)
             return s;
         if (l == stop) return QKV_OK;
-        if ((s = nn_linear(e->x, rows, H, L->wv, L->bv, H, e->v, th)) != QKV_OK ||
-            (s = qkv_attention_forward(&d, e->q, e->k, e->v, e->ctx, NULL, NULL)) != QKV_OK ||
-            (s = nn_linear(e->ctx, rows, H, L->wo, L->bo, H, e->tmp, th)) != QKV_OK)
-            return s;
+        if ((s = project(e, L, ENC_W_V, e->x, rows, e->v)) != QKV_OK) return s;
+        phase_end(e, ENC_PH_QKV, &t0);
+        if ((s = qkv_attention_forward(&d, e->q, e->k, e->v, e->ctx, NULL, NULL)) != QKV_OK) return s;
+        phase_end(e, ENC_PH_ATTN, &t0);
+        if ((s = project(e, L, ENC_W_O, e->ctx, rows, e->tmp)) != QKV_OK) return s;
+        phase_end(e, ENC_PH_OUT, &t0);
         layer_norm(e, e->x, e->tmp, L->ln1_g, L->ln1_b, rows); /* x = LN(x + attn) */
-        if ((s = nn_linear(e->x, rows, H, L->wi, L->bi, I, e->inter, th)) != QKV_OK) return s;
+        phase_end(e, ENC_PH_LN, &t0);
+        if ((s = project(e, L, ENC_W_I, e->x, rows, e->inter)) != QKV_OK) return s;
         static const int ACT[] = {[ENC_ACT_GELU] = QKV_NN_ACT_GELU, [ENC_ACT_GELU_NEW] = QKV_NN_ACT_GELU_TANH,
                                   [ENC_ACT_RELU] = QKV_NN_ACT_RELU};
         row_job j = {qkv_nn_kernels_active(), e->inter, NULL, NULL, NULL, I, 0, ACT[e->info.hidden_act]};
         qkv_par_range(th, rows, 4 * I, act_rows, &j);
-        if ((s = nn_linear(e->inter, rows, I, L->wo2, L->bo2, H, e->tmp, th)) != QKV_OK) return s;
+        if ((s = project(e, L, ENC_W_O2, e->inter, rows, e->tmp)) != QKV_OK) return s;
+        phase_end(e, ENC_PH_MLP, &t0);
         layer_norm(e, e->x, e->tmp, L->ln2_g, L->ln2_b, rows); /* x = LN(x + mlp) */
+        phase_end(e, ENC_PH_LN, &t0);
     }
     return QKV_OK;
 }
@@ -192,7 +239,9 @@ static qkv_status run_chunk(qkv_encoder *e, int64_t s0, int64_t count, int64_t *
     qkv_status s = ws_reserve(e, rows);
     if (s != QKV_OK) return s;
     for (int64_t i = 0; i <= count; i++) rel[i] = e->offsets[s0 + i] - t0;
+    double t = phase_start(e);
     embed(e, s0, count);
+    phase_end(e, ENC_PH_EMBED, &t);
     return forward(e, rows, rel, count, e->info.layers);
 }
 
@@ -221,13 +270,16 @@ qkv_status qkv_encoder_embed(qkv_encoder *e, const char *const *texts, const siz
                         normalize);
     if (pooling == QKV_POOLING_FROM_MODEL) pooling = e->info.pooling;
     if (normalize < 0) normalize = e->info.normalize;
+    double tp = phase_start(e);
     if ((s = tokenize_all(e, texts, lens, count, why, why_len)) != QKV_OK) return s;
+    phase_end(e, ENC_PH_TOKENIZE, &tp);
     int64_t H = e->info.hidden, rel[ENC_CHUNK_TOKENS + 2];
     for (int64_t s0 = 0; s0 < count;) {
         int64_t s1 = chunk_end(e, s0, count);
         /* A chunk has at most ENC_CHUNK_TOKENS tokens, each sentence at least 2. */
         if ((s = run_chunk(e, s0, s1 - s0, rel)) != QKV_OK)
             return qkv_fail(why, why_len, s, "%s", qkv_status_string(s));
+        tp = phase_start(e);
         for (int64_t i = s0; i < s1; i++) {
             const float *x = e->x + rel[i - s0] * H;
             int64_t n = rel[i - s0 + 1] - rel[i - s0];
@@ -254,6 +306,7 @@ qkv_status qkv_encoder_embed(qkv_encoder *e, const char *const *texts, const siz
                 for (int64_t c = 0; c < H; c++) o[c] = (float)(o[c] / norm);
             }
         }
+        phase_end(e, ENC_PH_POOL, &tp);
         s0 = s1;
     }
     return QKV_OK;
