@@ -719,9 +719,20 @@ static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
             bias[j] = rnd(1.0);
         }
         for (int i = 0; i < 32; i++) sa[i] = (float)(tu_rng_uniform(&g_rng) * 0.02);
-        float xo[32 * 3], wo[3 * QKV_I8_NR];
-        for (int i = 0; i < 32 * 3; i++) xo[i] = i % 4 ? 0.0f : rnd(20.0);
-        for (int i = 0; i < 3 * QKV_I8_NR; i++) wo[i] = (float)(int)(tu_rng_uniform(&g_rng) * 255 - 127);
+        int nout[32];
+        int32_t oidx[32 * QKV_I8_MAX_OUT];
+        float oval[32 * QKV_I8_MAX_OUT];
+        for (int i = 0; i < 32; i++) { /* 0 .. QKV_I8_MAX_OUT outliers per row, increasing columns < k */
+            nout[i] = (int)(tu_rng_uniform(&g_rng) * (QKV_I8_MAX_OUT + 1));
+            if ((size_t)nout[i] > k) nout[i] = (int)k;
+            int32_t c = -1;
+            for (int o = 0; o < nout[i]; o++) {
+                int32_t room = (int32_t)k - 1 - c - (nout[i] - 1 - o);
+                c += 1 + (int32_t)(tu_rng_uniform(&g_rng) * room);
+                oidx[i * QKV_I8_MAX_OUT + o] = c;
+                oval[i * QKV_I8_MAX_OUT + o] = rnd(20.0);
+            }
+        }
         for (int m = 1; m <= mmax; m++)
             for (int n = 1; n <= QKV_I8_NR; n += (n < 3 || n > 29) ? 1 : 7) {
                 int mk = m < K->mr ? m : K->mr, mg = m < G->mr ? m : G->mr;
@@ -731,9 +742,8 @@ static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
                 float *c = fnew(&gc, (size_t)m * ldc, 1), *d = fnew(&gd, (size_t)m * ldc, 1);
                 for (size_t i = 0; i < (size_t)m * ldc; i++) c[i] = d[i] = 7.0f;
                 const float *bb = (m + n) % 2 ? bias : NULL;
-                size_t nu = (size_t)(m + n) % 4; /* 0 .. 3 outlier columns */
-                K->tile(kp, A, lda, B, ws, sa, sw, bb, c, ldc, m, n, nu, xo, wo);
-                G->tile(kp, A, lda, B, ws, sa, sw, bb, d, ldc, m, n, nu, xo, wo);
+                K->tile(kp, A, lda, B, ws, sa, sw, bb, c, ldc, m, n, nout, oidx, oval);
+                G->tile(kp, A, lda, B, ws, sa, sw, bb, d, ldc, m, n, nout, oidx, oval);
                 CHECK(memcmp(c, d, (size_t)m * ldc * sizeof *c) == 0, "%s i8 tile k=%zu m=%d n=%d: same bits", g_isa,
                       k, m, n);
                 CHECK(gb_ok(&gc), "%s i8 tile k=%zu m=%d n=%d: guards", g_isa, k, m, n);

@@ -9,11 +9,9 @@
  * rows are then quantised once per group (cheap: k values per row against
  * k * n products). Sums are exact, so the split changes no bit.
  *
- * A row's outliers (kernels/i8.h) stay float: the block gathers the
- * columns any of its rows has outliers in, and each tile adds the products
- * of those values with the int8 weights of those columns, in increasing column
- * order; a row without outliers in a column adds 0 * w = 0 there, so a
- * row's value does not depend on the other rows of its block. */
+ * A row's outliers (kernels/i8.h) stay float: the tile adds, row by row,
+ * the products of its own outliers with the int8 weights of their columns,
+ * so a row's value does not depend on the other rows of its call. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -88,81 +86,15 @@ typedef struct i8_job {
     const qkv_i8_matrix *w;
     float *y;
     int64_t rows, ldx, ldy, rb, npanels, groups;
-    unsigned char *scratch; /* per thread: scratch_len bytes, carved by carve() */
+    unsigned char *scratch; /* per thread: scratch_len bytes (scratch_bytes) */
     int64_t scratch_len;
 } i8_job;
 
 /* One thread's scratch for a block of rb rows of kp inputs: the quantised
- * rows, their scales, their outliers (index, value, count), the map from
- * input column to its place among the block's outlier columns, the block's
- * outlier columns, the dense [rb, nu] outlier values and one panel's
- * weights of those columns. */
-typedef struct i8_scratch {
-    uint8_t *a;
-    float *sa, *oval, *xo, *wo;
-    int32_t *oidx, *map, *cols;
-    int *nout;
-} i8_scratch;
-
-#define CARVE(p, type, count) ((type *)(p)), (p) += (((size_t)(count) * sizeof(type) + 63) / 64 * 64)
-
+ * rows, their scales and their outliers (count, indices, values). */
 static int64_t scratch_bytes(int64_t rb, int64_t kp) {
-    int64_t no = rb * QKV_I8_MAX_OUT, b = 0;
-    int64_t parts[] = {rb * kp, rb * 4, no * 4, rb * no * 4, no * QKV_I8_NR * 4, no * 4, kp * 4, no * 4, rb * 4};
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) b += (parts[i] + 63) / 64 * 64;
-    return b;
-}
-
-static i8_scratch carve(unsigned char *p, int64_t rb, int64_t kp) {
     int64_t no = rb * QKV_I8_MAX_OUT;
-    i8_scratch s;
-    s.a = CARVE(p, uint8_t, rb * kp);
-    s.sa = CARVE(p, float, rb);
-    s.oval = CARVE(p, float, no);
-    s.xo = CARVE(p, float, rb * no);
-    s.wo = CARVE(p, float, no * QKV_I8_NR);
-    s.oidx = CARVE(p, int32_t, no);
-    s.map = CARVE(p, int32_t, kp);
-    s.cols = CARVE(p, int32_t, no);
-    s.nout = CARVE(p, int, rb);
-    return s;
-}
-
-/* Quantise rows [r0, r1) into sc; the block's outlier columns into
- * sc->cols (increasing) and the dense values into
- * sc->xo [rows, nu]. Returns nu. */
-static int64_t quantise_block(const i8_job *j, int64_t r0, int64_t r1, const i8_scratch *sc) {
-    const qkv_i8_matrix *w = j->w;
-    int64_t nu = 0;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t i = r - r0;
-        sc->sa[i] = j->k->quant_row(j->x + r * j->ldx, (size_t)w->k, (size_t)w->kp, sc->a + i * w->kp,
-                                    sc->oidx + i * QKV_I8_MAX_OUT, sc->oval + i * QKV_I8_MAX_OUT, &sc->nout[i]);
-        for (int o = 0; o < sc->nout[i]; o++) {
-            int32_t c = sc->oidx[i * QKV_I8_MAX_OUT + o];
-            if (!sc->map[c]) {
-                sc->cols[nu] = c;
-                sc->map[c] = (int32_t)++nu;
-            }
-        }
-    }
-    /* columns in increasing order, so that a row's outlier terms are added
-     * in the same order whatever other rows share its block */
-    for (int64_t u = 1; u < nu; u++)
-        for (int64_t v = u; v > 0 && sc->cols[v - 1] > sc->cols[v]; v--) {
-            int32_t c = sc->cols[v];
-            sc->cols[v] = sc->cols[v - 1];
-            sc->cols[v - 1] = c;
-        }
-    for (int64_t u = 0; u < nu; u++) sc->map[sc->cols[u]] = (int32_t)u + 1;
-    for (int64_t i = 0; i < r1 - r0; i++) {
-        float *row = sc->xo + i * nu;
-        for (int64_t u = 0; u < nu; u++) row[u] = 0.0f;
-        for (int o = 0; o < sc->nout[i]; o++)
-            row[sc->map[sc->oidx[i * QKV_I8_MAX_OUT + o]] - 1] = sc->oval[i * QKV_I8_MAX_OUT + o];
-    }
-    for (int64_t u = 0; u < nu; u++) sc->map[sc->cols[u]] = 0; /* the map clean for the next block */
-    return nu;
+    return (rb * kp + 63) / 64 * 64 + (rb * 8 + 63) / 64 * 64 + (no * 8 + 63) / 64 * 64;
 }
 
 static void i8_unit(void *ctx, int64_t unit, int thread) {
@@ -172,22 +104,27 @@ static void i8_unit(void *ctx, int64_t unit, int thread) {
     int64_t r0 = blk * j->rb, r1 = r0 + j->rb < j->rows ? r0 + j->rb : j->rows;
     int64_t per = j->npanels / j->groups, rem = j->npanels % j->groups;
     int64_t p0 = grp * per + (grp < rem ? grp : rem), p1 = p0 + per + (grp < rem ? 1 : 0);
-    i8_scratch sc = carve(j->scratch + (int64_t)thread * j->scratch_len, j->rb, w->kp);
-    int64_t nu = quantise_block(j, r0, r1, &sc);
+    unsigned char *base = j->scratch + (int64_t)thread * j->scratch_len;
+    uint8_t *a = base;
+    float *sa = (float *)(base + (j->rb * w->kp + 63) / 64 * 64);
+    int *nout = (int *)(sa + j->rb);
+    int32_t *oidx = (int32_t *)(base + (j->rb * w->kp + 63) / 64 * 64 + (j->rb * 8 + 63) / 64 * 64);
+    float *oval = (float *)(oidx + j->rb * QKV_I8_MAX_OUT);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i = r - r0;
+        sa[i] = j->k->quant_row(j->x + r * j->ldx, (size_t)w->k, (size_t)w->kp, a + i * w->kp,
+                                oidx + i * QKV_I8_MAX_OUT, oval + i * QKV_I8_MAX_OUT, &nout[i]);
+    }
     const int64_t mr = j->k->mr;
-    for (int64_t p = p0; p < p1; p++) {
-        const int8_t *panel = w->panels + p * w->kp * QKV_I8_NR;
-        for (int64_t u = 0; u < nu; u++) { /* this panel's weights of the outlier columns */
-            const int8_t *src = panel + (sc.cols[u] / 4) * QKV_I8_NR * 4 + sc.cols[u] % 4;
-            for (int jj = 0; jj < QKV_I8_NR; jj++) sc.wo[u * QKV_I8_NR + jj] = (float)src[jj * 4];
-        }
-        int64_t c0 = p * QKV_I8_NR;
-        int n = (int)(w->n - c0 < QKV_I8_NR ? w->n - c0 : QKV_I8_NR);
-        for (int64_t i = r0; i < r1; i += mr) {
-            int m = (int)(r1 - i < mr ? r1 - i : mr);
-            j->k->tile((size_t)w->kp, sc.a + (i - r0) * w->kp, (size_t)w->kp, panel, w->wsum + c0, sc.sa + (i - r0),
-                       w->scale + c0, j->b ? j->b + c0 : NULL, j->y + i * j->ldy + c0, (size_t)j->ldy, m, n,
-                       (size_t)nu, sc.xo + (i - r0) * nu, sc.wo);
+    for (int64_t i = r0; i < r1; i += mr) {
+        int m = (int)(r1 - i < mr ? r1 - i : mr);
+        for (int64_t p = p0; p < p1; p++) {
+            int64_t c0 = p * QKV_I8_NR;
+            int n = (int)(w->n - c0 < QKV_I8_NR ? w->n - c0 : QKV_I8_NR);
+            j->k->tile((size_t)w->kp, a + (i - r0) * w->kp, (size_t)w->kp, w->panels + p * w->kp * QKV_I8_NR,
+                       w->wsum + c0, sa + (i - r0), w->scale + c0, j->b ? j->b + c0 : NULL, j->y + i * j->ldy + c0,
+                       (size_t)j->ldy, m, n, nout + (i - r0), oidx + (i - r0) * QKV_I8_MAX_OUT,
+                       oval + (i - r0) * QKV_I8_MAX_OUT);
         }
     }
 }
@@ -210,8 +147,6 @@ qkv_status qkv_i8_linear_with(const qkv_i8_kernels *k, const float *x, int64_t r
     if (!j.scratch) return QKV_ERR_OUT_OF_MEMORY;
     unsigned char *raw = j.scratch;
     j.scratch = (unsigned char *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
-    for (int i = 0; i < t; i++) /* the column maps start clean */
-        memset(carve(j.scratch + (int64_t)i * j.scratch_len, j.rb, w->kp).map, 0, (size_t)w->kp * sizeof(int32_t));
     if (t == 1)
         for (int64_t u = 0; u < blocks * j.groups; u++) i8_unit(&j, u, 0);
     else

@@ -47,15 +47,15 @@ typedef struct qkv_i8_kernels {
     float (*quant_row)(const float *x, size_t k, size_t kp, uint8_t *a, int32_t *oidx, float *oval, int *nout);
     /* For i < m (1..mr), j < n (1..QKV_I8_NR): acc = sum_{t < kp} a[i*lda
      * + t] bp[...] (exact), then v = (float)(acc - 128 wsum[j]) * sa[i];
-     * for u < nu: v = v + xo[i*nu + u] * wo[u*QKV_I8_NR + j] (the row's
-     * outliers, 0 where a row has none in column u; wo holds the weights of
-     * those columns as floats); c[i*ldc + j] = v * sw[j] + bias[j] (bias
-     * NULL: no addition); each operation rounded once, in this order.
-     * Nothing outside the m x n tile is written; rows >= m of a are not
-     * read. */
+     * for o < nout[i] (the row's outliers, increasing column): v = v +
+     * oval[i*QKV_I8_MAX_OUT + o] * (float)Wq[j][oidx[i*QKV_I8_MAX_OUT + o]]
+     * (the int8 weight read from the panel); c[i*ldc + j] = v * sw[j] +
+     * bias[j] (bias NULL: no addition); each operation rounded once, in this
+     * order. Nothing outside the m x n tile is written; rows >= m of a are
+     * not read. */
     void (*tile)(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum, const float *sa,
-                 const float *sw, const float *bias, float *c, size_t ldc, int m, int n, size_t nu, const float *xo,
-                 const float *wo);
+                 const float *sw, const float *bias, float *c, size_t ldc, int m, int n, const int *nout,
+                 const int32_t *oidx, const float *oval);
 } qkv_i8_kernels;
 
 void qkv_i8_init_generic(qkv_i8_kernels *k);

@@ -23,31 +23,30 @@ static float quant_row_vnni(const float *x, size_t k, size_t kp, uint8_t *a, int
     for (int l = 0; l < 16; l++) sum += lane[l];
     const float thr = QKV_I8_OUTLIER * (sum / (float)k);
     const __m512 vt = _mm512_set1_ps(thr);
-    /* the outliers, first ones first */
+    /* the outliers, first ones first, and the largest of the others, in one pass */
     int no = 0;
     size_t last = 0;
-    for (size_t t = 0; t < k && no < QKV_I8_MAX_OUT; t += 16) {
-        __mmask16 gt = _mm512_mask_cmp_ps_mask(tail_mask(k - t), _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(k - t), x + t)),
-                                               vt, _CMP_GT_OQ);
-        for (unsigned bits = gt; bits && no < QKV_I8_MAX_OUT; bits &= bits - 1) {
-            size_t i = t + (size_t)__builtin_ctz(bits);
-            oidx[no] = (int32_t)i;
-            oval[no++] = x[i];
-            last = i;
-        }
-    }
-    *nout = no;
-    /* the scale from the others */
-    const __m512i lane_idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i vlast = _mm512_set1_epi32(no ? (int)last : -1);
     __m512 mx = _mm512_setzero_ps();
     for (size_t t = 0; t < k; t += 16) {
         __mmask16 mk = tail_mask(k - t);
         __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, x + t));
-        __mmask16 out = _mm512_cmp_ps_mask(v, vt, _CMP_GT_OQ) &
-                        _mm512_cmple_epi32_mask(_mm512_add_epi32(lane_idx, _mm512_set1_epi32((int)t)), vlast);
+        __mmask16 out = 0;
+        if (no < QKV_I8_MAX_OUT) {
+            for (unsigned bits = _mm512_mask_cmp_ps_mask(mk, v, vt, _CMP_GT_OQ); bits && no < QKV_I8_MAX_OUT;
+                 bits &= bits - 1) {
+                unsigned l = (unsigned)__builtin_ctz(bits);
+                size_t i = t + l;
+                oidx[no] = (int32_t)i;
+                oval[no++] = x[i];
+                last = i;
+                out |= (__mmask16)(1u << l);
+            }
+        }
         mx = _mm512_mask_max_ps(mx, (__mmask16)(mk & ~out), v, mx); /* NaN in v: mx kept */
     }
+    *nout = no;
+    const __m512i lane_idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i vlast = _mm512_set1_epi32(no ? (int)last : -1);
     float m = _mm512_reduce_max_ps(mx);
     float inv = m > 0.0f ? 127.0f / m : 0.0f;
     const __m512 vi = _mm512_set1_ps(inv);
@@ -68,7 +67,8 @@ static float quant_row_vnni(const float *x, size_t k, size_t kp, uint8_t *a, int
 
 static void tile_vnni(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum,
                       const float *sa, const float *sw, const float *bias, float *c, size_t ldc, int m, int n,
-                      size_t nu, const float *xo, const float *wo) {
+                      const int *nout, const int32_t *oidx, const float *oval) {
+    const int8_t *panel = bp;
     /* Rows past m read row m - 1 again (never stored), so the loop has no branch. */
 #define DECL(r)                                                                \
     __m512i c0_##r = _mm512_setzero_si512(), c1_##r = _mm512_setzero_si512(); \
@@ -100,10 +100,15 @@ static void tile_vnni(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp,
         __m512 s = _mm512_set1_ps(sa[r]);                                                           \
         __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0_##r, w128_0)), s);         \
         __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1_##r, w128_1)), s);         \
-        for (size_t u = 0; u < nu; u++) {                                                           \
-            __m512 xu = _mm512_set1_ps(xo[(size_t)(r) * nu + u]);                                   \
-            v0 = _mm512_add_ps(v0, _mm512_mul_ps(xu, _mm512_loadu_ps(wo + u * QKV_I8_NR)));         \
-            v1 = _mm512_add_ps(v1, _mm512_mul_ps(xu, _mm512_loadu_ps(wo + u * QKV_I8_NR + 16)));    \
+        for (int o = 0; o < nout[r]; o++) { /* the row's outliers: weight bytes to floats */               \
+            int32_t col = oidx[(r) * QKV_I8_MAX_OUT + o];                                           \
+            const int8_t *blk = panel + (size_t)(col / 4) * QKV_I8_NR * 4;                          \
+            __m512i sh = _mm512_set1_epi32(24 - 8 * (col % 4));                                     \
+            __m512 w0 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_sllv_epi32(_mm512_loadu_si512(blk), sh), 24)); \
+            __m512 w1 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_sllv_epi32(_mm512_loadu_si512(blk + 64), sh), 24)); \
+            __m512 xv = _mm512_set1_ps(oval[(r) * QKV_I8_MAX_OUT + o]);                             \
+            v0 = _mm512_add_ps(v0, _mm512_mul_ps(xv, w0));                                          \
+            v1 = _mm512_add_ps(v1, _mm512_mul_ps(xv, w1));                                          \
         }                                                                                           \
         v0 = _mm512_mul_ps(v0, sw0);                                                                \
         v1 = _mm512_mul_ps(v1, sw1);                                                                \

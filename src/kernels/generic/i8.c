@@ -41,14 +41,17 @@ static float quant_row_generic(const float *x, size_t k, size_t kp, uint8_t *a, 
 
 static void tile_generic(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum,
                          const float *sa, const float *sw, const float *bias, float *c, size_t ldc, int m, int n,
-                         size_t nu, const float *xo, const float *wo) {
+                         const int *nout, const int32_t *oidx, const float *oval) {
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
             int32_t acc = 0;
             for (size_t t = 0; t < kp; t++)
                 acc += (int32_t)a[(size_t)i * lda + t] * (int32_t)bp[(t / 4) * QKV_I8_NR * 4 + (size_t)j * 4 + t % 4];
             float v = (float)(acc - 128 * wsum[j]) * sa[i];
-            for (size_t u = 0; u < nu; u++) v = v + xo[(size_t)i * nu + u] * wo[u * QKV_I8_NR + (size_t)j];
+            for (int o = 0; o < nout[i]; o++) {
+                size_t col = (size_t)oidx[i * QKV_I8_MAX_OUT + o];
+                v = v + oval[i * QKV_I8_MAX_OUT + o] * (float)bp[(col / 4) * QKV_I8_NR * 4 + (size_t)j * 4 + col % 4];
+            }
             v = v * sw[j];
             c[(size_t)i * ldc + (size_t)j] = bias ? v + bias[j] : v;
         }
