@@ -1,0 +1,178 @@
+/* The additive score's kernels (kernels/additive.h), written once. An ISA's
+ * file defines ADD_VL (floats per native vector: 4, 8 or 16) and ADD_ISA
+ * (its name), then includes this file under its own compiler flags; GNU C
+ * vector extensions (gcc, clang) turn every operation on add_vf into that
+ * ISA's instructions. Only native widths cross function boundaries, so no
+ * ABI question arises. */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/additive.h"
+
+#if !defined(ADD_VL) || !defined(ADD_ISA)
+#error "define ADD_VL and ADD_ISA before including kernels/additive_impl.h"
+#endif
+
+#define ADD_NV (QKV_ADD_KEYS / ADD_VL) /* vectors per 16 keys */
+#define ADD_CAT2(a, b) a##_##b
+#define ADD_CAT(a, b) ADD_CAT2(a, b)
+#define ADD_FN(name) ADD_CAT(name, ADD_ISA)
+#define ADD_STR2(x) #x
+#define ADD_STR(x) ADD_STR2(x)
+
+typedef float add_vf __attribute__((vector_size(ADD_VL * sizeof(float))));
+typedef int32_t add_vi __attribute__((vector_size(ADD_VL * sizeof(float))));
+
+#if defined(__GNUC__)
+#define ADD_INLINE static inline __attribute__((always_inline))
+#else
+#define ADD_INLINE static inline
+#endif
+
+ADD_INLINE add_vf add_load(const float *p) {
+    add_vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+ADD_INLINE void add_store(float *p, add_vf v) { memcpy(p, &v, sizeof v); }
+ADD_INLINE add_vf add_splat(float x) { return (add_vf){0} + x; }
+/* m ? a : b lane by lane (m: all ones or zero, as comparisons give). */
+ADD_INLINE add_vf add_sel(add_vi m, add_vf a, add_vf b) { return (add_vf)((m & (add_vi)a) | (~m & (add_vi)b)); }
+
+/* tanh lane by lane. |x| < 0.5: x + x^3 P(x^2), Taylor through x^17
+ * (truncation below 1e-9 relative). Else 1 - 2 / (e + 1), e = e^{2|x|} by
+ * n = round(2|x| / ln 2), r = 2|x| - n ln 2 in two parts (Cody-Waite),
+ * e^r by Taylor through r^7 on |r| <= ln2 / 2 and 2^n in the exponent
+ * field; |x| is clamped to 9 first (tanh rounds to 1 there), so n <= 26.
+ * Sign restored last (tanh is odd). NaN propagates through either branch. */
+ADD_INLINE add_vf add_tanh(add_vf x) {
+    const add_vi signbit = (add_vi){0} + INT32_MIN;
+    add_vi sign = (add_vi)x & signbit;
+    add_vf ax = (add_vf)((add_vi)x ^ sign);
+    add_vf y = add_sel(ax > 9.0f, add_splat(9.0f), ax);
+    add_vf z = y + y;
+    add_vi ni = __builtin_convertvector(z * 1.44269504088896341f + 0.5f, add_vi);
+    add_vf n = __builtin_convertvector(ni, add_vf);
+    add_vf r = z - n * 0.693145751953125f;
+    r = r - n * 1.42860682030941723212e-6f;
+    add_vf p = add_splat(1.0f / 5040.0f);
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    add_vf e = p * (add_vf)((ni + 127) << 23);
+    add_vf big = 1.0f - 2.0f / (e + 1.0f);
+    add_vf x2 = ax * ax;
+    add_vf q = add_splat(6404582.0f / 10854718875.0f);
+    q = q * x2 - 929569.0f / 638512875.0f;
+    q = q * x2 + 21844.0f / 6081075.0f;
+    q = q * x2 - 1382.0f / 155925.0f;
+    q = q * x2 + 62.0f / 2835.0f;
+    q = q * x2 - 17.0f / 315.0f;
+    q = q * x2 + 2.0f / 15.0f;
+    q = q * x2 - 1.0f / 3.0f;
+    add_vf small = ax + ax * (x2 * q);
+    add_vf t = add_sel(ax < 0.5f, small, big);
+    return (add_vf)((add_vi)t | sign);
+}
+
+ADD_INLINE void add_scores_body(const float *u, const float *w, const float *vt, size_t ldv, size_t A, float *s,
+                                float *t, int keep) {
+    add_vf acc[ADD_NV];
+    for (int h = 0; h < ADD_NV; h++) acc[h] = add_splat(0.0f);
+    for (size_t a = 0; a < A; a++) {
+        const float ua = u[a], wa = w[a];
+        const float *va = vt + a * ldv;
+        for (int h = 0; h < ADD_NV; h++) {
+            add_vf th = add_tanh(ua + add_load(va + h * ADD_VL));
+            if (keep) add_store(t + a * QKV_ADD_KEYS + h * ADD_VL, th);
+            acc[h] += wa * th;
+        }
+    }
+    for (int h = 0; h < ADD_NV; h++) add_store(s + h * ADD_VL, acc[h]);
+}
+
+static void ADD_FN(add_scores)(const float *u, const float *w, const float *vt, size_t ldv, size_t A, float *s,
+                               float *t) {
+    if (t)
+        add_scores_body(u, w, vt, ldv, A, s, t, 1);
+    else
+        add_scores_body(u, w, vt, ldv, A, s, NULL, 0);
+}
+
+static void ADD_FN(add_dkeys)(const float *t, const float *w, size_t A, const float *ds, float *dvt, size_t ldd) {
+    add_vf dsv[ADD_NV];
+    add_vi nz[ADD_NV];
+    for (int h = 0; h < ADD_NV; h++) {
+        dsv[h] = add_load(ds + h * ADD_VL);
+        nz[h] = dsv[h] != 0.0f;
+    }
+    for (size_t a = 0; a < A; a++) {
+        const float wa = w[a];
+        for (int h = 0; h < ADD_NV; h++) {
+            add_vf th = add_load(t + a * QKV_ADD_KEYS + h * ADD_VL);
+            float *o = dvt + a * ldd + h * ADD_VL;
+            add_store(o, add_load(o) + add_sel(nz[h], (dsv[h] * wa) * (1.0f - th * th), add_splat(0.0f)));
+        }
+    }
+}
+
+static void ADD_FN(add_dquery)(const float *t, const float *w, size_t A, const float *ds, float *du, float *dw) {
+    add_vf dsv[ADD_NV];
+    add_vi nz[ADD_NV];
+    for (int h = 0; h < ADD_NV; h++) {
+        dsv[h] = add_load(ds + h * ADD_VL);
+        nz[h] = dsv[h] != 0.0f;
+    }
+    for (size_t a = 0; a < A; a++) {
+        const float wa = w[a];
+        for (int h = 0; h < ADD_NV; h++) {
+            size_t at = a * QKV_ADD_KEYS + h * ADD_VL;
+            add_vf th = add_load(t + at);
+            add_store(du + at, add_load(du + at) + add_sel(nz[h], (dsv[h] * wa) * (1.0f - th * th), add_splat(0.0f)));
+            if (dw) add_store(dw + at, add_load(dw + at) + add_sel(nz[h], dsv[h] * th, add_splat(0.0f)));
+        }
+    }
+}
+
+static void ADD_FN(add_dots)(const float *x, const float *yt, size_t ldy, size_t n, float *out) {
+    add_vf acc[ADD_NV];
+    for (int h = 0; h < ADD_NV; h++) acc[h] = add_splat(0.0f);
+    for (size_t d = 0; d < n; d++)
+        for (int h = 0; h < ADD_NV; h++) acc[h] += x[d] * add_load(yt + d * ldy + h * ADD_VL);
+    for (int h = 0; h < ADD_NV; h++) add_store(out + h * ADD_VL, acc[h]);
+}
+
+static void ADD_FN(add_outer)(float *acc, size_t lda, const float *x, size_t n, const float *p) {
+    add_vf pv[ADD_NV];
+    for (int h = 0; h < ADD_NV; h++) pv[h] = add_load(p + h * ADD_VL);
+    for (size_t d = 0; d < n; d++)
+        for (int h = 0; h < ADD_NV; h++) {
+            float *o = acc + d * lda + h * ADD_VL;
+            add_store(o, add_load(o) + x[d] * pv[h]);
+        }
+}
+
+static void ADD_FN(add_tanh_n)(float *x, size_t n) {
+    size_t i = 0;
+    for (; i + ADD_VL <= n; i += ADD_VL) add_store(x + i, add_tanh(add_load(x + i)));
+    if (i < n) {
+        float tail[ADD_VL] = {0};
+        memcpy(tail, x + i, (n - i) * sizeof(float));
+        add_store(tail, add_tanh(add_load(tail)));
+        memcpy(x + i, tail, (n - i) * sizeof(float));
+    }
+}
+
+void ADD_CAT(qkv_additive_init, ADD_ISA)(qkv_additive_kernels *k) {
+    k->name = ADD_STR(ADD_ISA);
+    k->scores = ADD_FN(add_scores);
+    k->dkeys = ADD_FN(add_dkeys);
+    k->dquery = ADD_FN(add_dquery);
+    k->dots = ADD_FN(add_dots);
+    k->outer = ADD_FN(add_outer);
+    k->tanh_n = ADD_FN(add_tanh_n);
+}
