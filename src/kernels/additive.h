@@ -40,9 +40,9 @@ typedef struct qkv_additive_kernels {
     void (*dots)(const float *x, const float *yt, size_t ldy, size_t n, float *out);
     /* acc[d*lda + c] += x[d] * p[c] for d < n, c < 16 (an outer product). */
     void (*outer)(float *acc, size_t lda, const float *x, size_t n, const float *p);
-    /* x[i] = tanh(x[i]) for i < n, float, within a few ulp (odd series for
-     * |x| < 0.5, 1 - 2 / (e^{2|x|} + 1) above, 1 from |x| = 9 on; NaN stays
-     * NaN). The scores use the same function. */
+    /* x[i] = tanh(x[i]) for i < n, float, within a few ulp (m / (m + 2)
+     * with m = e^{2|x|} - 1 computed without cancellation, 1 from |x| = 9
+     * on; NaN stays NaN). The scores use the same function. */
     void (*tanh_n)(float *x, size_t n);
 } qkv_additive_kernels;
 

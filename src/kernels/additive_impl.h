@@ -39,12 +39,14 @@ ADD_INLINE add_vf add_splat(float x) { return (add_vf){0} + x; }
 /* m ? a : b lane by lane (m: all ones or zero, as comparisons give). */
 ADD_INLINE add_vf add_sel(add_vi m, add_vf a, add_vf b) { return (add_vf)((m & (add_vi)a) | (~m & (add_vi)b)); }
 
-/* tanh lane by lane. |x| < 0.5: x + x^3 P(x^2), Taylor through x^17
- * (truncation below 1e-9 relative). Else 1 - 2 / (e + 1), e = e^{2|x|} by
- * n = round(2|x| / ln 2), r = 2|x| - n ln 2 in two parts (Cody-Waite),
- * e^r by Taylor through r^7 on |r| <= ln2 / 2 and 2^n in the exponent
- * field; |x| is clamped to 9 first (tanh rounds to 1 there), so n <= 26.
- * Sign restored last (tanh is odd). NaN propagates through either branch. */
+/* tanh lane by lane, as tanh|x| = m / (m + 2) with m = e^{2|x|} - 1 and
+ * the sign restored last (tanh is odd). m without cancellation: with
+ * n = round(2|x| / ln 2) and r = 2|x| - n ln 2 (two-part ln 2, |r| <=
+ * ln2 / 2), m = 2^n (e^r - 1) + (2^n - 1), e^r - 1 by its Taylor series
+ * through r^8 (truncation below 2e-8 relative), 2^n in the exponent
+ * field; both terms are exact products or sums of exact values, so small
+ * |x| keep full relative accuracy. |x| is clamped to 9 first (tanh rounds
+ * to 1 there; n <= 26). NaN propagates. */
 ADD_INLINE add_vf add_tanh(add_vf x) {
     const add_vi signbit = (add_vi){0} + INT32_MIN;
     add_vi sign = (add_vi)x & signbit;
@@ -55,27 +57,18 @@ ADD_INLINE add_vf add_tanh(add_vf x) {
     add_vf n = __builtin_convertvector(ni, add_vf);
     add_vf r = z - n * 0.693145751953125f;
     r = r - n * 1.42860682030941723212e-6f;
-    add_vf p = add_splat(1.0f / 5040.0f);
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    add_vf e = p * (add_vf)((ni + 127) << 23);
-    add_vf big = 1.0f - 2.0f / (e + 1.0f);
-    add_vf x2 = ax * ax;
-    add_vf q = add_splat(6404582.0f / 10854718875.0f);
-    q = q * x2 - 929569.0f / 638512875.0f;
-    q = q * x2 + 21844.0f / 6081075.0f;
-    q = q * x2 - 1382.0f / 155925.0f;
-    q = q * x2 + 62.0f / 2835.0f;
-    q = q * x2 - 17.0f / 315.0f;
-    q = q * x2 + 2.0f / 15.0f;
-    q = q * x2 - 1.0f / 3.0f;
-    add_vf small = ax + ax * (x2 * q);
-    add_vf t = add_sel(ax < 0.5f, small, big);
+    add_vf q = add_splat(1.0f / 40320.0f);
+    q = q * r + 1.0f / 5040.0f;
+    q = q * r + 1.0f / 720.0f;
+    q = q * r + 1.0f / 120.0f;
+    q = q * r + 1.0f / 24.0f;
+    q = q * r + 1.0f / 6.0f;
+    q = q * r + 0.5f;
+    q = q * r + 1.0f;
+    q = q * r; /* e^r - 1 */
+    add_vf two_n = (add_vf)((ni + 127) << 23);
+    add_vf m = two_n * q + (two_n - 1.0f);
+    add_vf t = m / (m + 2.0f);
     return (add_vf)((add_vi)t | sign);
 }
 
