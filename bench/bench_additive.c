@@ -20,19 +20,20 @@
 
 #include "qkv.h"
 
+/* Seconds on the monotonic clock. */
 static double now_s(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    return clock_gettime(CLOCK_MONOTONIC, &t) == 0 ? (double)t.tv_sec + 1e-9 * (double)t.tv_nsec : 0.0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
+/* The median of x[0..n), sorting it in place (insertion: n is small). */
 static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    for (int i = 1; i < n; i++) {
+        double v = x[i];
+        int j = i;
+        for (; j > 0 && x[j - 1] > v; j--) x[j] = x[j - 1];
+        x[j] = v;
+    }
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 

@@ -34,7 +34,6 @@
 #include "attn/fast_common.h" /* fa_alloc, fa_free, fa_round_up */
 #include "core/threads.h"
 #include "gemm/gemm.h"
-#include "kernels/additive.h"
 #include "kernels/kernels.h"
 
 #define AD_BQ 32           /* query rows per forward / query-pass unit */
@@ -42,16 +41,12 @@
 #define AD_L QKV_ADD_KEYS  /* keys per kernel call */
 
 typedef struct ad_ctx {
-    const qkv_plan *p;
+    fa_ctx f; /* sizes, threads, bias, inputs and the attention kernels (pv) */
     const qkv_additive_kernels *K;
-    const qkv_kernels *KA;
     const qkv_gemm_kernel *KG;
-    int threads;
-    int64_t B, nq, nk, H, Hkv, G, D, Dv, A, nkp, nqb, nkb;
-    const float *q, *k, *v, *w1, *w2, *w, *bias;
-    int64_t bias_hs; /* bias floats per head: n_q n_k (PER_HEAD) or 0 */
+    int64_t A, nkp, nqb, nkb;
+    const float *w1, *w2, *w;
     float cap;
-    qkv_norm norm;
     int relu_div;
     int64_t *lo, *hi; /* [B n_q]: each query's visible keys */
     float *U, *Vt;    /* [B H][n_q][A], [B H][A][nkp] */
@@ -83,33 +78,17 @@ static float *ad_scratch(const ad_ctx *c, int thread) {
 static void ad_ctx_init(ad_ctx *c, const qkv_plan *p, const float *q, const float *k, const float *v) {
     const qkv_attn_desc *d = &p->d;
     memset(c, 0, sizeof *c);
-    c->p = p;
+    fa_ctx_init(&c->f, p, q, k, v);
     c->K = qkv_additive_kernels_active();
-    c->KA = qkv_kernels_active();
     c->KG = qkv_gemm_kernel_active();
-    c->threads = qkv_threads_resolve(d->threads);
-    c->B = d->batch;
-    c->nq = d->n_q;
-    c->nk = d->n_k;
-    c->H = d->heads;
-    c->Hkv = d->heads_kv;
-    c->G = p->group;
-    c->D = d->dim;
-    c->Dv = d->dim_v;
     c->A = d->additive_dim;
-    c->nkp = fa_round_up(c->nk, AD_L);
-    c->nqb = (c->nq + AD_BQ - 1) / AD_BQ;
-    c->nkb = (c->nk + AD_BK - 1) / AD_BK;
-    c->q = q;
-    c->k = k;
-    c->v = v;
+    c->nkp = fa_round_up(d->n_k, AD_L);
+    c->nqb = (d->n_q + AD_BQ - 1) / AD_BQ;
+    c->nkb = (d->n_k + AD_BK - 1) / AD_BK;
     c->w1 = d->additive_w1;
     c->w2 = d->additive_w2;
     c->w = d->additive_w;
-    c->bias = d->bias_kind != QKV_BIAS_NONE ? d->bias : NULL;
-    c->bias_hs = d->bias_kind == QKV_BIAS_PER_HEAD ? c->nq * c->nk : 0;
     c->cap = (float)d->softcap;
-    c->norm = d->norm;
     c->relu_div = d->norm == QKV_NORM_RELU && d->relu_divide_by_count;
     atomic_init(&c->failed, 0);
 }
@@ -132,8 +111,9 @@ static size_t ad_take(ad_layout *l, size_t elem, int64_t a, int64_t b, int64_t c
 }
 
 static void ad_key_ranges(ad_ctx *c) {
-    for (int64_t b = 0; b < c->B; b++)
-        for (int64_t i = 0; i < c->nq; i++) qkv_plan_key_range(c->p, b, i, &c->lo[b * c->nq + i], &c->hi[b * c->nq + i]);
+    const int64_t nq = c->f.nq;
+    for (int64_t b = 0; b < c->f.B; b++)
+        for (int64_t i = 0; i < nq; i++) qkv_plan_key_range(c->f.p, b, i, &c->lo[b * nq + i], &c->hi[b * nq + i]);
 }
 
 /* Logits of row i of (b, h) at keys c0 .. c0+15: s (-inf outside [lo, hi)
@@ -141,15 +121,15 @@ static void ad_key_ranges(ad_ctx *c) {
  * the kernel's tanh values (NULL: not kept). */
 static void ad_logits(const ad_ctx *c, int64_t b, int64_t h, int64_t i, int64_t lo, int64_t hi, int64_t c0, float *t,
                       float *s, float *tc) {
-    const int64_t bh = b * c->H + h;
-    c->K->scores(c->U + (bh * c->nq + i) * c->A, c->w + h * c->A, c->Vt + bh * c->A * c->nkp + c0, (size_t)c->nkp,
+    const int64_t bh = b * c->f.H + h;
+    c->K->scores(c->U + (bh * c->f.nq + i) * c->A, c->w + h * c->A, c->Vt + bh * c->A * c->nkp + c0, (size_t)c->nkp,
                  (size_t)c->A, s, t);
     if (c->cap > 0.0f) {
         for (int x = 0; x < AD_L; x++) tc[x] = s[x] / c->cap;
         c->K->tanh_n(tc, AD_L);
         for (int x = 0; x < AD_L; x++) s[x] = c->cap * tc[x];
     }
-    const float *brow = c->bias ? c->bias + h * c->bias_hs + i * c->nk : NULL;
+    const float *brow = c->f.bias ? c->f.bias + h * c->f.bias_head_stride + i * c->f.nk : NULL;
     for (int x = 0; x < AD_L; x++) {
         int64_t j = c0 + x;
         if (j < lo || j >= hi)
@@ -166,20 +146,20 @@ static void ad_logits(const ad_ctx *c, int64_t b, int64_t h, int64_t i, int64_t 
 static void ad_proj_unit(void *vc, int64_t unit, int thread) {
     ad_ctx *c = vc;
     (void)thread;
-    const int64_t BH = c->B * c->H, nkp = c->nkp, nk = c->nk;
+    const int64_t BH = c->f.B * c->f.H, nkp = c->nkp, nk = c->f.nk;
     if (unit < BH) {
-        const int64_t b = unit / c->H, h = unit % c->H, hk = h / c->G, A = c->A, D = c->D;
+        const int64_t b = unit / c->f.H, h = unit % c->f.H, hk = h / c->f.G, A = c->A, D = c->f.D;
         float *vt = c->Vt + unit * A * nkp;
-        qkv_status s1 = qkv_gemm_run(c->KG, 0, 1, c->nq, A, D, 1.0f, c->q + b * c->nq * c->H * D + h * D,
-                                     c->H * D, c->w1 + h * A * D, D, 0.0f, c->U + unit * c->nq * A, A, 1);
+        qkv_status s1 = qkv_gemm_run(c->KG, 0, 1, c->f.nq, A, D, 1.0f, c->f.q + b * c->f.nq * c->f.H * D + h * D,
+                                     c->f.H * D, c->w1 + h * A * D, D, 0.0f, c->U + unit * c->f.nq * A, A, 1);
         qkv_status s2 = qkv_gemm_run(c->KG, 0, 1, A, nk, D, 1.0f, c->w2 + h * A * D, D,
-                                     c->k + b * nk * c->Hkv * D + hk * D, c->Hkv * D, 0.0f, vt, nkp, 1);
+                                     c->f.k + b * nk * c->f.Hkv * D + hk * D, c->f.Hkv * D, 0.0f, vt, nkp, 1);
         if (s1 != QKV_OK || s2 != QKV_OK) atomic_store(&c->failed, 1);
         for (int64_t a = 0; a < A; a++) memset(vt + a * nkp + nk, 0, (size_t)(nkp - nk) * sizeof(float));
     } else {
-        const int64_t u = unit - BH, b = u / c->Hkv, hk = u % c->Hkv, Dv = c->Dv, ld = c->Hkv * Dv;
+        const int64_t u = unit - BH, b = u / c->f.Hkv, hk = u % c->f.Hkv, Dv = c->f.Dv, ld = c->f.Hkv * Dv;
         float *vv = c->Vv + u * Dv * nkp;
-        const float *src = c->v + b * nk * ld + hk * Dv;
+        const float *src = c->f.v + b * nk * ld + hk * Dv;
         for (int64_t j = 0; j < nk; j++)
             for (int64_t d = 0; d < Dv; d++) vv[d * nkp + j] = src[j * ld + d];
         for (int64_t d = 0; d < Dv; d++) memset(vv + d * nkp + nk, 0, (size_t)(nkp - nk) * sizeof(float));
@@ -199,8 +179,8 @@ static void ad_pv(const ad_ctx *c, float *o, float alpha, const float *pw, const
         int x0 = x;
         while (x < AD_L && s[x] != -INFINITY) x++;
         if (x > x0) {
-            c->KA->pv(o, (size_t)c->Dv, al, pw + x0, AD_L, 1, vb + (size_t)(c0 + x0) * ldv, ldv, (size_t)(x - x0),
-                      (size_t)c->Dv, 1);
+            c->f.K->pv(o, (size_t)c->f.Dv, al, pw + x0, AD_L, 1, vb + (size_t)(c0 + x0) * ldv, ldv, (size_t)(x - x0),
+                      (size_t)c->f.Dv, 1);
             al = NULL;
         }
     }
@@ -208,8 +188,8 @@ static void ad_pv(const ad_ctx *c, float *o, float alpha, const float *pw, const
 
 static void ad_fwd_unit(void *vc, int64_t unit, int thread) {
     ad_ctx *c = vc;
-    const int64_t qb = unit % c->nqb, bh = unit / c->nqb, b = bh / c->H, h = bh % c->H, hk = h / c->G;
-    const int64_t nq = c->nq, nk = c->nk, Dv = c->Dv, i0 = qb * AD_BQ;
+    const int64_t qb = unit % c->nqb, bh = unit / c->nqb, b = bh / c->f.H, h = bh % c->f.H, hk = h / c->f.G;
+    const int64_t nq = c->f.nq, nk = c->f.nk, Dv = c->f.Dv, i0 = qb * AD_BQ;
     const int rows = (int)(nq - i0 < AD_BQ ? nq - i0 : AD_BQ);
     float *o = ad_scratch(c, thread), *m = o + AD_BQ * Dv, *l = m + AD_BQ, *vis = l + AD_BQ, *s = vis + AD_BQ,
           *tc = s + AD_L, *pw = tc + AD_L;
@@ -224,9 +204,9 @@ static void ad_fwd_unit(void *vc, int64_t unit, int thread) {
             if (hi[r] > jmax) jmax = hi[r];
         }
     }
-    const size_t ldv = (size_t)(c->Hkv * Dv);
-    const float *vb = c->v + b * nk * c->Hkv * Dv + hk * Dv;
-    const int softmax = c->norm == QKV_NORM_SOFTMAX;
+    const size_t ldv = (size_t)(c->f.Hkv * Dv);
+    const float *vb = c->f.v + b * nk * c->f.Hkv * Dv + hk * Dv;
+    const int softmax = c->f.norm == QKV_NORM_SOFTMAX;
     for (int64_t c0 = jmin / AD_L * AD_L; c0 < jmax; c0 += AD_L)
         for (int r = 0; r < rows; r++) {
             if (lo[r] >= hi[r] || hi[r] <= c0 || lo[r] >= c0 + AD_L) continue;
@@ -255,7 +235,9 @@ static void ad_fwd_unit(void *vc, int64_t unit, int thread) {
                 }
                 float e = expf(s[x] - mn);
                 sum += e;
-                pw[x] = softmax ? e : c->norm == QKV_NORM_RELU ? (s[x] < 0.0f ? 0.0f : s[x]) : 1.0f / (1.0f + expf(-s[x]));
+                pw[x] = softmax                         ? e
+                        : c->f.norm == QKV_NORM_RELU ? (s[x] < 0.0f ? 0.0f : s[x])
+                                                     : 1.0f / (1.0f + expf(-s[x]));
             }
             l[r] = l[r] * alpha + sum;
             m[r] = mn;
@@ -266,7 +248,7 @@ static void ad_fwd_unit(void *vc, int64_t unit, int thread) {
         float mul = 1.0f;
         if (softmax) mul = m[r] == -INFINITY ? 0.0f : 1.0f / l[r];
         if (c->relu_div) mul = vis[r] > 0.0f ? 1.0f / vis[r] : 0.0f;
-        float *orow = c->out + ((b * nq + i) * c->H + h) * Dv;
+        float *orow = c->out + ((b * nq + i) * c->f.H + h) * Dv;
         for (int64_t d = 0; d < Dv; d++) orow[d] = o[r * Dv + d] * mul;
         if (c->lse) c->lse[row] = m[r] == -INFINITY ? -INFINITY : (float)((double)m[r] + log((double)l[r]));
         if (c->attn) {
@@ -278,7 +260,7 @@ static void ad_fwd_unit(void *vc, int64_t unit, int thread) {
                 }
                 float x = arow[j];
                 arow[j] = softmax ? expf(x - m[r]) / l[r]
-                          : c->norm == QKV_NORM_RELU ? (x < 0.0f ? 0.0f : x) / (c->relu_div ? vis[r] : 1.0f)
+                          : c->f.norm == QKV_NORM_RELU ? (x < 0.0f ? 0.0f : x) / (c->relu_div ? vis[r] : 1.0f)
                                                      : 1.0f / (1.0f + expf(-x));
             }
         }
@@ -286,25 +268,23 @@ static void ad_fwd_unit(void *vc, int64_t unit, int thread) {
 }
 
 static size_t ad_fwd_scratch(const ad_ctx *c) {
-    return qkv_round64((size_t)(AD_BQ * c->Dv + 3 * AD_BQ + 3 * AD_L) * sizeof(float));
+    return qkv_round64((size_t)(AD_BQ * c->f.Dv + 3 * AD_BQ + 3 * AD_L) * sizeof(float));
 }
 
-static int ad_threads(const ad_ctx *c) { return c->threads < QKV_MAX_THREADS ? c->threads : QKV_MAX_THREADS; }
-
 static void ad_run(ad_ctx *c, int64_t units, qkv_unit_fn fn) {
-    if (units > 0) qkv_parallel_for(c->threads, units, fn, c);
+    if (units > 0) qkv_parallel_for(c->f.threads, units, fn, c);
 }
 
 qkv_status qkv_fast_additive_forward(const qkv_plan *p, const float *q, const float *k, const float *v,
                                      float *out, float *attn, float *lse) {
     ad_ctx c;
     ad_ctx_init(&c, p, q, k, v);
-    const int64_t BH = c.B * c.H;
+    const int64_t BH = c.f.B * c.f.H;
     c.scratch_bytes = ad_fwd_scratch(&c);
     ad_layout L = {0, 0};
-    size_t o_lo = ad_take(&L, sizeof(int64_t), c.B, c.nq, 1), o_hi = ad_take(&L, sizeof(int64_t), c.B, c.nq, 1);
-    size_t o_u = ad_take(&L, sizeof(float), BH, c.nq, c.A), o_vt = ad_take(&L, sizeof(float), BH, c.A, c.nkp);
-    size_t o_s = ad_take(&L, c.scratch_bytes, ad_threads(&c), 1, 1);
+    size_t o_lo = ad_take(&L, sizeof(int64_t), c.f.B, c.f.nq, 1), o_hi = ad_take(&L, sizeof(int64_t), c.f.B, c.f.nq, 1);
+    size_t o_u = ad_take(&L, sizeof(float), BH, c.f.nq, c.A), o_vt = ad_take(&L, sizeof(float), BH, c.A, c.nkp);
+    size_t o_s = ad_take(&L, c.scratch_bytes, c.f.threads, 1, 1);
     if (L.overflow) return QKV_ERR_SIZE_OVERFLOW;
     unsigned char *mem = fa_alloc(L.total);
     if (!mem) return QKV_ERR_OUT_OF_MEMORY;
@@ -330,23 +310,23 @@ qkv_status qkv_fast_additive_forward(const qkv_plan *p, const float *q, const fl
  * the visible count (relu divided by it). Scratch: (Dv + 1) 16 floats. */
 static void ad_table_unit(void *vc, int64_t unit, int thread) {
     ad_ctx *c = vc;
-    const int64_t qb = unit % c->nqb, bh = unit / c->nqb, b = bh / c->H, h = bh % c->H, nq = c->nq;
+    const int64_t qb = unit % c->nqb, bh = unit / c->nqb, b = bh / c->f.H, h = bh % c->f.H, nq = c->f.nq;
     const int64_t i1 = (qb + 1) * AD_BQ < nq ? (qb + 1) * AD_BQ : nq;
     float *col = ad_scratch(c, thread); /* [Dv][16], O_i in lane 0; then 16 results */
-    memset(col, 0, (size_t)((c->Dv + 1) * AD_L) * sizeof(float));
+    memset(col, 0, (size_t)((c->f.Dv + 1) * AD_L) * sizeof(float));
     for (int64_t i = qb * AD_BQ; i < i1; i++) {
         const int64_t row = bh * nq + i, lo = c->lo[b * nq + i], hi = c->hi[b * nq + i];
-        if (c->norm == QKV_NORM_SOFTMAX) {
+        if (c->f.norm == QKV_NORM_SOFTMAX) {
             /* By the kernel that gives dP = dO . V, in lane 0: with one
              * visible key O = V exactly, and then dP - D is exactly 0. */
-            const int64_t at = ((b * nq + i) * c->H + h) * c->Dv;
-            for (int64_t d = 0; d < c->Dv; d++) col[d * AD_L] = c->o_in[at + d];
-            c->K->dots(c->dout + at, col, AD_L, (size_t)c->Dv, col + c->Dv * AD_L);
-            c->Dd[row] = col[c->Dv * AD_L];
+            const int64_t at = ((b * nq + i) * c->f.H + h) * c->f.Dv;
+            for (int64_t d = 0; d < c->f.Dv; d++) col[d * AD_L] = c->o_in[at + d];
+            c->K->dots(c->dout + at, col, AD_L, (size_t)c->f.Dv, col + c->f.Dv * AD_L);
+            c->Dd[row] = col[c->f.Dv * AD_L];
         }
         if (c->relu_div) {
             int64_t n = lo < hi ? hi - lo : 0;
-            const float *brow = c->bias ? c->bias + h * c->bias_hs + i * c->nk : NULL;
+            const float *brow = c->f.bias ? c->f.bias + h * c->f.bias_head_stride + i * c->f.nk : NULL;
             if (brow)
                 for (int64_t j = lo; j < hi; j++) n -= brow[j] == -INFINITY;
             c->cnt[row] = (float)n;
@@ -361,11 +341,11 @@ static void ad_chunk_grads(const ad_ctx *c, int64_t b, int64_t h, int64_t i, int
                            float *sc, float *P, float *ds, float *dr) {
     float *t = sc, *s = t + c->A * AD_L, *tc = s + AD_L, *dp = tc + AD_L;
     ad_logits(c, b, h, i, lo, hi, c0, t, s, tc);
-    const int64_t row = (b * c->H + h) * c->nq + i, hk = h / c->G;
-    const float *dO = c->dout + ((b * c->nq + i) * c->H + h) * c->Dv;
-    c->K->dots(dO, c->Vv + (b * c->Hkv + hk) * c->Dv * c->nkp + c0, (size_t)c->nkp, (size_t)c->Dv, dp);
-    const float L = c->norm == QKV_NORM_SOFTMAX ? c->lse_in[row] : 0.0f;
-    const float Dd = c->norm == QKV_NORM_SOFTMAX ? c->Dd[row] : 0.0f;
+    const int64_t row = (b * c->f.H + h) * c->f.nq + i, hk = h / c->f.G;
+    const float *dO = c->dout + ((b * c->f.nq + i) * c->f.H + h) * c->f.Dv;
+    c->K->dots(dO, c->Vv + (b * c->f.Hkv + hk) * c->f.Dv * c->nkp + c0, (size_t)c->nkp, (size_t)c->f.Dv, dp);
+    const float L = c->f.norm == QKV_NORM_SOFTMAX ? c->lse_in[row] : 0.0f;
+    const float Dd = c->f.norm == QKV_NORM_SOFTMAX ? c->Dd[row] : 0.0f;
     const float cnt = c->relu_div ? c->cnt[row] : 1.0f;
     for (int x = 0; x < AD_L; x++) {
         if (s[x] == -INFINITY) {
@@ -373,7 +353,7 @@ static void ad_chunk_grads(const ad_ctx *c, int64_t b, int64_t h, int64_t i, int
             continue;
         }
         float pr, d;
-        switch (c->norm) {
+        switch (c->f.norm) {
         case QKV_NORM_SOFTMAX:
             pr = expf(s[x] - L);
             d = pr * (dp[x] - Dd);
@@ -399,14 +379,14 @@ static void ad_chunk_grads(const ad_ctx *c, int64_t b, int64_t h, int64_t i, int
  * kv head in order when dbias is wanted. Owns dV of its keys, the columns
  * of dV' of its keys for the group's heads, and (dbias) those of dbias. */
 static void ad_kpass_unit(ad_ctx *c, int64_t unit, int thread) {
-    const int64_t kb = unit % c->nkb, rest = unit / c->nkb, nq = c->nq, nk = c->nk, nkp = c->nkp, A = c->A;
-    const int64_t Dv = c->Dv, j0 = kb * AD_BK, j1 = j0 + AD_BK < nk ? j0 + AD_BK : nk;
+    const int64_t kb = unit % c->nkb, rest = unit / c->nkb, nq = c->f.nq, nk = c->f.nk, nkp = c->nkp, A = c->A;
+    const int64_t Dv = c->f.Dv, j0 = kb * AD_BK, j1 = j0 + AD_BK < nk ? j0 + AD_BK : nk;
     const int64_t jw = (j0 + AD_BK < nkp ? j0 + AD_BK : nkp) - j0;
-    int64_t b0 = 0, b1 = c->B, k0 = 0, k1 = c->Hkv;
+    int64_t b0 = 0, b1 = c->f.B, k0 = 0, k1 = c->f.Hkv;
     if (!c->dbias) {
-        b0 = rest / c->Hkv;
+        b0 = rest / c->f.Hkv;
         b1 = b0 + 1;
-        k0 = rest % c->Hkv;
+        k0 = rest % c->f.Hkv;
         k1 = k0 + 1;
     }
     float *sc = ad_scratch(c, thread), *P = sc + A * AD_L + 3 * AD_L, *ds = P + AD_L, *dr = ds + AD_L;
@@ -414,19 +394,19 @@ static void ad_kpass_unit(ad_ctx *c, int64_t unit, int thread) {
     for (int64_t b = b0; b < b1; b++)
         for (int64_t hk = k0; hk < k1; hk++) {
             memset(dva, 0, (size_t)(Dv * AD_BK) * sizeof(float));
-            for (int64_t g = 0; g < c->G; g++) {
-                const int64_t h = hk * c->G + g, bh = b * c->H + h;
+            for (int64_t g = 0; g < c->f.G; g++) {
+                const int64_t h = hk * c->f.G + g, bh = b * c->f.H + h;
                 float *dvt = c->dVt + bh * A * nkp;
                 for (int64_t a = 0; a < A; a++) memset(dvt + a * nkp + j0, 0, (size_t)jw * sizeof(float));
-                float *dbh = c->dbias ? c->dbias + (c->bias_hs ? h * nq * nk : 0) : NULL;
+                float *dbh = c->dbias ? c->dbias + (c->f.bias_head_stride ? h * nq * nk : 0) : NULL;
                 for (int64_t i = 0; i < nq; i++) {
                     const int64_t lo = c->lo[b * nq + i], hi = c->hi[b * nq + i];
                     if (lo >= hi || hi <= j0 || lo >= j1) continue;
                     const int64_t cs = lo / AD_L * AD_L > j0 ? lo / AD_L * AD_L : j0, ce = hi < j1 ? hi : j1;
-                    const float *dO = c->dout + ((b * nq + i) * c->H + h) * Dv;
+                    const float *dO = c->dout + ((b * nq + i) * c->f.H + h) * Dv;
                     for (int64_t c0 = cs; c0 < ce; c0 += AD_L) {
                         ad_chunk_grads(c, b, h, i, lo, hi, c0, sc, P, ds, dr);
-                        c->K->dkeys(sc, c->w + h * A, (size_t)A, dr, dvt + c0, (size_t)nkp);
+                        c->K->dscore(sc, c->w + h * A, (size_t)A, dr, dvt + c0, (size_t)nkp, NULL);
                         c->K->outer(dva + (c0 - j0), AD_BK, dO, (size_t)Dv, P);
                         if (dbh) {
                             float *drow = dbh + i * nk;
@@ -439,7 +419,7 @@ static void ad_kpass_unit(ad_ctx *c, int64_t unit, int thread) {
                 }
             }
             for (int64_t j = j0; j < j1; j++) {
-                float *dvr = c->dv + ((b * nk + j) * c->Hkv + hk) * Dv;
+                float *dvr = c->dv + ((b * nk + j) * c->f.Hkv + hk) * Dv;
                 for (int64_t d = 0; d < Dv; d++) dvr[d] = dva[d * AD_BK + (j - j0)];
             }
         }
@@ -448,7 +428,7 @@ static void ad_kpass_unit(ad_ctx *c, int64_t unit, int thread) {
 /* Query pass: unit = (b, h, 32 rows). Owns dU of its rows and its dw
  * partial. */
 static void ad_qpass_unit(ad_ctx *c, int64_t unit, int thread) {
-    const int64_t qb = unit % c->nqb, bh = unit / c->nqb, b = bh / c->H, h = bh % c->H, nq = c->nq, A = c->A;
+    const int64_t qb = unit % c->nqb, bh = unit / c->nqb, b = bh / c->f.H, h = bh % c->f.H, nq = c->f.nq, A = c->A;
     const int64_t i1 = (qb + 1) * AD_BQ < nq ? (qb + 1) * AD_BQ : nq;
     float *sc = ad_scratch(c, thread), *P = sc + A * AD_L + 3 * AD_L, *ds = P + AD_L, *dr = ds + AD_L;
     float *du = dr + AD_L, *dwl = du + A * AD_L;
@@ -463,7 +443,7 @@ static void ad_qpass_unit(ad_ctx *c, int64_t unit, int thread) {
         memset(du, 0, (size_t)(A * AD_L) * sizeof(float));
         for (int64_t c0 = lo / AD_L * AD_L; c0 < hi; c0 += AD_L) {
             ad_chunk_grads(c, b, h, i, lo, hi, c0, sc, P, ds, dr);
-            c->K->dquery(sc, c->w + h * A, (size_t)A, dr, du, c->want_dw ? dwl : NULL);
+            c->K->dscore(sc, c->w + h * A, (size_t)A, dr, du, AD_L, c->want_dw ? dwl : NULL);
         }
         for (int64_t a = 0; a < A; a++) {
             float acc = 0.0f;
@@ -493,7 +473,8 @@ static void ad_pass_unit(void *vc, int64_t unit, int thread) {
 static void ad_gemm_unit(void *vc, int64_t unit, int thread) {
     ad_ctx *c = vc;
     (void)thread;
-    const int64_t BH = c->B * c->H, BK = c->B * c->Hkv, H = c->H, A = c->A, D = c->D, nq = c->nq, nk = c->nk;
+    const int64_t BH = c->f.B * c->f.H, BK = c->f.B * c->f.Hkv, H = c->f.H, A = c->A, D = c->f.D;
+    const int64_t nq = c->f.nq, nk = c->f.nk;
     const int64_t nkp = c->nkp;
     qkv_status s = QKV_OK;
     if (unit >= BH + BK && !c->dw1) unit += H; /* no dW1 units */
@@ -502,23 +483,23 @@ static void ad_gemm_unit(void *vc, int64_t unit, int thread) {
         s = qkv_gemm_run(c->KG, 0, 0, nq, D, A, 1.0f, c->dU + unit * nq * A, A, c->w1 + h * A * D, D, 0.0f,
                          c->dq + b * nq * H * D + h * D, H * D, 1);
     } else if (unit < BH + BK) {
-        const int64_t u = unit - BH, b = u / c->Hkv, hk = u % c->Hkv;
-        for (int64_t g = 0; g < c->G && s == QKV_OK; g++) {
-            const int64_t h = hk * c->G + g;
+        const int64_t u = unit - BH, b = u / c->f.Hkv, hk = u % c->f.Hkv;
+        for (int64_t g = 0; g < c->f.G && s == QKV_OK; g++) {
+            const int64_t h = hk * c->f.G + g;
             s = qkv_gemm_run(c->KG, 1, 0, nk, D, A, 1.0f, c->dVt + (b * H + h) * A * nkp, nkp, c->w2 + h * A * D, D,
-                             g ? 1.0f : 0.0f, c->dk + b * nk * c->Hkv * D + hk * D, c->Hkv * D, 1);
+                             g ? 1.0f : 0.0f, c->dk + b * nk * c->f.Hkv * D + hk * D, c->f.Hkv * D, 1);
         }
     } else if (unit < BH + BK + H) {
         const int64_t h = unit - BH - BK;
-        for (int64_t b = 0; b < c->B && s == QKV_OK; b++)
+        for (int64_t b = 0; b < c->f.B && s == QKV_OK; b++)
             s = qkv_gemm_run(c->KG, 1, 0, A, D, nq, 1.0f, c->dU + (b * H + h) * nq * A, A,
-                             c->q + b * nq * H * D + h * D, H * D, b ? 1.0f : 0.0f, c->dw1 + h * A * D, D, 1);
+                             c->f.q + b * nq * H * D + h * D, H * D, b ? 1.0f : 0.0f, c->dw1 + h * A * D, D, 1);
     } else {
-        const int64_t h = unit - BH - BK - H, hk = h / c->G;
-        for (int64_t b = 0; b < c->B && s == QKV_OK; b++)
+        const int64_t h = unit - BH - BK - H, hk = h / c->f.G;
+        for (int64_t b = 0; b < c->f.B && s == QKV_OK; b++)
             s = qkv_gemm_run(c->KG, 0, 0, A, D, nk, 1.0f, c->dVt + (b * H + h) * A * nkp, nkp,
-                             c->k + b * nk * c->Hkv * D + hk * D, c->Hkv * D, b ? 1.0f : 0.0f, c->dw2 + h * A * D, D,
-                             1);
+                             c->f.k + b * nk * c->f.Hkv * D + hk * D, c->f.Hkv * D, b ? 1.0f : 0.0f,
+                             c->dw2 + h * A * D, D, 1);
     }
     if (s != QKV_OK) atomic_store(&c->failed, 1);
 }
@@ -528,22 +509,22 @@ qkv_status qkv_fast_additive_backward(const qkv_plan *p, const float *q, const f
                                       const qkv_attn_grads *g) {
     ad_ctx c;
     ad_ctx_init(&c, p, q, k, v);
-    const int64_t BH = c.B * c.H, BK = c.B * c.Hkv, A = c.A;
-    const int softmax = c.norm == QKV_NORM_SOFTMAX, refwd = softmax && (!out || !lse);
+    const int64_t BH = c.f.B * c.f.H, BK = c.f.B * c.f.Hkv, A = c.A;
+    const int softmax = c.f.norm == QKV_NORM_SOFTMAX, refwd = softmax && (!out || !lse);
     size_t sb = qkv_round64((size_t)(2 * A * AD_L + 6 * AD_L) * sizeof(float)) +
-                qkv_round64((size_t)(A * AD_L + c.Dv * AD_BK) * sizeof(float));
+                qkv_round64((size_t)(A * AD_L + c.f.Dv * AD_BK) * sizeof(float));
     size_t fb = ad_fwd_scratch(&c);
     c.scratch_bytes = sb > fb ? sb : fb;
     ad_layout L = {0, 0};
-    size_t o_lo = ad_take(&L, sizeof(int64_t), c.B, c.nq, 1), o_hi = ad_take(&L, sizeof(int64_t), c.B, c.nq, 1);
-    size_t o_u = ad_take(&L, sizeof(float), BH, c.nq, A), o_vt = ad_take(&L, sizeof(float), BH, A, c.nkp);
-    size_t o_du = ad_take(&L, sizeof(float), BH, c.nq, A), o_dvt = ad_take(&L, sizeof(float), BH, A, c.nkp);
-    size_t o_vv = ad_take(&L, sizeof(float), BK, c.Dv, c.nkp);
-    size_t o_dd = ad_take(&L, sizeof(float), BH, c.nq, 1), o_cnt = ad_take(&L, sizeof(float), BH, c.nq, 1);
+    size_t o_lo = ad_take(&L, sizeof(int64_t), c.f.B, c.f.nq, 1), o_hi = ad_take(&L, sizeof(int64_t), c.f.B, c.f.nq, 1);
+    size_t o_u = ad_take(&L, sizeof(float), BH, c.f.nq, A), o_vt = ad_take(&L, sizeof(float), BH, A, c.nkp);
+    size_t o_du = ad_take(&L, sizeof(float), BH, c.f.nq, A), o_dvt = ad_take(&L, sizeof(float), BH, A, c.nkp);
+    size_t o_vv = ad_take(&L, sizeof(float), BK, c.f.Dv, c.nkp);
+    size_t o_dd = ad_take(&L, sizeof(float), BH, c.f.nq, 1), o_cnt = ad_take(&L, sizeof(float), BH, c.f.nq, 1);
     size_t o_dwp = ad_take(&L, sizeof(float), BH, c.nqb, A);
     size_t o_out = refwd ? ad_take(&L, sizeof(float), p->n_o_elems, 1, 1) : 0;
-    size_t o_lse = refwd ? ad_take(&L, sizeof(float), BH, c.nq, 1) : 0;
-    size_t o_s = ad_take(&L, c.scratch_bytes, ad_threads(&c), 1, 1);
+    size_t o_lse = refwd ? ad_take(&L, sizeof(float), BH, c.f.nq, 1) : 0;
+    size_t o_s = ad_take(&L, c.scratch_bytes, c.f.threads, 1, 1);
     if (L.overflow) return QKV_ERR_SIZE_OVERFLOW;
     unsigned char *mem = fa_alloc(L.total);
     if (!mem) return QKV_ERR_OUT_OF_MEMORY;
@@ -559,16 +540,11 @@ qkv_status qkv_fast_additive_backward(const qkv_plan *p, const float *q, const f
     c.cnt = AD_AT(float, o_cnt);
     c.dwp = AD_AT(float, o_dwp);
     c.scratch = mem + o_s;
-    c.dout = dout;
-    c.o_in = out;
-    c.lse_in = lse;
-    c.dv = g->dv;
-    c.dq = g->dq;
-    c.dk = g->dk;
-    c.dw1 = g->d_additive_w1;
-    c.dw2 = g->d_additive_w2;
+    c.dout = dout, c.o_in = out, c.lse_in = lse;
+    c.dq = g->dq, c.dk = g->dk, c.dv = g->dv;
+    c.dw1 = g->d_additive_w1, c.dw2 = g->d_additive_w2;
     c.want_dw = g->d_additive_w != NULL;
-    c.dbias = c.bias ? g->dbias : NULL;
+    c.dbias = c.f.bias ? g->dbias : NULL;
     ad_key_ranges(&c);
     ad_run(&c, BH + BK, ad_proj_unit);
     if (refwd && !atomic_load(&c.failed)) {
@@ -584,15 +560,15 @@ qkv_status qkv_fast_additive_backward(const qkv_plan *p, const float *q, const f
         if (c.dbias) memset(c.dbias, 0, (size_t)p->n_bias_elems * sizeof(float));
         c.n_kpass = c.dbias ? c.nkb : BK * c.nkb;
         ad_run(&c, c.n_kpass + BH * c.nqb, ad_pass_unit);
-        ad_run(&c, BH + BK + (c.dw1 ? c.H : 0) + (c.dw2 ? c.H : 0), ad_gemm_unit);
+        ad_run(&c, BH + BK + (c.dw1 ? c.f.H : 0) + (c.dw2 ? c.f.H : 0), ad_gemm_unit);
     }
     if (!atomic_load(&c.failed) && c.want_dw) {
         float *dw = g->d_additive_w;
-        for (int64_t h = 0; h < c.H; h++)
+        for (int64_t h = 0; h < c.f.H; h++)
             for (int64_t a = 0; a < A; a++) {
                 float acc = 0.0f;
-                for (int64_t b = 0; b < c.B; b++)
-                    for (int64_t qb = 0; qb < c.nqb; qb++) acc += c.dwp[((b * c.H + h) * c.nqb + qb) * A + a];
+                for (int64_t b = 0; b < c.f.B; b++)
+                    for (int64_t qb = 0; qb < c.nqb; qb++) acc += c.dwp[((b * c.f.H + h) * c.nqb + qb) * A + a];
                 dw[h * A + a] = acc;
             }
     }

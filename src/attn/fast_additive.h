@@ -14,12 +14,6 @@
 
 #include "core/internal.h"
 
-/* Whether this path computes the plan: F32, the additive score, with any
- * normaliser, soft-cap, bias, mask, key lengths, packed sequences and GQA;
- * not the in-kernel position biases (ALiBi, T5 relative) nor dropout,
- * which stay with the reference. */
-int qkv_fast_additive_supported(const qkv_plan *p);
-
 qkv_status qkv_fast_additive_forward(const qkv_plan *p, const float *q, const float *k, const float *v,
                                      float *out, float *attn, float *lse);
 
@@ -28,5 +22,11 @@ qkv_status qkv_fast_additive_forward(const qkv_plan *p, const float *q, const fl
 qkv_status qkv_fast_additive_backward(const qkv_plan *p, const float *q, const float *k, const float *v,
                                       const float *out, const float *lse, const float *dout,
                                       const qkv_attn_grads *g);
+
+/* Whether this path computes the plan (both directions): F32, the additive
+ * score, with any normaliser, soft-cap, bias, mask, key lengths, packed
+ * sequences and GQA; not the in-kernel position biases (ALiBi, T5
+ * relative) nor dropout, which stay with the reference. */
+int qkv_fast_additive_supported(const qkv_plan *p);
 
 #endif

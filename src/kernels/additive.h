@@ -1,11 +1,10 @@
 /* The additive (Bahdanau / MLP) score's kernels (internal), used by
  * src/attn/fast_additive.c: s = w . tanh(u + v') for 16 keys at a time,
- * and the two halves of its chain rule. Written once, in portable C with
- * GNU vector extensions (kernels/additive_impl.h), and compiled per ISA
- * from kernels/<isa>/additive.c with that folder's flags, so each ISA gets
- * its native vector width; the table of the ISA in use comes from
- * qkv_additive_kernels_active() (the arch of core/cpu.h, QKV_ARCH and a
- * test's forcing included).
+ * and its chain rule. Written once, in portable C with GNU vector
+ * extensions (kernels/additive_impl.h), and compiled per ISA from
+ * kernels/<isa>/additive.c with that folder's flags, so each ISA gets its
+ * native vector width; the table is the `add` family of the kernel sets
+ * (kernels/kernels.h: qkv_additive_kernels_active()).
  *
  * Layout: a block of keys is "key-major per feature": vt[a * ldv + c] is
  * feature a of key c (a < A, c < 16), i.e. V' = W2 K stored transposed, so
@@ -27,14 +26,13 @@ typedef struct qkv_additive_kernels {
      * a < A, c < 16 only. */
     void (*scores)(const float *u, const float *w, const float *vt, size_t ldv, size_t A, float *s,
                    float *t);
-    /* The keys' side of the chain rule: with g = ds[c] * w[a] * (1 - t^2)
-     * (t = t[a*16 + c]), dvt[a*ldd + c] += g for a < A, c < 16. Lanes
-     * with ds[c] == 0 add exactly nothing (a masked key's t may be NaN). */
-    void (*dkeys)(const float *t, const float *w, size_t A, const float *ds, float *dvt, size_t ldd);
-    /* The query's side: du[a*16 + c] += g and, when dw is not NULL,
-     * dw[a*16 + c] += ds[c] * t (per-lane partial sums; the caller adds the
-     * 16 lanes in order); lanes with ds[c] == 0 add nothing. */
-    void (*dquery)(const float *t, const float *w, size_t A, const float *ds, float *du, float *dw);
+    /* The chain rule through the tanh: with g = ds[c] * w[a] * (1 - t^2)
+     * (t = t[a*16 + c]), out[a*ldo + c] += g for a < A, c < 16 (the keys'
+     * dV' with ldo its row stride, or a query's per-lane dU with ldo 16)
+     * and, when dw is not NULL, dw[a*16 + c] += ds[c] * t (per-lane
+     * partial sums; the caller adds the 16 lanes in order). Lanes with
+     * ds[c] == 0 add exactly nothing (a masked key's t may be NaN). */
+    void (*dscore)(const float *t, const float *w, size_t A, const float *ds, float *out, size_t ldo, float *dw);
     /* out[c] = sum_{d<n} x[d] * yt[d*ldy + c] for c < 16 (dot products of x
      * with 16 key-major columns, d increasing). */
     void (*dots)(const float *x, const float *yt, size_t ldy, size_t n, float *out);
@@ -49,10 +47,5 @@ typedef struct qkv_additive_kernels {
 void qkv_additive_init_generic(qkv_additive_kernels *k);
 void qkv_additive_init_avx2(qkv_additive_kernels *k);
 void qkv_additive_init_avx512(qkv_additive_kernels *k);
-
-/* The table of an arch (qkv_arch of core/cpu.h), NULL when the CPU or the
- * build lacks it; the table of the arch in use. Thread-safe. */
-const qkv_additive_kernels *qkv_additive_kernels_of(int arch);
-const qkv_additive_kernels *qkv_additive_kernels_active(void);
 
 #endif

@@ -96,37 +96,25 @@ static void ADD_FN(add_scores)(const float *u, const float *w, const float *vt, 
         add_scores_body(u, w, vt, ldv, A, s, NULL, 0);
 }
 
-static void ADD_FN(add_dkeys)(const float *t, const float *w, size_t A, const float *ds, float *dvt, size_t ldd) {
+static void ADD_FN(add_dscore)(const float *t, const float *w, size_t A, const float *ds, float *out, size_t ldo,
+                               float *dw) {
     add_vf dsv[ADD_NV];
-    add_vi nz[ADD_NV];
+    add_vi nz[ADD_NV]; /* the lanes that add: dS != 0 */
     for (int h = 0; h < ADD_NV; h++) {
         dsv[h] = add_load(ds + h * ADD_VL);
         nz[h] = dsv[h] != 0.0f;
     }
+    const add_vf zero = add_splat(0.0f);
     for (size_t a = 0; a < A; a++) {
         const float wa = w[a];
         for (int h = 0; h < ADD_NV; h++) {
             add_vf th = add_load(t + a * QKV_ADD_KEYS + h * ADD_VL);
-            float *o = dvt + a * ldd + h * ADD_VL;
-            add_store(o, add_load(o) + add_sel(nz[h], (dsv[h] * wa) * (1.0f - th * th), add_splat(0.0f)));
-        }
-    }
-}
-
-static void ADD_FN(add_dquery)(const float *t, const float *w, size_t A, const float *ds, float *du, float *dw) {
-    add_vf dsv[ADD_NV];
-    add_vi nz[ADD_NV];
-    for (int h = 0; h < ADD_NV; h++) {
-        dsv[h] = add_load(ds + h * ADD_VL);
-        nz[h] = dsv[h] != 0.0f;
-    }
-    for (size_t a = 0; a < A; a++) {
-        const float wa = w[a];
-        for (int h = 0; h < ADD_NV; h++) {
-            size_t at = a * QKV_ADD_KEYS + h * ADD_VL;
-            add_vf th = add_load(t + at);
-            add_store(du + at, add_load(du + at) + add_sel(nz[h], (dsv[h] * wa) * (1.0f - th * th), add_splat(0.0f)));
-            if (dw) add_store(dw + at, add_load(dw + at) + add_sel(nz[h], dsv[h] * th, add_splat(0.0f)));
+            float *o = out + a * ldo + h * ADD_VL;
+            add_store(o, add_load(o) + add_sel(nz[h], (dsv[h] * wa) * (1.0f - th * th), zero));
+            if (dw) {
+                float *e = dw + a * QKV_ADD_KEYS + h * ADD_VL;
+                add_store(e, add_load(e) + add_sel(nz[h], dsv[h] * th, zero));
+            }
         }
     }
 }
@@ -163,8 +151,7 @@ static void ADD_FN(add_tanh_n)(float *x, size_t n) {
 void ADD_CAT(qkv_additive_init, ADD_ISA)(qkv_additive_kernels *k) {
     k->name = ADD_STR(ADD_ISA);
     k->scores = ADD_FN(add_scores);
-    k->dkeys = ADD_FN(add_dkeys);
-    k->dquery = ADD_FN(add_dquery);
+    k->dscore = ADD_FN(add_dscore);
     k->dots = ADD_FN(add_dots);
     k->outer = ADD_FN(add_outer);
     k->tanh_n = ADD_FN(add_tanh_n);

@@ -12,15 +12,18 @@ static void fill(int arch, qkv_kernel_set *s) {
     qkv_gemm_init_generic(&s->gemm);
     qkv_kv_init_generic(&s->kv);
     qkv_half_init_generic(&s->half);
+    qkv_additive_init_generic(&s->add);
 #ifdef QKV_HAVE_X86 /* the ISA folders are built on x86-64 only */
     if (arch == QKV_ARCH_AVX2) {
         qkv_attn_init_avx2(&s->attn);
         qkv_gemm_init_avx2(&s->gemm);
         qkv_kv_init_avx2(&s->kv);
+        qkv_additive_init_avx2(&s->add);
     } else if (arch == QKV_ARCH_AVX512) {
         qkv_attn_init_avx512(&s->attn);
         qkv_gemm_init_avx512(&s->gemm);
         qkv_kv_init_avx512(&s->kv);
+        qkv_additive_init_avx512(&s->add);
         if (qkv_cpu_has_avx512bf16()) qkv_half_init_avx512bf16(&s->half);
     }
 #else
@@ -48,3 +51,4 @@ const qkv_kernels *qkv_kernels_active(void) { return &qkv_kernel_set_active()->a
 const qkv_gemm_kernel *qkv_gemm_kernel_active(void) { return &qkv_kernel_set_active()->gemm; }
 const kv_kernels *qkv_kv_kernels_active(void) { return &qkv_kernel_set_active()->kv; }
 const qkv_half_kernels *qkv_half_kernels_active(void) { return &qkv_kernel_set_active()->half; }
+const qkv_additive_kernels *qkv_additive_kernels_active(void) { return &qkv_kernel_set_active()->add; }

@@ -9,11 +9,13 @@
  *   matmul            kernels/gemm.h      kernels/<isa>/gemm.c
  *   KV decode         kernels/kv.h        kernels/<isa>/kv.c
  *   bf16 tiles        kernels/half.h      kernels/<isa>/half.c
+ *   additive score    kernels/additive.h  kernels/<isa>/additive.c
  * with <isa> one of generic, avx2, avx512, avx512bf16, each folder compiled
  * with that ISA's flags only. */
 #ifndef QKV_KERNELS_KERNELS_H
 #define QKV_KERNELS_KERNELS_H
 
+#include "kernels/additive.h"
 #include "kernels/attn.h"
 #include "kernels/gemm.h"
 #include "kernels/half.h"
@@ -24,6 +26,7 @@ typedef struct qkv_kernel_set {
     qkv_gemm_kernel gemm;
     kv_kernels kv;
     qkv_half_kernels half;
+    qkv_additive_kernels add;
 } qkv_kernel_set;
 
 /* The set of an arch (qkv_arch of core/cpu.h), or NULL when the CPU or
@@ -37,5 +40,6 @@ const qkv_kernels *qkv_kernels_active(void);
 const qkv_gemm_kernel *qkv_gemm_kernel_active(void);
 const kv_kernels *qkv_kv_kernels_active(void);
 const qkv_half_kernels *qkv_half_kernels_active(void);
+const qkv_additive_kernels *qkv_additive_kernels_active(void);
 
 #endif
