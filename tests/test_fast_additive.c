@@ -649,14 +649,61 @@ static void test_dispatch(void) {
     ap_free(&p);
 }
 
+/* Allocation failures: each allocation of a call refused in turn (the
+ * workspace, then the GEMM's packing buffers inside the units) gives
+ * QKV_ERR_OUT_OF_MEMORY and frees everything taken. One thread, so that
+ * the countdown is not shared. */
+static long g_countdown = -1; /* allocations left before one fails; -1: none fails */
+static void *countdown_alloc(size_t n, void *user) {
+    (void)user;
+    if (g_countdown == 0) return NULL;
+    if (g_countdown > 0) g_countdown--;
+    return malloc(n);
+}
+static void countdown_free(void *ptr, void *user) {
+    (void)user;
+    free(ptr);
+}
+
+static void test_alloc_failures(void) {
+    cfg c = base_cfg(40, 33, 8, 5);
+    c.bias = QKV_BIAS_SHARED;
+    aprob p;
+    CHECK(ap_make(&p, &c, 903), "problem");
+    const fprob *f = &p.f;
+    float *o = malloc((size_t)f->no_el * 4), *l = malloc((size_t)f->nl_el * 4);
+    grads g;
+    grads_alloc(&g, &p);
+    const size_t base = qkv_memory_in_use();
+    CHECK_STATUS(qkv_set_allocator(countdown_alloc, countdown_free, NULL), QKV_OK);
+    for (int backward = 0; backward < 2; backward++) {
+        long k = 0;
+        qkv_status st;
+        do {
+            g_countdown = k++;
+            st = backward ? fast_bwd(&p, 1, 0, &g) : fast_fwd(&p, 1, o, l, NULL);
+            CHECK(st == QKV_OK || st == QKV_ERR_OUT_OF_MEMORY, "allocation %ld refused: status %d", k - 1, st);
+            CHECK(qkv_memory_in_use() == base, "allocation %ld refused: %zu bytes left", k - 1,
+                  qkv_memory_in_use() - base);
+        } while (st != QKV_OK && k < 1000);
+        CHECK(st == QKV_OK && k >= 3, "%s: %ld allocations (want the workspace and the GEMM's)",
+              backward ? "backward" : "forward", k - 1);
+    }
+    g_countdown = -1;
+    CHECK_STATUS(qkv_set_allocator(NULL, NULL, NULL), QKV_OK);
+    grads_free(&g);
+    free(o); free(l);
+    ap_free(&p);
+}
+
 /* Every test on one ISA path; 0 when the CPU or the build lacks it. */
 static int run_arch(int arch) {
     if (!qkv_cpu_force_arch(arch)) {
         printf("arch %s: not available here, skipped\n", qkv_arch_name(arch));
         return 0;
     }
-    static void (*const tests[])(void) = {test_tanh,         test_shapes,     test_features,
-                                          test_fully_masked, test_nan_masked, test_dispatch};
+    static void (*const tests[])(void) = {test_tanh,         test_shapes,     test_features,      test_fully_masked,
+                                          test_nan_masked,   test_dispatch,   test_alloc_failures};
     g_arch = arch;
     long failed_before = tu_failed;
     for (size_t t = 0; t < sizeof tests / sizeof tests[0]; t++) tests[t]();
