@@ -10,7 +10,7 @@
  *             [--bias-kv] [--additive A]
  *
  * --bias-kv: torch's add_bias_kv (one extra key and value); --additive A: the
- * additive (MLP) score with A hidden units per head (reference path). The
+ * additive (MLP) score with A hidden units per head (the core's additive path). The
  * GFLOP/s column still counts the dot-product score's FLOPs: compare the ms.
  */
 #include <stdio.h>

@@ -84,7 +84,7 @@ int main(void) {
     char model[1100], why[256] = "";
     snprintf(model, sizeof model, "%s/tiny", g_dir);
     for (int threads = 1; threads <= 2; threads++) {
-        qkv_encoder_options opt = {threads, 0};
+        qkv_encoder_options opt = {.threads = threads};
         qkv_encoder *enc = NULL;
         CHECK_STATUS(qkv_encoder_load(model, &opt, &enc, why, sizeof why), QKV_OK);
         if (!enc) break;

@@ -134,8 +134,8 @@ static void test_dispatch(void) {
     d.additive_w1 = w1;
     d.additive_w2 = w2;
     d.additive_w = wv;
-    d.impl = QKV_IMPL_FAST;
-    CHECK_STATUS(qkv_attention_forward(&d, q, q, q, o, NULL, NULL), QKV_ERR_UNSUPPORTED);
+    d.impl = QKV_IMPL_FAST; /* the additive score's own fast path (test_fast_additive.c) */
+    CHECK_STATUS(qkv_attention_forward(&d, q, q, q, o, NULL, NULL), QKV_OK);
     d.impl = QKV_IMPL_AUTO;
     CHECK_STATUS(qkv_attention_forward(&d, q, q, q, o, NULL, NULL), QKV_OK);
     d.impl = (qkv_impl)3;

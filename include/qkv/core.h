@@ -209,8 +209,10 @@ typedef enum qkv_bias_kind {
 typedef enum qkv_impl {
     QKV_IMPL_AUTO = 0,          /* the fastest available for the request */
     QKV_IMPL_REFERENCE = 1,     /* plain loops accumulating in double: the oracle */
-    QKV_IMPL_FAST = 2           /* tiled, fused FlashAttention-2 style CPU path (F32; not
-                                   the additive score: QKV_ERR_UNSUPPORTED), O(n) memory */
+    QKV_IMPL_FAST = 2           /* tiled, fused FlashAttention-2 style CPU path (F32), O(n)
+                                   memory; the additive score has its own (projections by
+                                   GEMM, O(n A) memory). ALiBi, T5 relative biases and
+                                   dropout with the additive score: QKV_ERR_UNSUPPORTED */
 } qkv_impl;
 
 /* The description of one attention problem. Initialise with

@@ -5,6 +5,7 @@
  * copies under the same plan (dtype F32), it does not enter the API again. */
 #include "attn/attention.h"
 #include "attn/fast.h"
+#include "attn/fast_additive.h"
 #include "attn/half.h"
 #include "ref/ref.h"
 
@@ -17,8 +18,9 @@ static int fast_ok(const qkv_plan *p) {
 
 /* F32 / F64: the optional scan for non-finite inputs (check_finite) before
  * anything is written, the NULL checks, then an implementation. AUTO: the
- * fast path for F32 when it supports the request (F64 and the additive
- * score: the reference). */
+ * fast path for F32 when it supports the request, the additive score's own
+ * fast path (fast_additive.c) for it; F64 and what neither supports: the
+ * reference. */
 static qkv_status forward_float(const qkv_plan *p, const void *q, const void *k, const void *v, void *out,
                                 void *attn, void *lse) {
     qkv_status s;
@@ -27,6 +29,7 @@ static qkv_status forward_float(const qkv_plan *p, const void *q, const void *k,
     if (!q || !k || !v || !out) return QKV_ERR_NULL_POINTER;
     if (attn && p->n_attn_elems < 0) return QKV_ERR_SIZE_OVERFLOW;
     if (p->d.impl != QKV_IMPL_REFERENCE) {
+        if (qkv_fast_additive_supported(p)) return qkv_fast_additive_forward(p, q, k, v, out, attn, lse);
         if (fast_ok(p)) return qkv_fast_forward(p, q, k, v, out, attn, lse);
         if (p->d.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
     }
@@ -42,6 +45,7 @@ static qkv_status backward_float(const qkv_plan *p, const void *q, const void *k
     if (!q || !k || !v || !dout || !grads || !grads->dq || !grads->dk || !grads->dv)
         return QKV_ERR_NULL_POINTER;
     if (p->d.impl != QKV_IMPL_REFERENCE) {
+        if (qkv_fast_additive_supported(p)) return qkv_fast_additive_backward(p, q, k, v, out, lse, dout, grads);
         if (fast_ok(p)) return qkv_fast_backward(p, q, k, v, out, lse, dout, grads);
         if (p->d.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
     }

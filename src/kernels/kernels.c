@@ -14,16 +14,19 @@ static void fill(int arch, qkv_kernel_set *s) {
     qkv_half_init_generic(&s->half);
     qkv_nn_init_generic(&s->nn);
     qkv_i8_init_generic(&s->i8);
+    qkv_additive_init_generic(&s->add);
 #ifdef QKV_HAVE_X86 /* the ISA folders are built on x86-64 only */
     if (arch == QKV_ARCH_AVX2) {
         qkv_attn_init_avx2(&s->attn);
         qkv_gemm_init_avx2(&s->gemm);
         qkv_kv_init_avx2(&s->kv);
+        qkv_additive_init_avx2(&s->add);
     } else if (arch == QKV_ARCH_AVX512) {
         qkv_attn_init_avx512(&s->attn);
         qkv_gemm_init_avx512(&s->gemm);
         qkv_kv_init_avx512(&s->kv);
         qkv_nn_init_avx512(&s->nn);
+        qkv_additive_init_avx512(&s->add);
         if (qkv_cpu_has_avx512bf16()) qkv_half_init_avx512bf16(&s->half);
         if (qkv_cpu_has_avx512vnni()) qkv_i8_init_avx512vnni(&s->i8);
     }
@@ -54,3 +57,4 @@ const kv_kernels *qkv_kv_kernels_active(void) { return &qkv_kernel_set_active()-
 const qkv_half_kernels *qkv_half_kernels_active(void) { return &qkv_kernel_set_active()->half; }
 const qkv_nn_kernels *qkv_nn_kernels_active(void) { return &qkv_kernel_set_active()->nn; }
 const qkv_i8_kernels *qkv_i8_kernels_active(void) { return &qkv_kernel_set_active()->i8; }
+const qkv_additive_kernels *qkv_additive_kernels_active(void) { return &qkv_kernel_set_active()->add; }

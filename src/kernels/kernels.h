@@ -12,11 +12,13 @@
  *   bf16 tiles        kernels/half.h      kernels/<isa>/half.c
  *   layer rows        kernels/nn.h        kernels/<isa>/nn.c
  *   int8 matmul       kernels/i8.h        kernels/<isa>/i8.c
+ *   additive score    kernels/additive.h  kernels/<isa>/additive.c
  * with <isa> one of generic, avx2, avx512, avx512bf16, avx512vnni, each folder compiled
  * with that ISA's flags only. */
 #ifndef QKV_KERNELS_KERNELS_H
 #define QKV_KERNELS_KERNELS_H
 
+#include "kernels/additive.h"
 #include "kernels/attn.h"
 #include "kernels/gemm.h"
 #include "kernels/half.h"
@@ -31,6 +33,7 @@ typedef struct qkv_kernel_set {
     qkv_half_kernels half;
     qkv_nn_kernels nn;
     qkv_i8_kernels i8;
+    qkv_additive_kernels add;
 } qkv_kernel_set;
 
 /* The set of an arch (qkv_arch of core/cpu.h), or NULL when the CPU or
@@ -46,5 +49,6 @@ const kv_kernels *qkv_kv_kernels_active(void);
 const qkv_half_kernels *qkv_half_kernels_active(void);
 const qkv_nn_kernels *qkv_nn_kernels_active(void);
 const qkv_i8_kernels *qkv_i8_kernels_active(void);
+const qkv_additive_kernels *qkv_additive_kernels_active(void);
 
 #endif

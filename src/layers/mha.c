@@ -54,8 +54,10 @@ static qkv_status resolve(const qkv_mha_config *in, qkv_mha_config *c) {
     d.seq_offsets_q = d.seq_offsets_k = NULL;
     d.alibi_slopes = d.rel_table = NULL;
     if (d.score == QKV_SCORE_ADDITIVE) {
-        /* The layer owns W1, W2 [H, A, Dh] and w [H, A]; the core computes
-         * this score on the reference path only. */
+        /* The layer owns W1, W2 [H, A, Dh] and w [H, A]; under AUTO the
+         * core computes this score on its fast additive path (the
+         * reference with ALiBi, relative positions or dropout); FAST stays
+         * refused. */
         if (c->attn.additive_dim < 0) return QKV_ERR_BAD_SIZE;
         if (c->attn.additive_dim == 0) c->attn.additive_dim = c->head_dim;
         if (c->attn.impl == QKV_IMPL_FAST) return QKV_ERR_UNSUPPORTED;
