@@ -31,6 +31,7 @@
  *    with spaces so the data buffer starts at a multiple of 8 bytes.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise */
 #define _FILE_OFFSET_BITS 64
 
 #include <errno.h>
@@ -1052,4 +1053,20 @@ qkv_status qkv_safetensors_save(const qkv_safetensors *st, const char *path) {
     }
     qkv_free(h.p);
     return s;
+}
+
+void qkv_safetensors_release(const qkv_safetensors *st, const void *data, size_t bytes) {
+#ifdef MADV_DONTNEED
+    if (!st || !st->map || !data) return;
+    uintptr_t lo = (uintptr_t)data, hi = lo + bytes, m0 = (uintptr_t)st->map, m1 = m0 + st->map_len;
+    if (lo < m0 || hi > m1 || hi < lo) return;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) return;
+    uintptr_t a = (lo + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page, b = hi / (uintptr_t)page * (uintptr_t)page;
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+#else
+    (void)st;
+    (void)data;
+    (void)bytes;
+#endif
 }

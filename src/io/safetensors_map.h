@@ -22,4 +22,10 @@
  * is read the ordinary way. Extra error: QKV_ERR_IO when mmap fails. */
 qkv_status qkv_safetensors_map(const char *path, qkv_safetensors **out, char *why, size_t why_len);
 
+/* The pages wholly inside [data, data + bytes) of st's mapping will not be
+ * read soon: they leave the resident memory (madvise MADV_DONTNEED; read
+ * from the file again if touched). Nothing when data is not inside the
+ * mapping (an owned array) or st is not mapped. */
+void qkv_safetensors_release(const qkv_safetensors *st, const void *data, size_t bytes);
+
 #endif

@@ -463,6 +463,8 @@ static qkv_status quantise_weights(qkv_encoder *e, char *why, size_t why_len) {
             if (s != QKV_OK)
                 return qkv_fail(why, why_len, s, "encoder.layer.%lld.%s.weight: %s", (long long)l, NAMES[i],
                                 s == QKV_ERR_NOT_FINITE ? "a weight is NaN or infinite" : qkv_status_string(s));
+            /* the float32 weight is not read again: its pages leave the resident memory */
+            qkv_safetensors_release(e->weights, w[i], (size_t)(out * in) * sizeof(float));
         }
     }
     e->info.precision = QKV_ENCODER_INT8;
