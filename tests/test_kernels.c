@@ -32,6 +32,7 @@ static const size_t SIZES[] = {1, 2, 7, 15, 16, 17, 31, 33, 63, 65, 129};
 #define EXP_REL 4e-6
 
 static const char *g_isa; /* the set under test, for messages */
+static int g_bf16_gemm_exact = 1; /* the bf16 gemm kernels agreed bitwise */
 
 /* ---- guarded buffers: 64 bytes of 0xA5 on both sides, `off` bytes off a
  * 64-byte boundary ---------------------------------------------------------- */
@@ -76,6 +77,8 @@ static int near(double got, double want, double tol) {
 
 static tu_rng g_rng;
 static float rnd(double sd) { return (float)(tu_rng_normal(&g_rng) * sd); }
+static uint32_t rnd_pair(double sd);
+static double pair_mag(uint32_t a, uint32_t b);
 
 /* ---- attention tiles ----------------------------------------------------- */
 
@@ -383,6 +386,97 @@ static void test_gemm(const qkv_gemm_kernel *K, const qkv_gemm_kernel *G) {
         }
 }
 
+/* ---- bf16 matmul micro-kernel -------------------------------------------
+ * An ISA's bf16 kernel against the generic one run tile by tile over the
+ * same pairs (repacked to the generic tile), on kc2 from SIZES (odd kc
+ * included: random high halves of the last pair are zeroed as the packing
+ * does), every edge m, n; the packings exactly against the generic loops. */
+
+static void generic_tile_bf16(const qkv_gemm_bf16_kernel *G, int64_t kc2, const uint32_t *ap, int mr,
+                              const uint32_t *bp, int nr, float *c, int64_t ldc, float alpha, float beta, int m,
+                              int n) {
+    uint32_t *a = calloc((size_t)(kc2 * G->mr), 4), *b = calloc((size_t)(kc2 * G->nr), 4);
+    if (!a || !b) exit(2);
+    for (int i0 = 0; i0 < m; i0 += G->mr)
+        for (int j0 = 0; j0 < n; j0 += G->nr) {
+            for (int64_t t = 0; t < kc2; t++) {
+                for (int i = 0; i < G->mr; i++) a[t * G->mr + i] = i0 + i < mr ? ap[t * mr + i0 + i] : 0u;
+                for (int j = 0; j < G->nr; j++) b[t * G->nr + j] = j0 + j < nr ? bp[t * nr + j0 + j] : 0u;
+            }
+            int mm = m - i0 < G->mr ? m - i0 : G->mr, nn = n - j0 < G->nr ? n - j0 : G->nr;
+            G->ukr(kc2, a, b, c + i0 * ldc + j0, ldc, alpha, beta, mm, nn);
+        }
+    free(a);
+    free(b);
+}
+
+static void test_gemm_bf16(const qkv_gemm_bf16_kernel *K, const qkv_gemm_bf16_kernel *G) {
+    static const float alphas[] = {1.0f, -0.75f}, betas[] = {0.0f, 1.0f, 0.5f};
+    const int ms[] = {1, 2, 3, K->mr - 1, K->mr}, ns[] = {1, 2, 3, 7, K->nr - 1, K->nr};
+    for (size_t ki = 0; ki < NSIZES; ki++)
+        for (int mi = 0; mi < 5; mi++)
+            for (int ni = 0; ni < 6; ni++)
+                for (int ab = 0; ab < 6; ab++) {
+                    const int m = ms[mi], n = ns[ni];
+                    const int64_t kc2 = (int64_t)SIZES[ki], ldc = K->nr + 3;
+                    const float alpha = alphas[ab % 2], beta = betas[ab / 2];
+                    gbuf ga, gb, g1, g2;
+                    uint32_t *ap = gb_new(&ga, (size_t)(kc2 * K->mr) * 4, 0), *bp = gb_new(&gb, (size_t)(kc2 * K->nr) * 4, 0);
+                    float *c1 = fnew(&g1, (size_t)(K->mr * ldc), 1), *c2 = fnew(&g2, (size_t)(K->mr * ldc), 1);
+                    for (int64_t i = 0; i < kc2 * K->mr; i++) ap[i] = rnd_pair(1.0);
+                    for (int64_t i = 0; i < kc2 * K->nr; i++) bp[i] = rnd_pair(1.0);
+                    if (ab % 2) /* an odd kc: the last pair's high halves are zero */
+                        for (int i = 0; i < K->mr; i++) ap[(kc2 - 1) * K->mr + i] &= 0xffffu;
+                    for (int64_t i = 0; i < K->mr * ldc; i++) c1[i] = c2[i] = beta == 0.0f && i % 5 == 0 ? NAN : rnd(1.0);
+                    K->ukr(kc2, ap, bp, c1, ldc, alpha, beta, m, n);
+                    generic_tile_bf16(G, kc2, ap, K->mr, bp, K->nr, c2, ldc, alpha, beta, m, n);
+                    int bad = !gb_ok(&g1), exact = 1;
+                    for (int i = 0; i < K->mr; i++)
+                        for (int j = 0; j < ldc; j++) {
+                            float x = c1[i * ldc + j], y = c2[i * ldc + j];
+                            if (i >= m || j >= n) {
+                                bad |= !same_bits(x, y);
+                                continue;
+                            }
+                            exact &= same_bits(x, y);
+                            double mag = 0.0;
+                            for (int64_t t = 0; t < kc2; t++) mag += pair_mag(ap[t * K->mr + i], bp[t * K->nr + j]);
+                            bad |= isnan(x) || !near(x, y, 2.0 * (double)(2 * kc2 + 3) * U * (mag + fabs(y)) + 1e-37);
+                        }
+                    g_bf16_gemm_exact &= exact;
+                    CHECK(!bad, "gemm bf16 ukr [%s] kc2 %lld m %d n %d alpha %g beta %g", K->name, (long long)kc2, m,
+                          n, (double)alpha, (double)beta);
+                    gb_free(&ga); gb_free(&gb); gb_free(&g1); gb_free(&g2);
+                }
+    /* the packings (whole panels of width MR and NR), exactly */
+    for (int hook = 0; hook < 2; hook++) {
+        void (*f)(const float *, int64_t, int64_t, int, uint32_t *) = hook ? K->pack_pairs_rows : K->pack_pairs_t;
+        if (!f) continue;
+        for (size_t ki = 0; ki < NSIZES; ki++)
+            for (int wi = 0; wi < 2; wi++) {
+                const int w = wi ? K->nr : K->mr;
+                const int64_t kc = (int64_t)SIZES[ki], kc2 = (kc + 1) / 2;
+                const int64_t ld = hook ? w + 3 : kc + 3, rows = hook ? kc : w;
+                gbuf gs, gd;
+                float *src = fnew(&gs, (size_t)(rows * ld), 1);
+                uint32_t *dst = gb_new(&gd, (size_t)(kc2 * w) * 4, 0);
+                for (int64_t i = 0; i < rows * ld; i++) src[i] = i % 23 == 7 ? -INFINITY : rnd(2.0);
+                f(src, ld, kc, w, dst);
+                int bad = !gb_ok(&gd) || !gb_ok(&gs);
+                for (int64_t t = 0; t < kc2; t++)
+                    for (int i = 0; i < w; i++) {
+                        float lo = hook ? src[2 * t * ld + i] : src[i * ld + 2 * t];
+                        float hi = 2 * t + 1 < kc ? (hook ? src[(2 * t + 1) * ld + i] : src[i * ld + 2 * t + 1]) : 0.0f;
+                        uint32_t want = (uint32_t)qkv_f32_to_bf16(lo) | ((uint32_t)qkv_f32_to_bf16(hi) << 16);
+                        bad |= dst[t * w + i] != want;
+                    }
+                CHECK(!bad, "gemm bf16 %s [%s] kc %lld w %d", hook ? "pack_pairs_rows" : "pack_pairs_t", K->name,
+                      (long long)kc, w);
+                gb_free(&gs); gb_free(&gd);
+            }
+    }
+}
+
 /* ---- KV decode ----------------------------------------------------------- */
 
 static void test_kv(const kv_kernels *K, const kv_kernels *G) {
@@ -604,7 +698,10 @@ int main(void) {
         test_all_finite(&s->attn, &gen->attn);
         test_gemm(&s->gemm, &gen->gemm);
         test_kv(&s->kv, &gen->kv);
-        printf("%s (gemm %s, kv %s): %s\n", qkv_arch_name(arch), s->gemm.name, s->kv.name,
+        test_gemm_bf16(&s->gemm_bf16, &gen->gemm_bf16);
+        CHECK(s->gemm_bf16.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512bf16()), "bf16 gemm table %s",
+              s->gemm_bf16.name);
+        printf("%s (gemm %s, bf16 gemm %s, kv %s): %s\n", qkv_arch_name(arch), s->gemm.name, s->gemm_bf16.name, s->kv.name,
                tu_failed == before ? "ok" : "FAILED");
         /* the bf16 kernels: native ones where the CPU has them, else the generic ones against themselves */
         if (arch == QKV_ARCH_GENERIC || s->half.native) {
@@ -619,5 +716,6 @@ int main(void) {
         }
     }
     if (!qkv_cpu_has_avx512bf16()) printf("avx512bf16: not available here, skipped\n");
+    else printf("bf16 gemm kernels %s the generic one bitwise on these inputs\n", g_bf16_gemm_exact ? "matched" : "did not match");
     return tu_finish();
 }

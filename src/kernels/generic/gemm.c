@@ -36,3 +36,56 @@ static void ukr_generic(int64_t kc, const float *ap, const float *bp, float *c, 
 void qkv_gemm_init_generic(qkv_gemm_kernel *k) {
     *k = (qkv_gemm_kernel){"generic 4x8", MR, NR, 128, 512, 4096, ukr_generic, NULL};
 }
+
+/* ---- bf16: the contract of kernels/gemm.h in plain C ---------------------
+ * A 4 x 16 tile; the halves of a pair widen to float by a shift and a mask
+ * (exact), each product of two bf16 is exact in float, so the sum below is
+ * the contract's, fused or not. Slow next to a bf16 dot-product
+ * instruction, but correct on every CPU. */
+#define BMR 4
+#define BNR 16
+
+static float hi_f(uint32_t w) {
+    union { uint32_t u; float f; } x = {w & 0xffff0000u};
+    return x.f;
+}
+static float lo_f(uint32_t w) {
+    union { uint32_t u; float f; } x = {w << 16};
+    return x.f;
+}
+
+static void ukr_bf16_generic(int64_t kc2, const uint32_t *ap, const uint32_t *bp, float *c, int64_t ldc,
+                             float alpha, float beta, int m, int n) {
+    float acc[BMR][BNR] = {{0.0f}};
+    for (int64_t t = 0; t < kc2; t++) {
+        const uint32_t *a = ap + t * BMR, *b = bp + t * BNR;
+        float bh[BNR], bl[BNR];
+        for (int j = 0; j < BNR; j++) {
+            bh[j] = hi_f(b[j]);
+            bl[j] = lo_f(b[j]);
+        }
+        for (int i = 0; i < BMR; i++) {
+            const float ah = hi_f(a[i]), al = lo_f(a[i]);
+            for (int j = 0; j < BNR; j++) {
+                float s = acc[i][j] + ah * bh[j];
+                acc[i][j] = s + al * bl[j];
+            }
+        }
+    }
+    for (int i = 0; i < m; i++) {
+        float *ci = c + i * ldc;
+        for (int j = 0; j < n; j++) {
+            float s = alpha * acc[i][j];
+            if (beta != 0.0f) {
+                float u = beta * ci[j];
+                s = s + u;
+            }
+            ci[j] = s;
+        }
+    }
+}
+
+/* KC = 512 (256 pairs) as for the float kernels. */
+void qkv_gemm_bf16_init_generic(qkv_gemm_bf16_kernel *k) {
+    *k = (qkv_gemm_bf16_kernel){"generic bf16 4x16", 0, BMR, BNR, 128, 512, 4096, ukr_bf16_generic, NULL, NULL};
+}
