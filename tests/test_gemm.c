@@ -188,6 +188,20 @@ static void describe(char *buf, size_t len, const char *tag, const problem *p, i
              (double)p->alpha, (double)p->beta, threads);
 }
 
+/* Case c's shape: the first NSIZES cases walk the list (every size in every
+ * position), the rest are random triples. */
+static void pick_shape(tu_rng *r, int c, int64_t *M, int64_t *N, int64_t *K) {
+    if (c < NSIZES) {
+        *M = SIZES[c];
+        *N = SIZES[(c + 5) % NSIZES];
+        *K = SIZES[(c + 9) % NSIZES];
+        return;
+    }
+    *M = SIZES[tu_rng_u64(r) % NSIZES];
+    *N = SIZES[tu_rng_u64(r) % NSIZES];
+    *K = SIZES[tu_rng_u64(r) % NSIZES];
+}
+
 /* Random shapes from SIZES through the public API, per arch. Every size
  * appears in every position (the first cases walk the list), the rest are
  * random triples, each with random transposes, strides, alpha and beta. */
@@ -198,15 +212,7 @@ static void test_random_shapes(int arch, int cases, uint64_t seed) {
     snprintf(tag, sizeof tag, "%s", qkv_arch_name(arch));
     for (int c = 0; c < cases; c++) {
         int64_t M, N, K;
-        if (c < NSIZES) {
-            M = SIZES[c];
-            N = SIZES[(c + 5) % NSIZES];
-            K = SIZES[(c + 9) % NSIZES];
-        } else {
-            M = SIZES[tu_rng_u64(&r) % NSIZES];
-            N = SIZES[tu_rng_u64(&r) % NSIZES];
-            K = SIZES[tu_rng_u64(&r) % NSIZES];
-        }
+        pick_shape(&r, c, &M, &N, &K);
         int ta = (int)(tu_rng_u64(&r) & 1), tb = (int)(tu_rng_u64(&r) & 1);
         float alpha = ALPHAS[tu_rng_u64(&r) % 4], beta = BETAS[tu_rng_u64(&r) % 4];
         int threads = 1 + (int)(tu_rng_u64(&r) % 3);
@@ -521,12 +527,9 @@ done:
     free(B0);
 }
 
-static const qkv_gemm_bf16_kernel *bf16_kernel_of(int arch) {
-    if (!qkv_cpu_force_arch(arch)) return NULL;
-    const qkv_gemm_bf16_kernel *k = qkv_gemm_bf16_kernel_active();
-    qkv_cpu_force_arch(-1);
-    return k;
-}
+/* The bf16 table of an arch's kernel set (the CPU has the arch: checked by
+ * kernel_of first). */
+static const qkv_gemm_bf16_kernel *bf16_kernel_of(int arch) { return &qkv_kernel_set_of(arch)->gemm_bf16; }
 
 static void test_bf16(int arch, int cases, uint64_t seed) {
     const qkv_gemm_bf16_kernel *k = bf16_kernel_of(arch);
@@ -537,15 +540,7 @@ static void test_bf16(int arch, int cases, uint64_t seed) {
     tu_fill_normal_f32(&r, bias, 257, 1.0);
     for (int c = 0; c < cases; c++) {
         int64_t M, N, K;
-        if (c < NSIZES) { /* every size in every position first */
-            M = SIZES[c];
-            N = SIZES[(c + 4) % NSIZES];
-            K = SIZES[(c + 8) % NSIZES];
-        } else {
-            M = SIZES[tu_rng_u64(&r) % NSIZES];
-            N = SIZES[tu_rng_u64(&r) % NSIZES];
-            K = SIZES[tu_rng_u64(&r) % NSIZES];
-        }
+        pick_shape(&r, c, &M, &N, &K);
         /* every other case with small blocks: the NC, KC, MC loops and the
          * beta' = 1 merges many times, odd K inside and at the end */
         qkv_gemm_bf16_kernel small = *k;

@@ -134,6 +134,24 @@ static void run_layer_case(const layer_case *lc, qkv_dtype dt) {
  * about 2^-9 relative); any other precision is nn_linear bitwise. */
 static double bf(float x) { return qkv_bf16_to_f32(qkv_f32_to_bf16(x)); }
 
+/* c [rows, cols] (row stride cols) against sum_k A(r, k) B(k, c) (+ bias[c])
+ * of the rounded operands, A(r, k) = a[r*ar + k*ak], B(k, c) = b[k*bk + c*bc]. */
+static int product_ok(const float *c, int rows, int cols, int K, const float *a, int ar, int ak, const float *b,
+                      int bk, int bc, const float *bias) {
+    const double u = 0x1.0p-24;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) {
+            double sum = bias ? bias[j] : 0.0, mag = bias ? fabs(bias[j]) : 0.0;
+            for (int k = 0; k < K; k++) {
+                double t = bf(a[r * ar + k * ak]) * bf(b[k * bk + j * bc]);
+                sum += t;
+                mag += fabs(t);
+            }
+            if (fabs(c[r * cols + j] - sum) > 2.0 * (K + 5) * u * mag) return 0;
+        }
+    return 1;
+}
+
 static void test_linear_bf16(void) {
     enum { R = 37, I = 65, O = 23 };
     static float x[R * I], w[O * I], b[O], dy[R * O], y[R * O], y2[R * O], dw[O * I], dx[R * I];
@@ -143,43 +161,13 @@ static void test_linear_bf16(void) {
     tu_fill_normal_f32(&r, w, O * I, 1.0);
     tu_fill_normal_f32(&r, b, O, 1.0);
     tu_fill_normal_f32(&r, dy, R * O, 1.0);
-    const double u = 0x1.0p-24;
     CHECK_STATUS(nn_linear_p(QKV_BF16, x, R, I, w, b, O, y, 2), QKV_OK);
     memset(dw, 0, sizeof dw);
     CHECK_STATUS(nn_linear_backward_p(QKV_BF16, x, dy, R, I, O, w, dw, NULL, dx, 0, 2), QKV_OK);
-    int bad = 0;
-    for (int i = 0; i < R; i++)
-        for (int o = 0; o < O; o++) {
-            double sum = 0, mag = 0;
-            for (int k = 0; k < I; k++) {
-                sum += bf(x[i * I + k]) * bf(w[o * I + k]);
-                mag += fabs(bf(x[i * I + k]) * bf(w[o * I + k]));
-            }
-            bad |= fabs(y[i * O + o] - (sum + b[o])) > 2.0 * (I + 5) * u * (mag + fabs(b[o]));
-        }
-    CHECK(!bad, "bf16 linear forward: y = x Wt + b of the rounded operands");
-    bad = 0;
-    for (int o = 0; o < O; o++)
-        for (int k = 0; k < I; k++) {
-            double sum = 0, mag = 0;
-            for (int i = 0; i < R; i++) {
-                sum += bf(dy[i * O + o]) * bf(x[i * I + k]);
-                mag += fabs(bf(dy[i * O + o]) * bf(x[i * I + k]));
-            }
-            bad |= fabs(dw[o * I + k] - sum) > 2.0 * (R + 4) * u * mag;
-        }
-    CHECK(!bad, "bf16 linear backward: dW = dyT x of the rounded operands");
-    bad = 0;
-    for (int i = 0; i < R; i++)
-        for (int k = 0; k < I; k++) {
-            double sum = 0, mag = 0;
-            for (int o = 0; o < O; o++) {
-                sum += bf(dy[i * O + o]) * bf(w[o * I + k]);
-                mag += fabs(bf(dy[i * O + o]) * bf(w[o * I + k]));
-            }
-            bad |= fabs(dx[i * I + k] - sum) > 2.0 * (O + 4) * u * mag;
-        }
-    CHECK(!bad, "bf16 linear backward: dx = dy W of the rounded operands");
+    /* y[i][o] = sum_k x[i][k] w[o][k] + b[o]; dW[o][k] = sum_i dy[i][o] x[i][k]; dx[i][k] = sum_o dy[i][o] w[o][k] */
+    CHECK(product_ok(y, R, O, I, x, I, 1, w, 1, I, b), "bf16 linear forward: y = x Wt + b of the rounded operands");
+    CHECK(product_ok(dw, O, I, R, dy, 1, O, x, I, 1, NULL), "bf16 linear backward: dW = dyT x of the rounded operands");
+    CHECK(product_ok(dx, R, I, O, dy, O, 1, w, I, 1, NULL), "bf16 linear backward: dx = dy W of the rounded operands");
     CHECK_STATUS(nn_linear_p(QKV_F16, x, R, I, w, b, O, y, 2), QKV_OK);
     CHECK_STATUS(nn_linear(x, R, I, w, b, O, y2, 2), QKV_OK);
     CHECK(memcmp(y, y2, sizeof y) == 0, "linear in another precision is nn_linear bitwise");

@@ -121,14 +121,11 @@ qkv_status qkv_gemm_bf16_pack_b_with(const qkv_gemm_bf16_kernel *k, int trans_b,
     if (!qkv_mul_ok(npanels * k->nr, words_per_col, &words) ||
         (uint64_t)words > (SIZE_MAX - 64) / sizeof(uint32_t))
         return QKV_ERR_SIZE_OVERFLOW;
-    void *raw = qkv_alloc((size_t)words * sizeof(uint32_t) + 64);
-    if (!raw) {
+    out->panels = qkv_gemm_alloc_aligned((size_t)words * sizeof(uint32_t), &out->raw);
+    if (!out->panels) {
         memset(out, 0, sizeof *out);
         return QKV_ERR_OUT_OF_MEMORY;
     }
-    uintptr_t addr = (uintptr_t)raw, mask = 63;
-    out->raw = raw;
-    out->panels = (uint32_t *)((addr + mask) & ~mask);
     out->npanels = npanels;
     out->bytes = (size_t)words * sizeof(uint32_t);
     bpack_job j = {k, trans_b != 0, B, ldb, K, N, npanels, out->panels};
@@ -185,14 +182,9 @@ static void bgemm_thread(void *ctx, int64_t unit, int t) {
     const bgemm_job *j = ctx;
     const qkv_gemm_bf16_kernel *k = j->k;
     const int64_t MR = k->mr, NR = k->nr, K = j->B->K, N = j->B->N;
-    int64_t lo, hi, m0, m1, n0, n1;
-    qkv_gemm_split(j->mtiles, j->tm, (int)(unit / j->tn), &lo, &hi);
-    m0 = lo * MR;
-    m1 = min64(hi * MR, j->M);
-    qkv_gemm_split(j->ntiles, j->tn, (int)(unit % j->tn), &lo, &hi);
-    n0 = lo * NR;
-    n1 = min64(hi * NR, N);
-    if (m0 >= m1 || n0 >= n1) return;
+    int64_t m0, m1, n0, n1;
+    if (!qkv_gemm_rect(unit, j->tm, j->tn, j->mtiles, j->ntiles, k->mr, k->nr, j->M, N, &m0, &m1, &n0, &n1))
+        return;
 
     uint32_t *ap = j->buf + (int64_t)t * j->ap_len;
     for (int64_t jc = n0; jc < n1; jc += k->nc) {
@@ -233,32 +225,17 @@ qkv_status qkv_gemm_bf16_packed_run(int trans_a, int64_t M, float alpha, const f
         return QKV_OK;
     }
     const qkv_gemm_bf16_kernel *k = Bp->k;
-    bgemm_job j;
-    j.k = k;
-    j.B = Bp;
-    j.trans_a = trans_a != 0;
-    j.M = M;
-    j.alpha = alpha;
-    j.beta = beta;
-    j.A = A;
-    j.lda = lda;
-    j.ldc = ldc;
-    j.C = C;
-    j.bias = bias;
-    j.mtiles = ceil_div(M, k->mr);
-    j.ntiles = ceil_div(N, k->nr);
+    bgemm_job j = {.k = k, .B = Bp, .trans_a = trans_a != 0, .M = M, .alpha = alpha, .beta = beta, .A = A,
+                   .lda = lda, .ldc = ldc, .C = C, .bias = bias, .mtiles = ceil_div(M, k->mr),
+                   .ntiles = ceil_div(N, k->nr)};
     qkv_gemm_grid(j.mtiles, j.ntiles, k->mr, k->nr, k->nc, threads, &j.tm, &j.tn);
     const int nthreads = j.tm * j.tn;
     const int64_t rows = ceil_div(j.mtiles, j.tm) * k->mr, kc2 = (min64(k->kc, K) + 1) / 2;
     j.ap_len = ceil_div(min64(k->mc, rows) * kc2, ALIGN_WORDS) * ALIGN_WORDS;
-    void *raw = qkv_alloc(((size_t)nthreads * (size_t)j.ap_len + ALIGN_WORDS) * sizeof(uint32_t));
-    if (!raw) return QKV_ERR_OUT_OF_MEMORY;
-    uintptr_t addr = (uintptr_t)raw, mask = ALIGN_WORDS * sizeof(uint32_t) - 1;
-    j.buf = (uint32_t *)((addr + mask) & ~mask);
-    if (nthreads == 1)
-        bgemm_thread(&j, 0, 0);
-    else
-        qkv_parallel_for(nthreads, nthreads, bgemm_thread, &j);
+    void *raw;
+    j.buf = qkv_gemm_alloc_aligned((size_t)nthreads * (size_t)j.ap_len * sizeof(uint32_t), &raw);
+    if (!j.buf) return QKV_ERR_OUT_OF_MEMORY;
+    qkv_gemm_run_units(nthreads, bgemm_thread, &j);
     qkv_free(raw);
     return QKV_OK;
 }

@@ -66,18 +66,39 @@ void qkv_gemm_split(int64_t tiles, int parts, int idx, int64_t *lo, int64_t *hi)
     *hi = *lo + base + (idx < rem ? 1 : 0);
 }
 
+int qkv_gemm_rect(int64_t unit, int tm, int tn, int64_t mtiles, int64_t ntiles, int mr, int nr, int64_t M,
+                  int64_t N, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1) {
+    int64_t lo, hi;
+    qkv_gemm_split(mtiles, tm, (int)(unit / tn), &lo, &hi);
+    *m0 = lo * mr;
+    *m1 = min64(hi * mr, M);
+    qkv_gemm_split(ntiles, tn, (int)(unit % tn), &lo, &hi);
+    *n0 = lo * nr;
+    *n1 = min64(hi * nr, N);
+    return *m0 < *m1 && *n0 < *n1;
+}
+
+void *qkv_gemm_alloc_aligned(size_t bytes, void **raw) {
+    *raw = bytes <= SIZE_MAX - 64 ? qkv_alloc(bytes + 64) : NULL;
+    if (!*raw) return NULL;
+    uintptr_t addr = (uintptr_t)*raw;
+    return (void *)((addr + 63) & ~(uintptr_t)63);
+}
+
+void qkv_gemm_run_units(int nthreads, void (*fn)(void *ctx, int64_t unit, int t), void *ctx) {
+    if (nthreads == 1)
+        fn(ctx, 0, 0);
+    else
+        qkv_parallel_for(nthreads, nthreads, fn, ctx);
+}
+
 static void gemm_thread(void *ctx, int64_t unit, int t) {
     const gemm_job *j = ctx;
     const qkv_gemm_kernel *k = j->k;
     const int64_t MR = k->mr, NR = k->nr;
-    int64_t lo, hi, m0, m1, n0, n1;
-    qkv_gemm_split(j->mtiles, j->tm, (int)(unit / j->tn), &lo, &hi);
-    m0 = lo * MR;
-    m1 = min64(hi * MR, j->M);
-    qkv_gemm_split(j->ntiles, j->tn, (int)(unit % j->tn), &lo, &hi);
-    n0 = lo * NR;
-    n1 = min64(hi * NR, j->N);
-    if (m0 >= m1 || n0 >= n1) return;
+    int64_t m0, m1, n0, n1;
+    if (!qkv_gemm_rect(unit, j->tm, j->tn, j->mtiles, j->ntiles, k->mr, k->nr, j->M, j->N, &m0, &m1, &n0, &n1))
+        return;
 
     float *ap = j->buf + (int64_t)t * (j->ap_len + j->bp_len);
     float *bp = ap + j->ap_len;
@@ -176,16 +197,10 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
     int64_t kc = min64(k->kc, K);
     j.ap_len = ceil_div(min64(k->mc, rows) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
     j.bp_len = ceil_div(min64(k->nc, cols) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
-    size_t bytes = ((size_t)nthreads * (size_t)(j.ap_len + j.bp_len) + ALIGN_FLOATS) * sizeof(float);
-    void *raw = qkv_alloc(bytes);
-    if (!raw) return QKV_ERR_OUT_OF_MEMORY;
-    uintptr_t addr = (uintptr_t)raw, mask = ALIGN_FLOATS * sizeof(float) - 1;
-    j.buf = (float *)((addr + mask) & ~mask);
-
-    if (nthreads == 1)
-        gemm_thread(&j, 0, 0);
-    else
-        qkv_parallel_for(nthreads, nthreads, gemm_thread, &j);
+    void *raw;
+    j.buf = qkv_gemm_alloc_aligned((size_t)nthreads * (size_t)(j.ap_len + j.bp_len) * sizeof(float), &raw);
+    if (!j.buf) return QKV_ERR_OUT_OF_MEMORY;
+    qkv_gemm_run_units(nthreads, gemm_thread, &j);
     qkv_free(raw);
     return QKV_OK;
 }

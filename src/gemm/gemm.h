@@ -52,6 +52,16 @@ void qkv_gemm_grid(int64_t mtiles, int64_t ntiles, int mr, int nr, int nc, int t
 int qkv_gemm_threads_for(int64_t M, int64_t N, int64_t K, int threads);
 int qkv_gemm_extent_ok(int64_t rows, int64_t cols, int64_t ld);
 void qkv_gemm_scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc);
+/* The rectangle [m0, m1) x [n0, n1) of C (borders multiples of mr and nr)
+ * that thread unit `unit` of a tm x tn grid owns; 0 when it is empty. */
+int qkv_gemm_rect(int64_t unit, int tm, int tn, int64_t mtiles, int64_t ntiles, int mr, int nr, int64_t M,
+                  int64_t N, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1);
+/* qkv_alloc of bytes + 64; *raw gets the allocation (for qkv_free), the
+ * result its first 64-byte-aligned address (NULL when out of memory). */
+void *qkv_gemm_alloc_aligned(size_t bytes, void **raw);
+/* fn(ctx, unit, t) for units 0 .. nthreads - 1, on the calling thread alone
+ * when nthreads == 1, else one unit per thread of the pool. */
+void qkv_gemm_run_units(int nthreads, void (*fn)(void *ctx, int64_t unit, int t), void *ctx);
 
 /* ---- bf16 products (bf16.c) ------------------------------------------------
  * C = alpha op(A) op(B) + beta C (+ bias) with op(A) and op(B) rounded to

@@ -4,7 +4,7 @@
  * Edge tiles use masked loads and stores on columns and stop at row m. */
 #include <immintrin.h>
 
-#include "kernels/avx512_transpose.h"
+#include "kernels/avx512_common.h"
 #include "kernels/gemm.h"
 
 #ifndef QKV_GEMM_AVX512_MR
@@ -25,17 +25,7 @@
 
 static void ukr_avx512(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
                        float alpha, float beta, int m, int n) {
-#define DECL(r) __m512 c0_##r = _mm512_setzero_ps(), c1_##r = _mm512_setzero_ps();
-    ROWS(DECL)
-#undef DECL
-    /* Start fetching the C tile now: its lines arrive while the FMAs run. */
-#define PF(r)                                                                  \
-    if ((r) < m) {                                                             \
-        _mm_prefetch((const char *)(c + (r) * ldc), _MM_HINT_T0);              \
-        _mm_prefetch((const char *)(c + (r) * ldc + 31), _MM_HINT_T0);         \
-    }
-    ROWS(PF)
-#undef PF
+    QKV_AVX512_TILE_BEGIN(ROWS)
     for (int64_t p = 0; p < kc; p++) {
         __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
 #define FMA(r)                                                 \
@@ -49,30 +39,8 @@ static void ukr_avx512(int64_t kc, const float *ap, const float *bp, float *c, i
         ap += MR;
         bp += NR;
     }
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    __mmask16 k0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
-    __mmask16 k1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1u) : 0;
-    /* (alpha * ab) + (beta * c): two roundings, no FMA, same as the other ISAs. */
-    if (beta == 0.0f) {
-#define ST(r)                                                                  \
-    if ((r) < m) {                                                             \
-        _mm512_mask_storeu_ps(c + (r) * ldc, k0, _mm512_mul_ps(va, c0_##r));   \
-        _mm512_mask_storeu_ps(c + (r) * ldc + 16, k1, _mm512_mul_ps(va, c1_##r)); \
-    }
-        ROWS(ST)
-#undef ST
-    } else {
-#define ST(r)                                                                          \
-    if ((r) < m) {                                                                     \
-        float *cr = c + (r) * ldc;                                                     \
-        __m512 u0 = _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(k0, cr));                  \
-        __m512 u1 = _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(k1, cr + 16));            \
-        _mm512_mask_storeu_ps(cr, k0, _mm512_add_ps(_mm512_mul_ps(va, c0_##r), u0));   \
-        _mm512_mask_storeu_ps(cr + 16, k1, _mm512_add_ps(_mm512_mul_ps(va, c1_##r), u1)); \
-    }
-        ROWS(ST)
-#undef ST
-    }
+    /* (alpha * ab) + (beta * c): two roundings, no FMA, as every ISA. */
+    QKV_AVX512_TILE_MERGE(ROWS);
 }
 
 /* dst[p * w + i] = src[i * ld + p], i < w (<= 32), p < kc: blocks of 16 rows

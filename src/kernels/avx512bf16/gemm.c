@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "kernels/avx512_transpose.h"
+#include "kernels/avx512_common.h"
 #include "kernels/gemm.h"
 
 #define MR 14
@@ -20,16 +20,7 @@ static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
 static void ukr_avx512bf16(int64_t kc2, const uint32_t *ap, const uint32_t *bp, float *c, int64_t ldc,
                            float alpha, float beta, int m, int n) {
-#define DECL(r) __m512 c0_##r = _mm512_setzero_ps(), c1_##r = _mm512_setzero_ps();
-    ROWS(DECL)
-#undef DECL
-#define PF(r)                                                          \
-    if ((r) < m) {                                                     \
-        _mm_prefetch((const char *)(c + (r) * ldc), _MM_HINT_T0);      \
-        _mm_prefetch((const char *)(c + (r) * ldc + 31), _MM_HINT_T0); \
-    }
-    ROWS(PF)
-#undef PF
+    QKV_AVX512_TILE_BEGIN(ROWS)
     for (int64_t t = 0; t < kc2; t++) {
         __m512bh b0 = as_bh(_mm512_loadu_si512((const void *)bp));
         __m512bh b1 = as_bh(_mm512_loadu_si512((const void *)(bp + 16)));
@@ -46,30 +37,8 @@ static void ukr_avx512bf16(int64_t kc2, const uint32_t *ap, const uint32_t *bp, 
         ap += MR;
         bp += NR;
     }
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    __mmask16 k0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
-    __mmask16 k1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1u) : 0;
     /* (alpha * ab) + (beta * c): two roundings, no FMA, as every ISA. */
-    if (beta == 0.0f) {
-#define ST(r)                                                                     \
-    if ((r) < m) {                                                                \
-        _mm512_mask_storeu_ps(c + (r) * ldc, k0, _mm512_mul_ps(va, c0_##r));      \
-        _mm512_mask_storeu_ps(c + (r) * ldc + 16, k1, _mm512_mul_ps(va, c1_##r)); \
-    }
-        ROWS(ST)
-#undef ST
-    } else {
-#define ST(r)                                                                             \
-    if ((r) < m) {                                                                        \
-        float *cr = c + (r) * ldc;                                                        \
-        __m512 u0 = _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(k0, cr));                     \
-        __m512 u1 = _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(k1, cr + 16));                \
-        _mm512_mask_storeu_ps(cr, k0, _mm512_add_ps(_mm512_mul_ps(va, c0_##r), u0));      \
-        _mm512_mask_storeu_ps(cr + 16, k1, _mm512_add_ps(_mm512_mul_ps(va, c1_##r), u1)); \
-    }
-        ROWS(ST)
-#undef ST
-    }
+    QKV_AVX512_TILE_MERGE(ROWS);
 }
 
 static inline __mmask16 mask16(int64_t n) {

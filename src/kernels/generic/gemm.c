@@ -8,6 +8,23 @@
 #define MR 4
 #define NR 8
 
+/* c[i*ldc + j] = (alpha * acc[i*lda + j]) + (beta * c[i*ldc + j]) for
+ * i < m, j < n, in separate statements: no contraction into an FMA, the
+ * same two roundings in every ISA's merge; beta == 0 does not read c. */
+static void merge_tile(const float *acc, int lda, float *c, int64_t ldc, float alpha, float beta, int m, int n) {
+    for (int i = 0; i < m; i++) {
+        float *ci = c + i * ldc;
+        for (int j = 0; j < n; j++) {
+            float s = alpha * acc[i * lda + j];
+            if (beta != 0.0f) {
+                float t = beta * ci[j];
+                s = s + t;
+            }
+            ci[j] = s;
+        }
+    }
+}
+
 static void ukr_generic(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
                         float alpha, float beta, int m, int n) {
     float acc[MR][NR] = {{0.0f}};
@@ -16,19 +33,7 @@ static void ukr_generic(int64_t kc, const float *ap, const float *bp, float *c, 
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] += a[i] * b[j];
     }
-    /* (alpha * ab) + (beta * c) in separate statements: no contraction into
-     * an FMA, the same two roundings in every ISA's merge. */
-    for (int i = 0; i < m; i++) {
-        float *ci = c + i * ldc;
-        for (int j = 0; j < n; j++) {
-            float s = alpha * acc[i][j];
-            if (beta != 0.0f) {
-                float t = beta * ci[j];
-                s = s + t;
-            }
-            ci[j] = s;
-        }
-    }
+    merge_tile(&acc[0][0], NR, c, ldc, alpha, beta, m, n);
 }
 
 /* KC = 512 as for the SIMD kernels (one K block for the layer's E = 512);
@@ -72,17 +77,7 @@ static void ukr_bf16_generic(int64_t kc2, const uint32_t *ap, const uint32_t *bp
             }
         }
     }
-    for (int i = 0; i < m; i++) {
-        float *ci = c + i * ldc;
-        for (int j = 0; j < n; j++) {
-            float s = alpha * acc[i][j];
-            if (beta != 0.0f) {
-                float u = beta * ci[j];
-                s = s + u;
-            }
-            ci[j] = s;
-        }
-    }
+    merge_tile(&acc[0][0], BNR, c, ldc, alpha, beta, m, n);
 }
 
 /* KC = 512 (256 pairs) as for the float kernels. */
