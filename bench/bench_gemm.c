@@ -20,13 +20,21 @@
  *
  * Usage: bench_gemm [--reps R] [--quick] [--shape M N K] [--nn]
  *                   [--threads T] [--no-peak] [--settle MS] [--sweep] [--cpu]
+ *                   [--bf16]
  * --settle: pause before each timed call (default 150 ms, see settle()).
  * --sweep: instead, the cache-block sweep behind the kernels' MC / KC (the
  *   active kernel at M = 4096, N = K = 512, NT, one thread, best of 7, timed
  *   in process CPU time so that other processes on a shared machine do not
  *   distort it).
  * --cpu: time in process CPU time instead of wall time (use with
- *   --threads 1: the kernels' speed, whatever else the machine runs). */
+ *   --threads 1: the kernels' speed, whatever else the machine runs).
+ * --bf16: instead, the bf16 product (gemm/gemm.h) against qkv_sgemm in the
+ *   same run, C = X W^T (NT): one-shot qkv_gemm_bf16 (W packed per call, as
+ *   in training) and qkv_gemm_bf16_packed (W packed once, as in inference),
+ *   at M = N = K = 512, 1024, 2048 and the encoder's shapes (M = 128 .. 4096,
+ *   N, K = 384 / 1536), on --threads T (default 2) threads, medians of R
+ *   rounds taking turns; the error column is the bf16 result's sampled
+ *   error against the float64 product of the unrounded operands. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlfcn.h>
@@ -261,8 +269,69 @@ static int sweep(void) {
     return 0;
 }
 
+static void bench_bf16_one(long M, long N, long K, int threads, int reps) {
+    float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
+    float *C = malloc(sizeof(float) * (size_t)(M * N));
+    double *t[3] = {malloc(sizeof(double) * (size_t)reps), malloc(sizeof(double) * (size_t)reps),
+                    malloc(sizeof(double) * (size_t)reps)};
+    qkv_gemm_bf16_b wp;
+    memset(&wp, 0, sizeof wp);
+    if (!A || !B || !C || !t[0] || !t[1] || !t[2]) {
+        printf("out of memory\n");
+        goto done;
+    }
+    for (long i = 0; i < M * K; i++) A[i] = frand();
+    for (long i = 0; i < K * N; i++) B[i] = frand();
+    qkv_status st = qkv_gemm_bf16_pack_b(1, K, N, B, K, threads, &wp);
+    if (st == QKV_OK) st = qkv_gemm_bf16(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, NULL, threads);
+    if (st != QKV_OK) {
+        printf("bf16 product failed: %s\n", qkv_status_string(st));
+        goto done;
+    }
+    double err = sampled_error(1, M, N, K, A, B, C);
+    for (int rep = 0; rep < reps; rep++)
+        for (int turn = 0; turn < 3; turn++) {
+            int which = (turn + rep) % 3; /* 0 sgemm, 1 bf16 one-shot, 2 bf16 pre-packed */
+            settle();
+            double t0 = g_clock();
+            if (which == 0)
+                qkv_sgemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, threads);
+            else if (which == 1)
+                qkv_gemm_bf16(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, NULL, threads);
+            else
+                qkv_gemm_bf16_packed(0, M, 1.0f, A, K, &wp, 0.0f, C, N, NULL, threads);
+            t[which][rep] = g_clock() - t0;
+        }
+    double flops = 2.0 * (double)M * (double)N * (double)K, g[3];
+    for (int w = 0; w < 3; w++) g[w] = flops / median(t[w], reps) * 1e-9;
+    printf("%6ld %5ld %5ld %3d  %8.1f  %8.1f %5.2fx  %8.1f %5.2fx   %.1e\n", M, N, K, threads, g[0], g[1],
+           g[1] / g[0], g[2], g[2] / g[0], err);
+    fflush(stdout);
+done:
+    qkv_gemm_bf16_b_free(&wp);
+    for (int w = 0; w < 3; w++) free(t[w]);
+    free(A);
+    free(B);
+    free(C);
+}
+
+static int bench_bf16(int threads, int reps) {
+    if (threads <= 0) threads = 2;
+    printf("qkv %s, bf16 kernel %s, reps %d (medians of %s)\n", qkv_version(), qkv_gemm_bf16_kernel_active()->name,
+           reps, g_clock == cpu_now ? "process CPU time" : "wall time");
+    printf("%6s %5s %5s %3s  %8s  %8s %6s  %8s %6s   %s\n", "M", "N", "K", "thr", "sgemm", "bf16", "ratio",
+           "packed", "ratio", "bf16 max rel. err");
+    static const long SQ[] = {512, 1024, 2048};
+    for (int i = 0; i < 3; i++) bench_bf16_one(SQ[i], SQ[i], SQ[i], threads, reps);
+    static const long Ms[] = {128, 512, 1024, 4096};
+    static const long NK[][2] = {{384, 384}, {1536, 384}, {384, 1536}};
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 4; i++) bench_bf16_one(Ms[i], NK[s][0], NK[s][1], threads, reps);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    int reps = 11, quick = 0, nn = 0, peak = 1, only_threads = 0;
+    int reps = 11, quick = 0, nn = 0, peak = 1, only_threads = 0, bf16 = 0, settle_set = 0;
     long sm = 0, sn = 0, sk = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -271,18 +340,25 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-peak")) peak = 0;
         else if (!strcmp(argv[i], "--sweep")) return sweep();
         else if (!strcmp(argv[i], "--cpu")) g_clock = cpu_now;
-        else if (!strcmp(argv[i], "--settle") && i + 1 < argc) g_settle_s = atof(argv[++i]) * 1e-3;
+        else if (!strcmp(argv[i], "--settle") && i + 1 < argc) {
+            g_settle_s = atof(argv[++i]) * 1e-3;
+            settle_set = 1;
+        } else if (!strcmp(argv[i], "--bf16")) bf16 = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shape") && i + 3 < argc) {
             sm = atol(argv[++i]);
             sn = atol(argv[++i]);
             sk = atol(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--reps R] [--quick] [--shape M N K] [--nn] [--threads T] [--no-peak] [--settle MS] [--sweep] [--cpu]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps R] [--quick] [--shape M N K] [--nn] [--threads T] [--no-peak] [--settle MS] [--sweep] [--cpu] [--bf16]\n", argv[0]);
             return 2;
         }
     }
     if (reps < 1) reps = 1;
+    if (bf16) { /* no OpenBLAS workers to wait for: a short pause */
+        if (!settle_set) g_settle_s = 0.02;
+        return bench_bf16(only_threads, reps);
+    }
     load_openblas();
     printf("qkv %s, reps %d (medians of %s)\n", qkv_version(), reps,
            g_clock == cpu_now ? "process CPU time" : "wall time");

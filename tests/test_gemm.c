@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/cpu.h"
+#include "core/half.h"
 #include "gemm/gemm.h"
 #include "test_util.h"
 
@@ -36,6 +37,7 @@ typedef struct problem {
     int64_t M, N, K, lda, ldb, ldc;
     float alpha, beta;
     float *A, *B, *C0; /* C0: C before the call (NaN when beta == 0) */
+    const float *bias; /* bf16 products: N floats added after the merge, or NULL */
     size_t a_len, b_len, c_len;
 } problem;
 
@@ -116,6 +118,10 @@ static int check_result(const problem *p, const float *C, const char *what) {
                 m += fabs((double)p->beta * p->C0[i * p->ldc + j]);
             }
             double tol = 2.0 * (double)(p->K + 4) * u * m;
+            if (p->bias) { /* one more rounding, of a sum bounded by m + |bias| */
+                want += p->bias[j];
+                tol += 2.0 * u * (m + fabs((double)p->bias[j]));
+            }
             double err = isnan(got) ? INFINITY : fabs((double)got - want);
             if (err > tol) ok = 0;
             double rel = err / (tol > 0 ? tol : 1e-300);
@@ -182,6 +188,20 @@ static void describe(char *buf, size_t len, const char *tag, const problem *p, i
              (double)p->alpha, (double)p->beta, threads);
 }
 
+/* Case c's shape: the first NSIZES cases walk the list (every size in every
+ * position), the rest are random triples. */
+static void pick_shape(tu_rng *r, int c, int64_t *M, int64_t *N, int64_t *K) {
+    if (c < NSIZES) {
+        *M = SIZES[c];
+        *N = SIZES[(c + 5) % NSIZES];
+        *K = SIZES[(c + 9) % NSIZES];
+        return;
+    }
+    *M = SIZES[tu_rng_u64(r) % NSIZES];
+    *N = SIZES[tu_rng_u64(r) % NSIZES];
+    *K = SIZES[tu_rng_u64(r) % NSIZES];
+}
+
 /* Random shapes from SIZES through the public API, per arch. Every size
  * appears in every position (the first cases walk the list), the rest are
  * random triples, each with random transposes, strides, alpha and beta. */
@@ -192,15 +212,7 @@ static void test_random_shapes(int arch, int cases, uint64_t seed) {
     snprintf(tag, sizeof tag, "%s", qkv_arch_name(arch));
     for (int c = 0; c < cases; c++) {
         int64_t M, N, K;
-        if (c < NSIZES) {
-            M = SIZES[c];
-            N = SIZES[(c + 5) % NSIZES];
-            K = SIZES[(c + 9) % NSIZES];
-        } else {
-            M = SIZES[tu_rng_u64(&r) % NSIZES];
-            N = SIZES[tu_rng_u64(&r) % NSIZES];
-            K = SIZES[tu_rng_u64(&r) % NSIZES];
-        }
+        pick_shape(&r, c, &M, &N, &K);
         int ta = (int)(tu_rng_u64(&r) & 1), tb = (int)(tu_rng_u64(&r) & 1);
         float alpha = ALPHAS[tu_rng_u64(&r) % 4], beta = BETAS[tu_rng_u64(&r) % 4];
         int threads = 1 + (int)(tu_rng_u64(&r) % 3);
@@ -440,6 +452,254 @@ static void test_allocator(void) {
     problem_free(&p);
 }
 
+/* ---- bf16 products ---------------------------------------------------------
+ * qkv_gemm_bf16 and the pre-packed path against the double oracle of the
+ * bf16-rounded operands (op(A), op(B) rounded to nearest even; the bias and
+ * C0 stay float) with the tolerance above: the products of two bf16 are
+ * exact in float and summed one rounding per step, as the float kernels do,
+ * so the same bound holds (a product that forgot to round its inputs is off
+ * by about 2^-9 relative, far outside it). One-shot on 1, 2, 3 threads and
+ * pre-packed on 1 and 3 threads give the same bits; so do the public entry
+ * points with the default thread count. */
+
+static void round_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = qkv_bf16_to_f32(qkv_f32_to_bf16(x[i]));
+}
+
+/* p's operands rounded (the oracle's problem); shares C0 and bias with p. */
+static int problem_rounded(const problem *p, problem *q) {
+    *q = *p;
+    q->A = malloc((p->a_len + 1) * sizeof(float));
+    q->B = malloc((p->b_len + 1) * sizeof(float));
+    if (!q->A || !q->B) return 0;
+    memcpy(q->A, p->A, p->a_len * sizeof(float));
+    memcpy(q->B, p->B, p->b_len * sizeof(float));
+    round_bf16(q->A, p->a_len);
+    round_bf16(q->B, p->b_len);
+    return 1;
+}
+
+/* mode 0: one-shot qkv_gemm_bf16_run (k, exactly `threads`); 1: packed with
+ * k then qkv_gemm_bf16_packed_run; 2: the public qkv_gemm_bf16; 3: the public
+ * qkv_gemm_bf16_pack_b + qkv_gemm_bf16_packed (active table, `threads` as
+ * given). Checks canaries, operands unchanged and the values (against q). */
+static void run_bf16(const problem *p, const problem *q, const qkv_gemm_bf16_kernel *k, int mode, int threads,
+                     const char *what, float *out) {
+    float *C = tu_guarded_alloc(p->c_len * sizeof(float));
+    float *A0 = malloc((p->a_len + 1) * sizeof(float)), *B0 = malloc((p->b_len + 1) * sizeof(float));
+    qkv_status st = QKV_OK;
+    if (!C || !A0 || !B0) {
+        CHECK(0, "test out of memory");
+        goto done;
+    }
+    memcpy(C, p->C0, p->c_len * sizeof(float));
+    memcpy(A0, p->A, p->a_len * sizeof(float));
+    memcpy(B0, p->B, p->b_len * sizeof(float));
+    if (mode == 0) {
+        st = qkv_gemm_bf16_run(k, p->ta, p->tb, p->M, p->N, p->K, p->alpha, p->A, p->lda, p->B, p->ldb, p->beta, C,
+                               p->ldc, p->bias, threads);
+    } else if (mode == 2) {
+        st = qkv_gemm_bf16(p->ta, p->tb, p->M, p->N, p->K, p->alpha, p->A, p->lda, p->B, p->ldb, p->beta, C, p->ldc,
+                           p->bias, threads);
+    } else {
+        qkv_gemm_bf16_b bp;
+        st = mode == 1 ? qkv_gemm_bf16_pack_b_with(k, p->tb, p->K, p->N, p->B, p->ldb, threads, &bp)
+                       : qkv_gemm_bf16_pack_b(p->tb, p->K, p->N, p->B, p->ldb, threads, &bp);
+        CHECK(st != QKV_OK || bp.bytes == (size_t)((p->N + bp.k->nr - 1) / bp.k->nr * bp.k->nr) *
+                                                 (size_t)((p->K + 1) / 2) * 4 || p->K == 0 || p->N == 0,
+              "%s: packed size %zu", what, bp.bytes);
+        if (st == QKV_OK)
+            st = mode == 1 ? qkv_gemm_bf16_packed_run(p->ta, p->M, p->alpha, p->A, p->lda, &bp, p->beta, C, p->ldc,
+                                                      p->bias, threads)
+                           : qkv_gemm_bf16_packed(p->ta, p->M, p->alpha, p->A, p->lda, &bp, p->beta, C, p->ldc,
+                                                  p->bias, threads);
+        qkv_gemm_bf16_b_free(&bp);
+    }
+    CHECK(st == QKV_OK, "%s: status %d", what, (int)st);
+    CHECK(tu_guarded_ok(C), "%s: canaries around C overwritten", what);
+    CHECK(memcmp(A0, p->A, p->a_len * sizeof(float)) == 0 && memcmp(B0, p->B, p->b_len * sizeof(float)) == 0,
+          "%s: A or B modified", what);
+    if (st == QKV_OK) check_result(q, C, what);
+    if (out) memcpy(out, C, p->c_len * sizeof(float));
+done:
+    tu_guarded_free(C);
+    free(A0);
+    free(B0);
+}
+
+/* The bf16 table of an arch's kernel set (the CPU has the arch: checked by
+ * kernel_of first). */
+static const qkv_gemm_bf16_kernel *bf16_kernel_of(int arch) { return &qkv_kernel_set_of(arch)->gemm_bf16; }
+
+static void test_bf16(int arch, int cases, uint64_t seed) {
+    const qkv_gemm_bf16_kernel *k = bf16_kernel_of(arch);
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    char what[256], tag[96];
+    float bias[257];
+    tu_fill_normal_f32(&r, bias, 257, 1.0);
+    for (int c = 0; c < cases; c++) {
+        int64_t M, N, K;
+        pick_shape(&r, c, &M, &N, &K);
+        /* every other case with small blocks: the NC, KC, MC loops and the
+         * beta' = 1 merges many times, odd K inside and at the end */
+        qkv_gemm_bf16_kernel small = *k;
+        const int use_small = c % 2 == 1;
+        if (use_small) {
+            small.mc = 2 * k->mr;
+            small.kc = 2 + 2 * (int)(tu_rng_u64(&r) % 4);
+            small.nc = 2 * k->nr;
+        }
+        const qkv_gemm_bf16_kernel *use = use_small ? &small : k;
+        problem p, q;
+        int ok = problem_make(&p, &r, (int)(tu_rng_u64(&r) & 1), (int)(tu_rng_u64(&r) & 1), M, N, K,
+                              ALPHAS[tu_rng_u64(&r) % 4], BETAS[tu_rng_u64(&r) % 4], 4);
+        p.bias = tu_rng_u64(&r) & 1 ? bias : NULL;
+        ok = ok && problem_rounded(&p, &q);
+        float *out[5] = {0};
+        for (int t = 0; t < 5 && ok; t++) ok = (out[t] = malloc((p.c_len + 1) * sizeof(float))) != NULL;
+        if (!ok) {
+            CHECK(0, "test out of memory");
+        } else {
+            for (int t = 0; t < 5; t++) {
+                const int mode = t < 3 ? 0 : 1, threads = t < 3 ? t + 1 : t == 3 ? 1 : 3;
+                snprintf(tag, sizeof tag, "bf16 %s%s%s%s", k->name, use_small ? " small blocks" : "",
+                         mode ? " pre-packed" : " one-shot", p.bias ? " bias" : "");
+                describe(what, sizeof what, tag, &p, threads);
+                run_bf16(&p, &q, use, mode, threads, what, out[t]);
+            }
+            int same = 1;
+            for (int t = 1; t < 5; t++) same &= memcmp(out[0], out[t], p.c_len * sizeof(float)) == 0;
+            CHECK(same, "%s: one-shot on 1, 2, 3 threads and pre-packed on 1, 3 threads differ", what);
+        }
+        for (int t = 0; t < 5; t++) free(out[t]);
+        free(q.A);
+        free(q.B);
+        problem_free(&p);
+    }
+    /* the public entry points on this arch: the active table, the default and
+     * explicit thread counts, the same bits as the table run on one thread */
+    problem p, q;
+    if (!problem_make(&p, &r, 0, 1, 300, 200, 129, 1.0f, 0.5f, 2) || !problem_rounded(&p, &q)) {
+        CHECK(0, "test out of memory");
+        problem_free(&p);
+        return;
+    }
+    p.bias = q.bias = bias;
+    float *out[5] = {0};
+    int ok = 1;
+    for (int t = 0; t < 5 && ok; t++) ok = (out[t] = malloc((p.c_len + 1) * sizeof(float))) != NULL;
+    CHECK(qkv_cpu_force_arch(arch) == 1, "cannot force %s", qkv_arch_name(arch));
+    if (ok) {
+        snprintf(tag, sizeof tag, "bf16 public %s", qkv_arch_name(arch));
+        describe(what, sizeof what, tag, &p, 1);
+        run_bf16(&p, &q, k, 0, 1, what, out[0]);
+        run_bf16(&p, &q, NULL, 2, 0, what, out[1]);
+        run_bf16(&p, &q, NULL, 2, 2, what, out[2]);
+        run_bf16(&p, &q, NULL, 3, 0, what, out[3]);
+        run_bf16(&p, &q, NULL, 3, 3, what, out[4]);
+        int same = 1;
+        for (int t = 1; t < 5; t++) same &= memcmp(out[0], out[t], p.c_len * sizeof(float)) == 0;
+        CHECK(same, "%s: the public entry points differ from the table run", what);
+    } else {
+        CHECK(0, "test out of memory");
+    }
+    qkv_cpu_force_arch(-1);
+    for (int t = 0; t < 5; t++) free(out[t]);
+    free(q.A);
+    free(q.B);
+    problem_free(&p);
+}
+
+static void test_bf16_errors(void) {
+    float A[64] = {0}, B[64] = {0}, C[64] = {0}, bias[8] = {0};
+    qkv_gemm_bf16_b bp;
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, -1, 2, 2, 1, A, 2, B, 2, 0, C, 2, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 2, -1, 2, 1, A, 2, B, 2, 0, C, 2, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 2, 2, -1, 1, A, 2, B, 2, 0, C, 2, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 2, 2, 2, 1, A, 2, B, 2, 0, C, 2, NULL, -1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 2, 2, 2, 1, NULL, 2, B, 2, 0, C, 2, NULL, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 2, 2, 2, 1, A, 2, NULL, 2, 0, C, 2, NULL, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 2, 2, 2, 1, A, 2, B, 2, 0, NULL, 2, bias, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 3, 2, 4, 1, A, 3, B, 2, 0, C, 2, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16(1, 0, 3, 2, 4, 1, A, 2, B, 2, 0, C, 2, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16(0, 1, 3, 5, 4, 1, A, 4, B, 3, 0, C, 5, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 3, 5, 4, 1, A, 4, B, 5, 0, C, 4, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 3, 5, 4, 1, A, 4, B, 5, 0, C, 5, bias, 1), QKV_OK);
+    int64_t big = (int64_t)1 << 40;
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, big, 2, big, 1, A, big, B, 2, 0, C, 2, NULL, 1), QKV_ERR_SIZE_OVERFLOW);
+    CHECK_STATUS(qkv_gemm_bf16(0, 1, 2, big, big, 1, A, big, B, big, 0, C, big, NULL, 1), QKV_ERR_SIZE_OVERFLOW);
+    /* packing */
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, 2, 2, B, 2, 1, NULL), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, -1, 2, B, 2, 1, &bp), QKV_ERR_BAD_SIZE);
+    CHECK(bp.panels == NULL && bp.raw == NULL, "a failed packing leaves a zeroed struct");
+    qkv_gemm_bf16_b_free(&bp); /* harmless */
+    qkv_gemm_bf16_b_free(NULL);
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, 2, -1, B, 2, 1, &bp), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, 2, 2, NULL, 2, 1, &bp), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, 2, 3, B, 2, 1, &bp), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(1, 3, 2, B, 2, 1, &bp), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, 2, 2, B, 2, -1, &bp), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, big, big, B, big, 1, &bp), QKV_ERR_SIZE_OVERFLOW);
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, 0, 5, NULL, 5, 1, &bp), QKV_OK);
+    CHECK(bp.panels == NULL && bp.K == 0 && bp.N == 5, "an empty packing");
+    qkv_gemm_bf16_b_free(&bp);
+    /* the pre-packed product: op(B) [4, 5] */
+    CHECK_STATUS(qkv_gemm_bf16_pack_b(0, 4, 5, B, 5, 1, &bp), QKV_OK);
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, A, 4, NULL, 0, C, 5, NULL, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, -1, 1, A, 4, &bp, 0, C, 5, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, A, 3, &bp, 0, C, 5, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_packed(1, 3, 1, A, 2, &bp, 0, C, 5, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, A, 4, &bp, 0, C, 4, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, NULL, 4, &bp, 0, C, 5, NULL, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, A, 4, &bp, 0, NULL, 5, NULL, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, A, 4, &bp, 0, C, 5, NULL, -2), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, A, 4, &bp, 0, C, 5, bias, 1), QKV_OK);
+    qkv_gemm_bf16_b broken = bp;
+    broken.panels = NULL;
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, A, 4, &broken, 0, C, 5, NULL, 1), QKV_ERR_NULL_POINTER);
+    broken = bp;
+    broken.k = NULL;
+    CHECK_STATUS(qkv_gemm_bf16_packed(0, 3, 1, A, 4, &broken, 0, C, 5, NULL, 1), QKV_ERR_BAD_PARAMETER);
+    qkv_gemm_bf16_b_free(&bp);
+    CHECK(bp.panels == NULL && bp.raw == NULL, "freed and zeroed");
+    /* K = 0 and alpha = 0: C = beta C + bias, A and B not read */
+    float Cz[6] = {1, 2, 3, NAN, 5, 6}, An[6] = {NAN, NAN, NAN, NAN, NAN, NAN}, b3[3] = {1, 2, 3};
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 2, 3, 0, 1.0f, NULL, 0, NULL, 3, 0.0f, Cz, 3, b3, 1), QKV_OK);
+    CHECK(Cz[0] == 1 && Cz[3] == 1 && Cz[5] == 3, "K = 0, beta = 0: the bias alone");
+    CHECK_STATUS(qkv_gemm_bf16(0, 1, 2, 3, 1, 0.0f, An, 1, An, 1, 2.0f, Cz, 3, NULL, 1), QKV_OK);
+    CHECK(Cz[0] == 2 && Cz[5] == 6, "alpha = 0: beta C without reading A, B");
+    CHECK_STATUS(qkv_gemm_bf16(0, 0, 0, 3, 4, 1.0f, NULL, 4, B, 3, 0.0f, NULL, 3, NULL, 1), QKV_OK);
+}
+
+/* A failing allocator: the status, C untouched, nothing leaked. */
+static void test_bf16_allocator(void) {
+    tu_rng r;
+    tu_rng_seed(&r, 8);
+    problem p;
+    float *C = NULL;
+    if (!problem_make(&p, &r, 0, 1, 65, 33, 17, 1.0f, 0.5f, 0) || !(C = malloc(p.c_len * sizeof(float)))) {
+        CHECK(0, "test out of memory");
+        problem_free(&p);
+        return;
+    }
+    for (int fail_at = 0; fail_at <= 1; fail_at++) {
+        memcpy(C, p.C0, p.c_len * sizeof(float));
+        g_allocs = g_frees = 0;
+        g_fail_at = fail_at; /* 0: the packing of B, 1: the buffers of A */
+        CHECK_STATUS(qkv_set_allocator(count_alloc, count_free, NULL), QKV_OK);
+        CHECK_STATUS(qkv_gemm_bf16(p.ta, p.tb, p.M, p.N, p.K, p.alpha, p.A, p.lda, p.B, p.ldb, p.beta, C, p.ldc, NULL,
+                                   2),
+                     QKV_ERR_OUT_OF_MEMORY);
+        CHECK(g_allocs == g_frees, "bf16: leak after a failed allocation: %ld allocs, %ld frees", g_allocs, g_frees);
+        CHECK(memcmp(C, p.C0, p.c_len * sizeof(float)) == 0, "bf16: C written although out of memory");
+        g_fail_at = -1;
+        CHECK_STATUS(qkv_set_allocator(NULL, NULL, NULL), QKV_OK);
+    }
+    free(C);
+    problem_free(&p);
+}
+
 int main(void) {
     int archs = 0;
     if (qkv_gemm_uses_cblas())
@@ -457,12 +717,15 @@ int main(void) {
         test_small_blocks(k, 60, 2000 + (uint64_t)arch);
         test_threads(k, 3000 + (uint64_t)arch);
         test_threads_public(arch);
-        printf("arch %s (kernel %s, MC %d KC %d NC %d): %s\n", qkv_arch_name(arch), k->name, k->mc,
-               k->kc, k->nc, tu_failed == before ? "ok" : "FAILED");
+        test_bf16(arch, 60, 4000 + (uint64_t)arch);
+        printf("arch %s (kernel %s, MC %d KC %d NC %d; bf16 kernel %s): %s\n", qkv_arch_name(arch), k->name,
+               k->mc, k->kc, k->nc, bf16_kernel_of(arch)->name, tu_failed == before ? "ok" : "FAILED");
     }
     CHECK(archs >= 1, "no arch ran");
     test_degenerate();
     test_errors();
     test_allocator();
+    test_bf16_errors();
+    test_bf16_allocator();
     return tu_finish();
 }

@@ -34,6 +34,7 @@ static const size_t SIZES[] = {1, 2, 7, 15, 16, 17, 31, 33, 63, 65, 129};
 #define EXP_REL 4e-6
 
 static const char *g_isa; /* the set under test, for messages */
+static int g_bf16_gemm_exact = 1; /* the bf16 gemm kernels agreed bitwise */
 
 /* ---- guarded buffers: 64 bytes of 0xA5 on both sides, `off` bytes off a
  * 64-byte boundary ---------------------------------------------------------- */
@@ -78,6 +79,8 @@ static int near(double got, double want, double tol) {
 
 static tu_rng g_rng;
 static float rnd(double sd) { return (float)(tu_rng_normal(&g_rng) * sd); }
+static uint32_t rnd_pair(double sd);
+static double pair_mag(uint32_t a, uint32_t b);
 
 /* ---- attention tiles ----------------------------------------------------- */
 
@@ -314,60 +317,114 @@ static void test_all_finite(const qkv_kernels *K, const qkv_kernels *G) {
         }
 }
 
-/* ---- gemm micro-kernels: the ISA's MR x NR tile against the generic 4 x 8
- * kernel run over it, tile by tile, on the same (repacked) panels ---------- */
+/* ---- gemm micro-kernels: the ISA's MR x NR tile against the generic kernel
+ * run over it, tile by tile, on the same (repacked) panels, for the float
+ * kernel and the bf16 one (kernels/gemm.h). Panels are 32-bit words, floats
+ * or bf16 pairs; kc counts words along K. For bf16, kc from SIZES is the
+ * number of pairs, and half the cases end on an odd K (the last pair's
+ * high halves zero, as the packing leaves them). -------------------------- */
 
-static void generic_tile(const qkv_gemm_kernel *G, int64_t kc, const float *ap, int mr, const float *bp, int nr,
-                         float *c, int64_t ldc, float alpha, float beta, int m, int n) {
-    float *a = calloc((size_t)(kc * G->mr), sizeof(float)), *b = calloc((size_t)(kc * G->nr), sizeof(float));
+typedef struct ukr_pair {
+    int bf16;
+    const qkv_gemm_kernel *K, *G;           /* float */
+    const qkv_gemm_bf16_kernel *KB, *GB;    /* bf16 */
+} ukr_pair;
+
+static int ukr_mr(const ukr_pair *u, int gen) { return u->bf16 ? (gen ? u->GB : u->KB)->mr : (gen ? u->G : u->K)->mr; }
+static int ukr_nr(const ukr_pair *u, int gen) { return u->bf16 ? (gen ? u->GB : u->KB)->nr : (gen ? u->G : u->K)->nr; }
+
+static void ukr_call(const ukr_pair *u, int gen, int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                     float alpha, float beta, int m, int n) {
+    if (u->bf16)
+        (gen ? u->GB : u->KB)->ukr(kc, ap, bp, c, ldc, alpha, beta, m, n);
+    else
+        (gen ? u->G : u->K)->ukr(kc, ap, bp, c, ldc, alpha, beta, m, n);
+}
+
+/* Word w of a panel of width `from` (0 past it) into one of width `to`. */
+static void repack(const void *src, int from, int off, void *dst, int to, int64_t kc) {
+    const unsigned char *s = src;
+    unsigned char *d = dst;
+    for (int64_t p = 0; p < kc; p++)
+        for (int i = 0; i < to; i++) {
+            if (off + i < from) memcpy(d + 4 * (p * to + i), s + 4 * (p * from + off + i), 4);
+            else memset(d + 4 * (p * to + i), 0, 4);
+        }
+}
+
+static void generic_tile(const ukr_pair *u, int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
+                         float alpha, float beta, int m, int n) {
+    const int mr = ukr_mr(u, 0), nr = ukr_nr(u, 0), gmr = ukr_mr(u, 1), gnr = ukr_nr(u, 1);
+    void *a = calloc((size_t)(kc * gmr), 4), *b = calloc((size_t)(kc * gnr), 4);
     if (!a || !b) exit(2);
-    for (int i0 = 0; i0 < m; i0 += G->mr)
-        for (int j0 = 0; j0 < n; j0 += G->nr) {
-            for (int64_t p = 0; p < kc; p++) {
-                for (int i = 0; i < G->mr; i++) a[p * G->mr + i] = i0 + i < mr ? ap[p * mr + i0 + i] : 0.0f;
-                for (int j = 0; j < G->nr; j++) b[p * G->nr + j] = j0 + j < nr ? bp[p * nr + j0 + j] : 0.0f;
-            }
-            int mm = m - i0 < G->mr ? m - i0 : G->mr, nn = n - j0 < G->nr ? n - j0 : G->nr;
-            G->ukr(kc, a, b, c + i0 * ldc + j0, ldc, alpha, beta, mm, nn);
+    for (int i0 = 0; i0 < m; i0 += gmr)
+        for (int j0 = 0; j0 < n; j0 += gnr) {
+            repack(ap, mr, i0, a, gmr, kc);
+            repack(bp, nr, j0, b, gnr, kc);
+            int mm = m - i0 < gmr ? m - i0 : gmr, nn = n - j0 < gnr ? n - j0 : gnr;
+            ukr_call(u, 1, kc, a, b, c + i0 * ldc + j0, ldc, alpha, beta, mm, nn);
         }
     free(a);
     free(b);
 }
 
-static void test_gemm(const qkv_gemm_kernel *K, const qkv_gemm_kernel *G) {
+static void test_ukr(const ukr_pair *u) {
     static const float alphas[] = {1.0f, -0.75f}, betas[] = {0.0f, 1.0f, 0.5f};
-    const int ms[] = {1, 2, 3, K->mr - 1, K->mr}, ns[] = {1, 2, 3, 7, K->nr - 1, K->nr};
+    const int MR = ukr_mr(u, 0), NR = ukr_nr(u, 0);
+    const char *name = u->bf16 ? u->KB->name : u->K->name;
+    const int ms[] = {1, 2, 3, MR - 1, MR}, ns[] = {1, 2, 3, 7, NR - 1, NR};
     for (size_t ki = 0; ki < NSIZES; ki++)
         for (int mi = 0; mi < 5; mi++)
             for (int ni = 0; ni < 6; ni++)
                 for (int ab = 0; ab < 6; ab++) {
                     const int m = ms[mi], n = ns[ni];
-                    const int64_t kc = (int64_t)SIZES[ki], ldc = K->nr + 3;
+                    const int64_t kc = (int64_t)SIZES[ki], ldc = NR + 3;
                     const float alpha = alphas[ab % 2], beta = betas[ab / 2];
                     gbuf ga, gb, g1, g2;
-                    float *ap = fnew(&ga, (size_t)(kc * K->mr), 0), *bp = fnew(&gb, (size_t)(kc * K->nr), 0);
-                    float *c1 = fnew(&g1, (size_t)(K->mr * ldc), 1), *c2 = fnew(&g2, (size_t)(K->mr * ldc), 1);
-                    for (int64_t i = 0; i < kc * K->mr; i++) ap[i] = rnd(1.0);
-                    for (int64_t i = 0; i < kc * K->nr; i++) bp[i] = rnd(1.0);
-                    for (int64_t i = 0; i < K->mr * ldc; i++) c1[i] = c2[i] = beta == 0.0f && i % 5 == 0 ? NAN : rnd(1.0);
-                    K->ukr(kc, ap, bp, c1, ldc, alpha, beta, m, n);
-                    generic_tile(G, kc, ap, K->mr, bp, K->nr, c2, ldc, alpha, beta, m, n);
-                    int bad = !gb_ok(&g1);
-                    for (int i = 0; i < K->mr; i++)
+                    void *ap = gb_new(&ga, (size_t)(kc * MR) * 4, 0), *bp = gb_new(&gb, (size_t)(kc * NR) * 4, 0);
+                    float *c1 = fnew(&g1, (size_t)(MR * ldc), 1), *c2 = fnew(&g2, (size_t)(MR * ldc), 1);
+                    uint32_t *aw = ap, *bw = bp;
+                    float *af = ap, *bf = bp;
+                    for (int64_t i = 0; i < kc * MR; i++) {
+                        if (u->bf16) aw[i] = rnd_pair(1.0);
+                        else af[i] = rnd(1.0);
+                    }
+                    for (int64_t i = 0; i < kc * NR; i++) {
+                        if (u->bf16) bw[i] = rnd_pair(1.0);
+                        else bf[i] = rnd(1.0);
+                    }
+                    if (u->bf16 && ab % 2) /* an odd K: the last pair's high halves are zero */
+                        for (int i = 0; i < MR; i++) aw[(kc - 1) * MR + i] &= 0xffffu;
+                    for (int64_t i = 0; i < MR * ldc; i++) c1[i] = c2[i] = beta == 0.0f && i % 5 == 0 ? NAN : rnd(1.0);
+                    ukr_call(u, 0, kc, ap, bp, c1, ldc, alpha, beta, m, n);
+                    generic_tile(u, kc, ap, bp, c2, ldc, alpha, beta, m, n);
+                    /* the sum's roundings: one per product (two per pair) */
+                    const double steps = u->bf16 ? 2.0 * (double)kc : (double)kc;
+                    int bad = !gb_ok(&g1), exact = 1;
+                    for (int i = 0; i < MR; i++)
                         for (int j = 0; j < ldc; j++) {
                             float x = c1[i * ldc + j], y = c2[i * ldc + j];
                             if (i >= m || j >= n) {
                                 bad |= !same_bits(x, y);
                                 continue;
                             }
+                            exact &= same_bits(x, y);
                             double mag = 0.0;
-                            for (int64_t p = 0; p < kc; p++) mag += fabs((double)ap[p * K->mr + i] * bp[p * K->nr + j]);
-                            bad |= isnan(x) || !near(x, y, 2.0 * (double)(kc + 3) * U * (mag + fabs(y)));
+                            for (int64_t p = 0; p < kc; p++)
+                                mag += u->bf16 ? pair_mag(aw[p * MR + i], bw[p * NR + j])
+                                               : fabs((double)af[p * MR + i] * bf[p * NR + j]);
+                            bad |= isnan(x) || !near(x, y, 2.0 * (steps + 3) * U * (mag + fabs(y)) + 1e-37);
                         }
-                    CHECK(!bad, "gemm ukr [%s] kc %lld m %d n %d alpha %g beta %g", K->name, (long long)kc, m, n,
-                          (double)alpha, (double)beta);
+                    if (u->bf16) g_bf16_gemm_exact &= exact;
+                    CHECK(!bad, "gemm%s ukr [%s] kc %lld m %d n %d alpha %g beta %g", u->bf16 ? " bf16" : "", name,
+                          (long long)kc, m, n, (double)alpha, (double)beta);
                     gb_free(&ga); gb_free(&gb); gb_free(&g1); gb_free(&g2);
                 }
+}
+
+static void test_gemm(const qkv_gemm_kernel *K, const qkv_gemm_kernel *G) {
+    const ukr_pair u = {0, K, G, NULL, NULL};
+    test_ukr(&u);
     if (!K->pack_t) return;
     for (size_t ki = 0; ki < NSIZES; ki++)
         for (int wi = 0; wi < 2; wi++) {
@@ -383,6 +440,41 @@ static void test_gemm(const qkv_gemm_kernel *K, const qkv_gemm_kernel *G) {
             CHECK(!bad, "gemm pack_t [%s] kc %lld w %d", K->name, (long long)kc, w);
             gb_free(&gs); gb_free(&gd);
         }
+}
+
+/* ---- bf16 matmul: the tile as above, then the SIMD packings exactly
+ * against the portable rounding ------------------------------------------- */
+
+static void test_gemm_bf16(const qkv_gemm_bf16_kernel *K, const qkv_gemm_bf16_kernel *G) {
+    const ukr_pair u = {1, NULL, NULL, K, G};
+    test_ukr(&u);
+    /* the packings (whole panels of width MR and NR), exactly */
+    for (int hook = 0; hook < 2; hook++) {
+        void (*f)(const float *, int64_t, int64_t, int, uint32_t *) = hook ? K->pack_pairs_rows : K->pack_pairs_t;
+        if (!f) continue;
+        for (size_t ki = 0; ki < NSIZES; ki++)
+            for (int wi = 0; wi < 2; wi++) {
+                const int w = wi ? K->nr : K->mr;
+                const int64_t kc = (int64_t)SIZES[ki], kc2 = (kc + 1) / 2;
+                const int64_t ld = hook ? w + 3 : kc + 3, rows = hook ? kc : w;
+                gbuf gs, gd;
+                float *src = fnew(&gs, (size_t)(rows * ld), 1);
+                uint32_t *dst = gb_new(&gd, (size_t)(kc2 * w) * 4, 0);
+                for (int64_t i = 0; i < rows * ld; i++) src[i] = i % 23 == 7 ? -INFINITY : rnd(2.0);
+                f(src, ld, kc, w, dst);
+                int bad = !gb_ok(&gd) || !gb_ok(&gs);
+                for (int64_t t = 0; t < kc2; t++)
+                    for (int i = 0; i < w; i++) {
+                        float lo = hook ? src[2 * t * ld + i] : src[i * ld + 2 * t];
+                        float hi = 2 * t + 1 < kc ? (hook ? src[(2 * t + 1) * ld + i] : src[i * ld + 2 * t + 1]) : 0.0f;
+                        uint32_t want = (uint32_t)qkv_f32_to_bf16(lo) | ((uint32_t)qkv_f32_to_bf16(hi) << 16);
+                        bad |= dst[t * w + i] != want;
+                    }
+                CHECK(!bad, "gemm bf16 %s [%s] kc %lld w %d", hook ? "pack_pairs_rows" : "pack_pairs_t", K->name,
+                      (long long)kc, w);
+                gb_free(&gs); gb_free(&gd);
+            }
+    }
 }
 
 /* ---- KV decode ----------------------------------------------------------- */
@@ -782,7 +874,11 @@ int main(void) {
         test_kv(&s->kv, &gen->kv);
         test_nn_bias_act(&s->nn, &gen->nn);
         test_nn_layernorm(&s->nn, &gen->nn);
-        printf("%s (gemm %s, kv %s, nn %s): %s\n", qkv_arch_name(arch), s->gemm.name, s->kv.name, s->nn.name,
+        test_gemm_bf16(&s->gemm_bf16, &gen->gemm_bf16);
+        CHECK(s->gemm_bf16.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512bf16()), "bf16 gemm table %s",
+              s->gemm_bf16.name);
+        printf("%s (gemm %s, bf16 gemm %s, kv %s, nn %s): %s\n", qkv_arch_name(arch), s->gemm.name, s->gemm_bf16.name,
+               s->kv.name, s->nn.name,
                tu_failed == before ? "ok" : "FAILED");
         /* the bf16 kernels: native ones where the CPU has them, else the generic ones against themselves */
         if (arch == QKV_ARCH_GENERIC || s->half.native) {
@@ -797,6 +893,7 @@ int main(void) {
         }
     }
     if (!qkv_cpu_has_avx512bf16()) printf("avx512bf16: not available here, skipped\n");
+    else printf("bf16 gemm kernels %s the generic one bitwise on these inputs\n", g_bf16_gemm_exact ? "matched" : "did not match");
     /* the int8 kernels: VNNI where the CPU has it, and the generic ones against themselves */
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
         const qkv_kernel_set *s = qkv_kernel_set_of(arch);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/half.h"
+#include "layers/linear.h"
 #include "qkv.h"
 #include "test_util.h"
 
@@ -20,11 +22,14 @@
  *     |dO| <= u max|v| (3 + 4 max|s|)
  * (v rounding, P rounding, O rounding, score change on both sides of the
  * normalisation). The inputs below give |s| <= about 2, so |dO| <= 11 u
- * max|v|, and the output projection adds nothing of its own (it is float32
- * and the same in both layers). The backward rounds dO too, and dS, dq, dk,
- * dv once each; dS = P (dP - D) is a difference, so its relative error can
- * be larger than its parts' where dP and D nearly cancel. We check every
- * output and gradient (y, dx, all parameter gradients) as
+ * max|v|. In bf16 the projections are bf16 products too (x, W, O and the
+ * gradients rounded as the GEMM packs them): each product moves by at most
+ * 2u relative, a projected value by 2u sum|x w|, which for these random
+ * inputs is a few u max|q| more (fp16 keeps float32 projections). The
+ * backward rounds dO too, and dS, dq, dk, dv once each; dS = P (dP - D) is
+ * a difference, so its relative error can be larger than its parts' where
+ * dP and D nearly cancel. We check every output and gradient (y, dx, all
+ * parameter gradients) as
  *     max|half - f32| <= 16 u max|f32|
  * (16 = 11 rounded up to the next power of two with the cancellation
  * margin); the worst measured ratio is printed (about 1-3 here): a wrong
@@ -121,6 +126,51 @@ static void run_layer_case(const layer_case *lc, qkv_dtype dt) {
     free(dkb);
     qkv_mha_free(a);
     qkv_mha_free(b);
+}
+
+/* The linear layer under QKV_BF16 really multiplies in bf16: y, dW and dx
+ * against double products of the bf16-rounded operands within the float
+ * sum bound 2 (K + 4) 2^-24 sum|terms| (a float32 product misses it by
+ * about 2^-9 relative); any other precision is nn_linear bitwise. */
+static double bf(float x) { return qkv_bf16_to_f32(qkv_f32_to_bf16(x)); }
+
+/* c [rows, cols] (row stride cols) against sum_k A(r, k) B(k, c) (+ bias[c])
+ * of the rounded operands, A(r, k) = a[r*ar + k*ak], B(k, c) = b[k*bk + c*bc]. */
+static int product_ok(const float *c, int rows, int cols, int K, const float *a, int ar, int ak, const float *b,
+                      int bk, int bc, const float *bias) {
+    const double u = 0x1.0p-24;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < cols; j++) {
+            double sum = bias ? bias[j] : 0.0, mag = bias ? fabs(bias[j]) : 0.0;
+            for (int k = 0; k < K; k++) {
+                double t = bf(a[r * ar + k * ak]) * bf(b[k * bk + j * bc]);
+                sum += t;
+                mag += fabs(t);
+            }
+            if (fabs(c[r * cols + j] - sum) > 2.0 * (K + 5) * u * mag) return 0;
+        }
+    return 1;
+}
+
+static void test_linear_bf16(void) {
+    enum { R = 37, I = 65, O = 23 };
+    static float x[R * I], w[O * I], b[O], dy[R * O], y[R * O], y2[R * O], dw[O * I], dx[R * I];
+    tu_rng r;
+    tu_rng_seed(&r, 3);
+    tu_fill_normal_f32(&r, x, R * I, 1.0);
+    tu_fill_normal_f32(&r, w, O * I, 1.0);
+    tu_fill_normal_f32(&r, b, O, 1.0);
+    tu_fill_normal_f32(&r, dy, R * O, 1.0);
+    CHECK_STATUS(nn_linear_p(QKV_BF16, x, R, I, w, b, O, y, 2), QKV_OK);
+    memset(dw, 0, sizeof dw);
+    CHECK_STATUS(nn_linear_backward_p(QKV_BF16, x, dy, R, I, O, w, dw, NULL, dx, 0, 2), QKV_OK);
+    /* y[i][o] = sum_k x[i][k] w[o][k] + b[o]; dW[o][k] = sum_i dy[i][o] x[i][k]; dx[i][k] = sum_o dy[i][o] w[o][k] */
+    CHECK(product_ok(y, R, O, I, x, I, 1, w, 1, I, b), "bf16 linear forward: y = x Wt + b of the rounded operands");
+    CHECK(product_ok(dw, O, I, R, dy, 1, O, x, I, 1, NULL), "bf16 linear backward: dW = dyT x of the rounded operands");
+    CHECK(product_ok(dx, R, I, O, dy, O, 1, w, I, 1, NULL), "bf16 linear backward: dx = dy W of the rounded operands");
+    CHECK_STATUS(nn_linear_p(QKV_F16, x, R, I, w, b, O, y, 2), QKV_OK);
+    CHECK_STATUS(nn_linear(x, R, I, w, b, O, y2, 2), QKV_OK);
+    CHECK(memcmp(y, y2, sizeof y) == 0, "linear in another precision is nn_linear bitwise");
 }
 
 static void test_layer(void) {
@@ -419,6 +469,7 @@ static void test_reproducible(void) {
 }
 
 int main(void) {
+    test_linear_bf16();
     test_layer();
     test_scaler();
     test_reproducible();

@@ -80,7 +80,8 @@ static void help(void) {
           "  --seed S (1)    --threads N (0: all cores)  --ckpt-every K (250)\n"
           "  --precision fp32|bf16|fp16 (fp32)  mixed precision: the attention core\n"
           "                  on bf16 / fp16 copies of q, k, v (and dout), weights and\n"
-          "                  optimiser in fp32; fp16 adds dynamic loss scaling\n"
+          "                  optimiser in fp32; bf16 also multiplies the projections\n"
+          "                  and the MLP in bf16 (fp32 sums); fp16 adds loss scaling\n"
           "  --resume DIR    continue a run from its checkpoint, exactly\n"
           "  --quiet         no progress bar\n",
           stdout);

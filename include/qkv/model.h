@@ -124,7 +124,9 @@ QKV_API void qkv_model_zero_grad(qkv_model *m);
  * before each training forward so runs are reproducible bit for bit. */
 QKV_API void qkv_model_set_step(qkv_model *m, uint64_t seed, int64_t step);
 /* Mixed precision: the attention core of every layer in QKV_BF16 or
- * QKV_F16 (qkv_mha_set_precision), or QKV_F32 (the default). Not saved with
+ * QKV_F16 (qkv_mha_set_precision), or QKV_F32 (the default); QKV_BF16 also
+ * multiplies the projections and the MLP in bf16 with float32 sums (forward
+ * and backward; weights, gradients and the output head float32). Not saved with
  * the model (a training choice). Errors: QKV_ERR_NULL_POINTER,
  * QKV_ERR_BAD_ENUM. */
 QKV_API qkv_status qkv_model_set_precision(qkv_model *m, qkv_dtype compute);

@@ -180,10 +180,12 @@ QKV_API qkv_status qkv_mha_set_dropout(qkv_mha *m, double p, uint64_t seed);
  * or QKV_F16. With a half type the forward rounds the projected q, k, v
  * (after RoPE and bias_k/bias_v) to half copies, runs
  * qkv_attention_forward in that storage and widens the output back to
- * float32; the backward does the same with dout and widens dq, dk, dv. The
- * parameters, their gradients, the projections and everything else stay
- * float32 (master weights); accumulation and softmax statistics are float32
- * as always. The extra memory is the half copies, O(B n H Dh). Decoding
+ * float32; the backward does the same with dout and widens dq, dk, dv. With
+ * QKV_BF16 the q, k, v and output projections (forward and backward) are
+ * bf16 products too: their operands rounded to bf16, the products summed in
+ * float32. The parameters, their gradients and everything else stay float32
+ * (master weights); accumulation and softmax statistics are float32 as
+ * always. The extra memory is the half copies, O(B n H Dh). Decoding
  * (qkv_mha_decode) stays float32. Errors: QKV_ERR_NULL_POINTER,
  * QKV_ERR_BAD_ENUM (another dtype). */
 QKV_API qkv_status qkv_mha_set_precision(qkv_mha *m, qkv_dtype compute);

@@ -60,25 +60,45 @@ typedef struct gemm_job {
     int64_t ap_len, bp_len;
 } gemm_job;
 
-/* Tiles [lo, hi) of `tiles` for part `idx` of `parts` (sizes differ by <= 1). */
-static void split(int64_t tiles, int parts, int idx, int64_t *lo, int64_t *hi) {
+void qkv_gemm_split(int64_t tiles, int parts, int idx, int64_t *lo, int64_t *hi) {
     int64_t base = tiles / parts, rem = tiles % parts;
     *lo = idx * base + min64(idx, rem);
     *hi = *lo + base + (idx < rem ? 1 : 0);
+}
+
+int qkv_gemm_rect(int64_t unit, int tm, int tn, int64_t mtiles, int64_t ntiles, int mr, int nr, int64_t M,
+                  int64_t N, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1) {
+    int64_t lo, hi;
+    qkv_gemm_split(mtiles, tm, (int)(unit / tn), &lo, &hi);
+    *m0 = lo * mr;
+    *m1 = min64(hi * mr, M);
+    qkv_gemm_split(ntiles, tn, (int)(unit % tn), &lo, &hi);
+    *n0 = lo * nr;
+    *n1 = min64(hi * nr, N);
+    return *m0 < *m1 && *n0 < *n1;
+}
+
+void *qkv_gemm_alloc_aligned(size_t bytes, void **raw) {
+    *raw = bytes <= SIZE_MAX - 64 ? qkv_alloc(bytes + 64) : NULL;
+    if (!*raw) return NULL;
+    uintptr_t addr = (uintptr_t)*raw;
+    return (void *)((addr + 63) & ~(uintptr_t)63);
+}
+
+void qkv_gemm_run_units(int nthreads, void (*fn)(void *ctx, int64_t unit, int t), void *ctx) {
+    if (nthreads == 1)
+        fn(ctx, 0, 0);
+    else
+        qkv_parallel_for(nthreads, nthreads, fn, ctx);
 }
 
 static void gemm_thread(void *ctx, int64_t unit, int t) {
     const gemm_job *j = ctx;
     const qkv_gemm_kernel *k = j->k;
     const int64_t MR = k->mr, NR = k->nr;
-    int64_t lo, hi, m0, m1, n0, n1;
-    split(j->mtiles, j->tm, (int)(unit / j->tn), &lo, &hi);
-    m0 = lo * MR;
-    m1 = min64(hi * MR, j->M);
-    split(j->ntiles, j->tn, (int)(unit % j->tn), &lo, &hi);
-    n0 = lo * NR;
-    n1 = min64(hi * NR, j->N);
-    if (m0 >= m1 || n0 >= n1) return;
+    int64_t m0, m1, n0, n1;
+    if (!qkv_gemm_rect(unit, j->tm, j->tn, j->mtiles, j->ntiles, k->mr, k->nr, j->M, j->N, &m0, &m1, &n0, &n1))
+        return;
 
     float *ap = j->buf + (int64_t)t * (j->ap_len + j->bp_len);
     float *bp = ap + j->ap_len;
@@ -105,9 +125,7 @@ static void gemm_thread(void *ctx, int64_t unit, int t) {
     }
 }
 
-/* C = beta * C (K == 0 or alpha == 0: op(A) and op(B) are not read, as in
- * the reference BLAS; beta == 0 writes zeros without reading C). */
-static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
+void qkv_gemm_scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
     for (int64_t i = 0; i < M; i++) {
         float *c = C + i * ldc;
         if (beta == 0.0f)
@@ -117,12 +135,39 @@ static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
     }
 }
 
+void qkv_gemm_grid(int64_t mtiles, int64_t ntiles, int mr, int nr, int nc, int threads, int *tm_out,
+                   int *tn_out) {
+    /* The thread grid tm x tn <= threads with the least work on its busiest
+     * thread, per unit of K: its tile area (multiply-adds) plus its packing
+     * (each thread packs its rows of A once per NC block and its columns of B
+     * once), a packed element weighted as PACK_WEIGHT multiply-adds. Ties go
+     * to more row bands. */
+    if (threads < 1) threads = 1;
+    if (threads > QKV_MAX_THREADS) threads = QKV_MAX_THREADS;
+    int best_tm = 1, best_tn = 1;
+    double best_cost = 0.0;
+    for (int tm = threads; tm >= 1; tm--) {
+        int tn = threads / tm;
+        int64_t rm = tm > mtiles ? mtiles : tm, rn = tn > ntiles ? ntiles : tn;
+        int64_t rows = ceil_div(mtiles, rm) * mr, cols = ceil_div(ntiles, rn) * nr;
+        double cost = (double)rows * (double)cols +
+                      PACK_WEIGHT * ((double)rows * (double)ceil_div(cols, nc) + (double)cols);
+        if (tm == threads || cost < best_cost) {
+            best_cost = cost;
+            best_tm = (int)rm;
+            best_tn = (int)rn;
+        }
+    }
+    *tm_out = best_tm;
+    *tn_out = best_tn;
+}
+
 qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t N,
                         int64_t K, float alpha, const float *A, int64_t lda, const float *B,
                         int64_t ldb, float beta, float *C, int64_t ldc, int threads) {
     if (M == 0 || N == 0) return QKV_OK;
     if (K == 0 || alpha == 0.0f) {
-        scale_c(M, N, beta, C, ldc);
+        qkv_gemm_scale_c(M, N, beta, C, ldc);
         return QKV_OK;
     }
     gemm_job j;
@@ -143,30 +188,8 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
     j.mtiles = ceil_div(M, k->mr);
     j.ntiles = ceil_div(N, k->nr);
 
-    /* The thread grid tm x tn <= threads with the least work on its busiest
-     * thread, per unit of K: its tile area (multiply-adds) plus its packing
-     * (each thread packs its rows of A once per NC block and its columns of B
-     * once), a packed element weighted as PACK_WEIGHT multiply-adds. Ties go
-     * to more row bands. */
-    if (threads < 1) threads = 1;
-    if (threads > QKV_MAX_THREADS) threads = QKV_MAX_THREADS;
-    int best_tm = 1, best_tn = 1;
-    double best_cost = 0.0;
-    for (int tm = threads; tm >= 1; tm--) {
-        int tn = threads / tm;
-        int64_t rm = tm > j.mtiles ? j.mtiles : tm, rn = tn > j.ntiles ? j.ntiles : tn;
-        int64_t rows = ceil_div(j.mtiles, rm) * k->mr, cols = ceil_div(j.ntiles, rn) * k->nr;
-        double cost = (double)rows * (double)cols +
-                      PACK_WEIGHT * ((double)rows * (double)ceil_div(cols, k->nc) + (double)cols);
-        if (tm == threads || cost < best_cost) {
-            best_cost = cost;
-            best_tm = (int)rm;
-            best_tn = (int)rn;
-        }
-    }
-    j.tm = best_tm;
-    j.tn = best_tn;
-    int nthreads = best_tm * best_tn;
+    qkv_gemm_grid(j.mtiles, j.ntiles, k->mr, k->nr, k->nc, threads, &j.tm, &j.tn);
+    int nthreads = j.tm * j.tn;
 
     /* Pack buffers, all taken up front (one allocation) so that running out
      * of memory is reported before C is touched. */
@@ -174,23 +197,17 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
     int64_t kc = min64(k->kc, K);
     j.ap_len = ceil_div(min64(k->mc, rows) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
     j.bp_len = ceil_div(min64(k->nc, cols) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
-    size_t bytes = ((size_t)nthreads * (size_t)(j.ap_len + j.bp_len) + ALIGN_FLOATS) * sizeof(float);
-    void *raw = qkv_alloc(bytes);
-    if (!raw) return QKV_ERR_OUT_OF_MEMORY;
-    uintptr_t addr = (uintptr_t)raw, mask = ALIGN_FLOATS * sizeof(float) - 1;
-    j.buf = (float *)((addr + mask) & ~mask);
-
-    if (nthreads == 1)
-        gemm_thread(&j, 0, 0);
-    else
-        qkv_parallel_for(nthreads, nthreads, gemm_thread, &j);
+    void *raw;
+    j.buf = qkv_gemm_alloc_aligned((size_t)nthreads * (size_t)(j.ap_len + j.bp_len) * sizeof(float), &raw);
+    if (!j.buf) return QKV_ERR_OUT_OF_MEMORY;
+    qkv_gemm_run_units(nthreads, gemm_thread, &j);
     qkv_free(raw);
     return QKV_OK;
 }
 
 /* Extent of a rows x cols matrix with row stride ld, in elements, must fit
  * in int64 and in size_t bytes: (rows - 1) * ld + cols. */
-static int extent_ok(int64_t rows, int64_t cols, int64_t ld) {
+int qkv_gemm_extent_ok(int64_t rows, int64_t cols, int64_t ld) {
     if (rows == 0 || cols == 0) return 1;
     int64_t e;
     if (!qkv_mul_ok(rows - 1, ld, &e) || e > INT64_MAX - cols) return 0;
@@ -201,6 +218,16 @@ static int extent_ok(int64_t rows, int64_t cols, int64_t ld) {
 /* Smallest problem (in multiply-adds) worth one more thread: starting and
  * joining a thread costs some tens of microseconds. */
 #define GEMM_MIN_WORK_PER_THREAD ((int64_t)1 << 20)
+
+int qkv_gemm_threads_for(int64_t M, int64_t N, int64_t K, int threads) {
+    int t = qkv_threads_resolve(threads);
+    int64_t work = 0; /* M * N * K, saturating */
+    if (!qkv_mul_ok(M, N, &work) || !qkv_mul_ok(work, K, &work)) work = INT64_MAX;
+    int64_t useful = work / GEMM_MIN_WORK_PER_THREAD;
+    if (useful < 1) useful = 1;
+    if ((int64_t)t > useful) t = (int)useful;
+    return t;
+}
 
 qkv_status qkv_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
@@ -214,8 +241,8 @@ qkv_status qkv_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
     if ((M > 0 && N > 0 && !C) || (M > 0 && K > 0 && !A) || (K > 0 && N > 0 && !B))
         return QKV_ERR_NULL_POINTER;
     if (lda < a_cols || ldb < b_cols || ldc < N) return QKV_ERR_BAD_SIZE;
-    if (!extent_ok(a_rows, a_cols, lda) || !extent_ok(b_rows, b_cols, ldb) ||
-        !extent_ok(M, N, ldc))
+    if (!qkv_gemm_extent_ok(a_rows, a_cols, lda) || !qkv_gemm_extent_ok(b_rows, b_cols, ldb) ||
+        !qkv_gemm_extent_ok(M, N, ldc))
         return QKV_ERR_SIZE_OVERFLOW;
     if (M == 0 || N == 0) return QKV_OK;
 
@@ -225,7 +252,7 @@ qkv_status qkv_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
     if (M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
         ldc <= INT_MAX) {
         if (K == 0 || alpha == 0.0f) {
-            scale_c(M, N, beta, C, ldc);
+            qkv_gemm_scale_c(M, N, beta, C, ldc);
             return QKV_OK;
         }
         cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
@@ -235,12 +262,7 @@ qkv_status qkv_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
     }
 #endif
 
-    int t = qkv_threads_resolve(threads);
-    int64_t work = 0; /* M * N * K, saturating */
-    if (!qkv_mul_ok(M, N, &work) || !qkv_mul_ok(work, K, &work)) work = INT64_MAX;
-    int64_t useful = work / GEMM_MIN_WORK_PER_THREAD;
-    if (useful < 1) useful = 1;
-    if ((int64_t)t > useful) t = (int)useful;
+    int t = qkv_gemm_threads_for(M, N, K, threads);
     return qkv_gemm_run(qkv_gemm_kernel_active(), trans_a, trans_b, M, N, K, alpha, A, lda, B,
                         ldb, beta, C, ldc, t);
 }

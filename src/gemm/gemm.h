@@ -39,4 +39,89 @@ void qkv_gemm_pack_a(const qkv_gemm_kernel *k, int trans, const float *a, int64_
 void qkv_gemm_pack_b(const qkv_gemm_kernel *k, int trans, const float *b, int64_t ldb,
                      int64_t p0, int64_t j0, int64_t kc, int64_t nc, float *bp);
 
+/* Pieces of the framework shared with the bf16 product (bf16.c).
+ * qkv_gemm_split: tiles [lo, hi) of `tiles` for part idx of `parts` (sizes
+ * differ by <= 1). qkv_gemm_grid: the thread grid tm x tn <= threads for C
+ * of mtiles x ntiles register tiles. qkv_gemm_threads_for: the thread count
+ * qkv_sgemm uses for an M x N x K product given `threads` (0: the default).
+ * qkv_gemm_extent_ok: a rows x cols float matrix of row stride ld fits in
+ * int64 and size_t bytes. qkv_gemm_scale_c: C = beta C (beta == 0 writes
+ * zeros without reading C; what K == 0 or alpha == 0 leaves). */
+void qkv_gemm_split(int64_t tiles, int parts, int idx, int64_t *lo, int64_t *hi);
+void qkv_gemm_grid(int64_t mtiles, int64_t ntiles, int mr, int nr, int nc, int threads, int *tm, int *tn);
+int qkv_gemm_threads_for(int64_t M, int64_t N, int64_t K, int threads);
+int qkv_gemm_extent_ok(int64_t rows, int64_t cols, int64_t ld);
+void qkv_gemm_scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc);
+/* The rectangle [m0, m1) x [n0, n1) of C (borders multiples of mr and nr)
+ * that thread unit `unit` of a tm x tn grid owns; 0 when it is empty. */
+int qkv_gemm_rect(int64_t unit, int tm, int tn, int64_t mtiles, int64_t ntiles, int mr, int nr, int64_t M,
+                  int64_t N, int64_t *m0, int64_t *m1, int64_t *n0, int64_t *n1);
+/* qkv_alloc of bytes + 64; *raw gets the allocation (for qkv_free), the
+ * result its first 64-byte-aligned address (NULL when out of memory). */
+void *qkv_gemm_alloc_aligned(size_t bytes, void **raw);
+/* fn(ctx, unit, t) for units 0 .. nthreads - 1, on the calling thread alone
+ * when nthreads == 1, else one unit per thread of the pool. */
+void qkv_gemm_run_units(int nthreads, void (*fn)(void *ctx, int64_t unit, int t), void *ctx);
+
+/* ---- bf16 products (bf16.c) ------------------------------------------------
+ * C = alpha op(A) op(B) + beta C (+ bias) with op(A) and op(B) rounded to
+ * bf16 (nearest even) while they are packed, products of bf16 values summed
+ * in float by the bf16 micro-kernel (kernels/gemm.h: the active table's,
+ * AVX512-BF16 where the CPU has it, else the portable one). A, B, C are
+ * float, row-major, with the transposes, strides and argument rules of
+ * qkv_sgemm (include/qkv/core.h); bias is NULL or N floats added to every
+ * row of C after the merge: c = (alpha ab + beta c) + bias[j]. Threads split
+ * C only (K is never split, the KC blocks always the same), so results are
+ * bitwise identical for any thread count, and the pre-packed and one-shot
+ * paths give the same bits. Errors: QKV_ERR_BAD_SIZE, QKV_ERR_NULL_POINTER,
+ * QKV_ERR_SIZE_OVERFLOW as qkv_sgemm, QKV_ERR_OUT_OF_MEMORY (C untouched). */
+
+/* op(B) [K, N] packed once into bf16 panels for one kernel table's layout:
+ * for each KC block of K in order, ceil(N / NR) panels of ceil(kc / 2) x NR
+ * pairs. Fill with qkv_gemm_bf16_pack_b, release with qkv_gemm_bf16_b_free.
+ * `bytes` is the size of the panels (ceil(N / NR) NR ceil(K / 2) 4 bytes);
+ * the struct may be copied but its panels are freed once. Read-only while
+ * products use it, so any number of threads may share one. */
+typedef struct qkv_gemm_bf16_b {
+    const qkv_gemm_bf16_kernel *k; /* the table whose layout it holds */
+    int64_t K, N;
+    int64_t npanels;               /* ceil(N / NR) */
+    uint32_t *panels;              /* NULL when K or N is 0 */
+    size_t bytes;
+    void *raw;                     /* the allocation (aligned panels inside) */
+} qkv_gemm_bf16_b;
+
+/* Packs op(B) (trans_b: B stored [N, K], else [K, N], row stride ldb) for
+ * the active bf16 table, on up to `threads` threads (0: the default). On
+ * error *out is zeroed (qkv_gemm_bf16_b_free on it is harmless). */
+qkv_status qkv_gemm_bf16_pack_b(int trans_b, int64_t K, int64_t N, const float *B, int64_t ldb, int threads,
+                                qkv_gemm_bf16_b *out);
+/* Frees the panels and zeroes *b; NULL or a zeroed struct is a no-op. */
+void qkv_gemm_bf16_b_free(qkv_gemm_bf16_b *b);
+
+/* C [M, N] = alpha op(A) Bp + beta C (+ bias), Bp a packed op(B) [K, N]
+ * (its K and N); op(A) [M, K]: trans_a: A stored [K, M], else [M, K]. No
+ * weight packing per call; only A is rounded and packed, per thread. */
+qkv_status qkv_gemm_bf16_packed(int trans_a, int64_t M, float alpha, const float *A, int64_t lda,
+                                const qkv_gemm_bf16_b *Bp, float beta, float *C, int64_t ldc, const float *bias,
+                                int threads);
+
+/* The one-shot product: packs op(B) per call (for weights that change, as
+ * in training), then as qkv_gemm_bf16_packed; the same bits. */
+qkv_status qkv_gemm_bf16(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                         const float *bias, int threads);
+
+/* For the tests: packing for a given table, and the products with exactly
+ * `threads` >= 1 threads (fewer when C has fewer tiles), arguments already
+ * valid. */
+qkv_status qkv_gemm_bf16_pack_b_with(const qkv_gemm_bf16_kernel *k, int trans_b, int64_t K, int64_t N,
+                                     const float *B, int64_t ldb, int threads, qkv_gemm_bf16_b *out);
+qkv_status qkv_gemm_bf16_packed_run(int trans_a, int64_t M, float alpha, const float *A, int64_t lda,
+                                    const qkv_gemm_bf16_b *Bp, float beta, float *C, int64_t ldc,
+                                    const float *bias, int threads);
+qkv_status qkv_gemm_bf16_run(const qkv_gemm_bf16_kernel *k, int trans_a, int trans_b, int64_t M, int64_t N,
+                             int64_t K, float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                             float beta, float *C, int64_t ldc, const float *bias, int threads);
+
 #endif

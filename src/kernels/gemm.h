@@ -44,4 +44,48 @@ void qkv_gemm_init_generic(qkv_gemm_kernel *k);
 void qkv_gemm_init_avx2(qkv_gemm_kernel *k);
 void qkv_gemm_init_avx512(qkv_gemm_kernel *k);
 
+/* The bf16 micro-kernel (products of bf16 values, fp32 accumulation; the
+ * framework is src/gemm/bf16.c). The packed panels hold bf16 pairs in 32-bit
+ * words (low half = the even k), the layout of vdpbf16ps, zero past the
+ * matrix edge and past an odd kc:
+ *     A panel:  ap[t * MR + i] = (op(A)[i0 + i][p0 + 2t], op(A)[i0 + i][p0 + 2t + 1])
+ *     B panel:  bp[t * NR + j] = (op(B)[p0 + 2t][j0 + j], op(B)[p0 + 2t + 1][j0 + j])
+ * for t < kc2 = ceil(kc / 2).
+ *
+ * c[i*ldc + j] = alpha * ab[i][j] + beta * c[i*ldc + j] for i < m, j < n
+ * (merge as the float kernel's: two roundings; beta == 0 does not read c),
+ * where ab starts at +0 and, for t = 0, 1, ..., kc2 - 1 in order,
+ *     ab += hi(a) * hi(b);  ab += lo(a) * lo(b)
+ * with a = ap[t*MR + i], b = bp[t*NR + j]: each product of two bf16 is exact
+ * in float, each addition rounds once (the order of vdpbf16ps as Intel
+ * documents it). The hardware flushes subnormal inputs and results to zero
+ * and may order the two adds of a pair differently, so the kernels of two
+ * ISAs agree within the float sum bound (tests/test_kernels.c), not
+ * bitwise; one table's results never depend on tile positions or threads.
+ * 1 <= m <= MR, 1 <= n <= NR, kc2 >= 1; nothing outside the tile written. */
+typedef void (*qkv_gemm_bf16_ukr_fn)(int64_t kc2, const uint32_t *ap, const uint32_t *bp, float *c,
+                                     int64_t ldc, float alpha, float beta, int m, int n);
+
+typedef struct qkv_gemm_bf16_kernel {
+    const char *name;
+    int native;         /* 1: bf16 dot-product instructions */
+    int mr, nr;         /* register tile */
+    int mc, kc, nc;     /* cache blocks in elements: kc even, mc % mr == 0, nc % nr == 0 */
+    qkv_gemm_bf16_ukr_fn ukr;
+    /* Optional SIMD packings (NULL: the portable loops of src/gemm/bf16.c)
+     * of one whole panel of width w = MR or NR over kc elements of K (kc2 =
+     * ceil(kc / 2) pairs, the high half of the last pair 0 when kc is odd),
+     * rounding as qkv_f32_to_bf16 (nearest even, NaN quieted):
+     *   pack_pairs_t:    dst[t*w + i] = (src[i*ld + 2t], src[i*ld + 2t + 1])
+     *                    (A stored [M, K], B stored [N, K])
+     *   pack_pairs_rows: dst[t*w + i] = (src[2t*ld + i], src[(2t+1)*ld + i])
+     *                    (A stored [K, M], B stored [K, N])
+     * reading only elements of the kc x w block. */
+    void (*pack_pairs_t)(const float *src, int64_t ld, int64_t kc, int w, uint32_t *dst);
+    void (*pack_pairs_rows)(const float *src, int64_t ld, int64_t kc, int w, uint32_t *dst);
+} qkv_gemm_bf16_kernel;
+
+void qkv_gemm_bf16_init_generic(qkv_gemm_bf16_kernel *k);
+void qkv_gemm_bf16_init_avx512bf16(qkv_gemm_bf16_kernel *k);
+
 #endif

@@ -10,6 +10,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static void fill(int arch, qkv_kernel_set *s) {
     qkv_attn_init_generic(&s->attn);
     qkv_gemm_init_generic(&s->gemm);
+    qkv_gemm_bf16_init_generic(&s->gemm_bf16);
     qkv_kv_init_generic(&s->kv);
     qkv_half_init_generic(&s->half);
     qkv_nn_init_generic(&s->nn);
@@ -27,7 +28,10 @@ static void fill(int arch, qkv_kernel_set *s) {
         qkv_kv_init_avx512(&s->kv);
         qkv_nn_init_avx512(&s->nn);
         qkv_additive_init_avx512(&s->add);
-        if (qkv_cpu_has_avx512bf16()) qkv_half_init_avx512bf16(&s->half);
+        if (qkv_cpu_has_avx512bf16()) {
+            qkv_half_init_avx512bf16(&s->half);
+            qkv_gemm_bf16_init_avx512bf16(&s->gemm_bf16);
+        }
         if (qkv_cpu_has_avx512vnni()) qkv_i8_init_avx512vnni(&s->i8);
     }
 #else
@@ -53,6 +57,7 @@ const qkv_kernel_set *qkv_kernel_set_active(void) {
 
 const qkv_kernels *qkv_kernels_active(void) { return &qkv_kernel_set_active()->attn; }
 const qkv_gemm_kernel *qkv_gemm_kernel_active(void) { return &qkv_kernel_set_active()->gemm; }
+const qkv_gemm_bf16_kernel *qkv_gemm_bf16_kernel_active(void) { return &qkv_kernel_set_active()->gemm_bf16; }
 const kv_kernels *qkv_kv_kernels_active(void) { return &qkv_kernel_set_active()->kv; }
 const qkv_half_kernels *qkv_half_kernels_active(void) { return &qkv_kernel_set_active()->half; }
 const qkv_nn_kernels *qkv_nn_kernels_active(void) { return &qkv_kernel_set_active()->nn; }

@@ -8,6 +8,7 @@
  *   family            contract            kernels
  *   attention tiles   kernels/attn.h      kernels/<isa>/attn.c
  *   matmul            kernels/gemm.h      kernels/<isa>/gemm.c
+ *   bf16 matmul       kernels/gemm.h      kernels/{generic,avx512bf16}/gemm.c
  *   KV decode         kernels/kv.h        kernels/<isa>/kv.c
  *   bf16 tiles        kernels/half.h      kernels/<isa>/half.c
  *   layer rows        kernels/nn.h        kernels/<isa>/nn.c
@@ -29,6 +30,7 @@
 typedef struct qkv_kernel_set {
     qkv_kernels attn;
     qkv_gemm_kernel gemm;
+    qkv_gemm_bf16_kernel gemm_bf16;
     kv_kernels kv;
     qkv_half_kernels half;
     qkv_nn_kernels nn;
@@ -45,6 +47,7 @@ const qkv_kernel_set *qkv_kernel_set_of(int arch);
 const qkv_kernel_set *qkv_kernel_set_active(void);
 const qkv_kernels *qkv_kernels_active(void);
 const qkv_gemm_kernel *qkv_gemm_kernel_active(void);
+const qkv_gemm_bf16_kernel *qkv_gemm_bf16_kernel_active(void);
 const kv_kernels *qkv_kv_kernels_active(void);
 const qkv_half_kernels *qkv_half_kernels_active(void);
 const qkv_nn_kernels *qkv_nn_kernels_active(void);

@@ -1,7 +1,8 @@
-/* The linear layer (linear.h): the products by qkv_sgemm, the bias and its
+/* The linear layer (linear.h): the products by qkv_sgemm (or qkv_gemm_bf16), the bias and its
  * gradient by rows or columns over the threads (qkv_par_range), each element
  * computed as the serial loop computes it. */
 #include "core/internal.h"
+#include "gemm/gemm.h"
 #include "layers/linear.h"
 
 /* y[r] += b, one chunk of rows per unit; db += Σ_r dy[r], one chunk of
@@ -23,8 +24,11 @@ static void bias_grad_cols(void *ctx, int64_t c0, int64_t c1) {
         for (int64_t o = c0; o < c1; o++) j->b[o] += j->y[r * j->out + o];
 }
 
-qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
-                     float *y, int threads) {
+qkv_status nn_linear_p(qkv_dtype prec, const float *x, int64_t rows, int64_t in, const float *w, const float *b,
+                       int64_t out, float *y, int threads) {
+    /* bf16: the bias is added in the product's merge, tile by tile:
+     * y = (x Wᵀ) + b as below. */
+    if (prec == QKV_BF16) return qkv_gemm_bf16(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, b, threads);
     qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
     if (s != QKV_OK || !b) return s;
     bias_job j = {y, (float *)b, rows, out};
@@ -32,15 +36,32 @@ qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, c
     return QKV_OK;
 }
 
-qkv_status nn_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
-                              const float *w, float *dw, float *db, float *dx, int accumulate_dx, int threads) {
+qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                     float *y, int threads) {
+    return nn_linear_p(QKV_F32, x, rows, in, w, b, out, y, threads);
+}
+
+qkv_status nn_linear_backward_p(qkv_dtype prec, const float *x, const float *dy, int64_t rows, int64_t in,
+                                int64_t out, const float *w, float *dw, float *db, float *dx, int accumulate_dx,
+                                int threads) {
     qkv_status s;
-    if (dw && (s = qkv_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in, threads)) != QKV_OK)
-        return s;
+    const int bf = prec == QKV_BF16;
+    if (dw) {
+        s = bf ? qkv_gemm_bf16(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in, NULL, threads)
+               : qkv_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in, threads);
+        if (s != QKV_OK) return s;
+    }
     if (db) {
         bias_job j = {(float *)dy, db, rows, out};
         qkv_par_range(threads, out, rows, bias_grad_cols, &j);
     }
     if (!dx) return QKV_OK;
-    return qkv_sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx, in, threads);
+    const float beta = accumulate_dx ? 1.0f : 0.0f;
+    return bf ? qkv_gemm_bf16(0, 0, rows, in, out, 1.0f, dy, out, w, in, beta, dx, in, NULL, threads)
+              : qkv_sgemm(0, 0, rows, in, out, 1.0f, dy, out, w, in, beta, dx, in, threads);
+}
+
+qkv_status nn_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
+                              const float *w, float *dw, float *db, float *dx, int accumulate_dx, int threads) {
+    return nn_linear_backward_p(QKV_F32, x, dy, rows, in, out, w, dw, db, dx, accumulate_dx, threads);
 }

@@ -1,5 +1,5 @@
 /* The linear layer y = x Wᵀ + b (torch's nn.Linear: W [out, in]) and its
- * backward, through qkv_sgemm; shared by the multi-head layer's projections
+ * backward, through qkv_sgemm (or the bf16 product, gemm/gemm.h); shared by the multi-head layer's projections
  * (mha.c, kv_cache.c) and the transformer's MLP and head (src/model).
  * Internal. */
 #ifndef QKV_LAYERS_LINEAR_H
@@ -19,5 +19,17 @@ qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, c
  * dx += dy W with accumulate_dx (when dx is not NULL). */
 qkv_status nn_linear_backward(const float *x, const float *dy, int64_t rows, int64_t in, int64_t out,
                               const float *w, float *dw, float *db, float *dx, int accumulate_dx, int threads);
+
+/* The same in a precision of products: QKV_BF16 multiplies through
+ * qkv_gemm_bf16 (x, W, dy rounded to bf16 as they are packed, products
+ * summed in float; W packed per call since it changes between steps; the
+ * bias, its gradient, dW and dx accumulate in float32); any other value is
+ * nn_linear / nn_linear_backward exactly. Every element computed as on one
+ * thread, whatever the thread count. */
+qkv_status nn_linear_p(qkv_dtype prec, const float *x, int64_t rows, int64_t in, const float *w, const float *b,
+                       int64_t out, float *y, int threads);
+qkv_status nn_linear_backward_p(qkv_dtype prec, const float *x, const float *dy, int64_t rows, int64_t in,
+                                int64_t out, const float *w, float *dw, float *db, float *dx, int accumulate_dx,
+                                int threads);
 
 #endif

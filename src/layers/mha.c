@@ -1,4 +1,5 @@
-/* Multi-head attention layer: projections through qkv_sgemm, the attention
+/* Multi-head attention layer: projections through qkv_sgemm (the bf16 GEMM
+ * under QKV_BF16), the attention
  * core for the heads, and the output projection; forward and backward in the
  * style of llm.c (activations kept in the layer for the backward). */
 #include <math.h>
@@ -216,6 +217,10 @@ qkv_status qkv_mha_set_precision(qkv_mha *m, qkv_dtype compute) {
 
 qkv_dtype qkv_mha_get_precision(const qkv_mha *m) { return m ? m->compute : QKV_F32; }
 
+/* The projections' products: bf16 under QKV_BF16 (the bf16 GEMM), float32
+ * otherwise (fp16 has no fast product here). */
+static qkv_dtype mha_linear_precision(const qkv_mha *m) { return m->compute == QKV_BF16 ? QKV_BF16 : QKV_F32; }
+
 /* ---- activations ---------------------------------------------------------- */
 
 /* Grow activation buffer i to at least n floats. */
@@ -343,6 +348,7 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
 
     const int64_t E = c->embed_dim, H = c->heads, Dh = c->head_dim, Dq = H * Dh, Dkv = c->heads_kv * Dh;
     const int thr = c->attn.threads;
+    const qkv_dtype lp = mha_linear_precision(m);
     m->have_forward = 0;
     if (!act_reserve(m, MHA_Q, batch * n_q * Dq) || !act_reserve(m, MHA_K, batch * nkc * Dkv) ||
         !act_reserve(m, MHA_V, batch * nkc * Dkv) || !act_reserve(m, MHA_O, batch * n_q * Dq) ||
@@ -353,10 +359,10 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
     float *Q = m->act[MHA_Q], *K = m->act[MHA_K], *V = m->act[MHA_V], *O = m->act[MHA_O];
 
     /* q, k, v projections */
-    if ((s = nn_linear(x_q, batch * n_q, E, P + m->off[MHA_WQ], bin, Dq, Q, thr)) != QKV_OK ||
-        (s = nn_linear(x_k, batch * n_k, c->kdim, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, K,
+    if ((s = nn_linear_p(lp, x_q, batch * n_q, E, P + m->off[MHA_WQ], bin, Dq, Q, thr)) != QKV_OK ||
+        (s = nn_linear_p(lp, x_k, batch * n_k, c->kdim, P + m->off[MHA_WK], bin ? bin + Dq : NULL, Dkv, K,
                         thr)) != QKV_OK ||
-        (s = nn_linear(x_v, batch * n_k, c->vdim, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv,
+        (s = nn_linear_p(lp, x_v, batch * n_k, c->vdim, P + m->off[MHA_WV], bin ? bin + Dq + Dkv : NULL, Dkv,
                         V, thr)) != QKV_OK)
         return s;
     if (c->pos == QKV_POS_ROPE) {
@@ -415,9 +421,9 @@ qkv_status qkv_mha_forward(qkv_mha *m, int64_t batch, int64_t n_q, int64_t n_k, 
                 for (int64_t h = 0; h < H; h++) acc += O[(r * H + h) * Dh + t];
                 Om[r * Dh + t] = (float)(acc / (double)H);
             }
-        s = nn_linear(Om, batch * n_q, Dh, P + m->off[MHA_WO], bo, E, y, thr);
+        s = nn_linear_p(lp, Om, batch * n_q, Dh, P + m->off[MHA_WO], bo, E, y, thr);
     } else {
-        s = nn_linear(O, batch * n_q, Dq, P + m->off[MHA_WO], bo, E, y, thr);
+        s = nn_linear_p(lp, O, batch * n_q, Dq, P + m->off[MHA_WO], bo, E, y, thr);
     }
     if (s != QKV_OK) return s;
 
@@ -447,6 +453,7 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
     const int64_t B = m->batch, nq = m->n_q, nk = m->n_k, E = c->embed_dim, H = c->heads, Dh = c->head_dim;
     const int64_t Dq = H * Dh, Dkv = c->heads_kv * Dh, Do = c->join == QKV_JOIN_MEAN ? Dh : Dq;
     const int thr = c->attn.threads;
+    const qkv_dtype lp = mha_linear_precision(m);
     const int bkv = c->add_bias_kv;
     const int64_t nkc = nk + bkv; /* keys the core saw */
     if (!act_reserve(m, MHA_DO, B * nq * Dq) || !act_reserve(m, MHA_DQ, B * nq * Dq) ||
@@ -462,7 +469,7 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
     float *dbo = c->bias ? G + m->off[MHA_BO] : NULL;
     const float *ojoin = c->join == QKV_JOIN_MEAN ? m->act[MHA_OMEAN] : m->act[MHA_O];
     float *dOm = c->join == QKV_JOIN_MEAN ? m->act[MHA_DOMEAN] : dO;
-    if ((s = nn_linear_backward(ojoin, dy, B * nq, Do, E, P + m->off[MHA_WO], G + m->off[MHA_WO], dbo, dOm, 0,
+    if ((s = nn_linear_backward_p(lp, ojoin, dy, B * nq, Do, E, P + m->off[MHA_WO], G + m->off[MHA_WO], dbo, dOm, 0,
                                 thr)) != QKV_OK)
         return s;
     if (c->join == QKV_JOIN_MEAN)
@@ -538,16 +545,16 @@ qkv_status qkv_mha_backward(qkv_mha *m, const float *x_q, const float *x_k, cons
     float *dbin = c->bias ? G + m->off[MHA_BIN] : NULL;
     const float *Wq = P + m->off[MHA_WQ], *Wk = P + m->off[MHA_WK], *Wv = P + m->off[MHA_WV];
     float *dbk = dbin ? dbin + Dq : NULL, *dbv = dbin ? dbin + Dq + Dkv : NULL;
-    if ((s = nn_linear_backward(x_q, dQ, B * nq, E, Dq, Wq, G + m->off[MHA_WQ], dbin, NULL, 0, thr)) != QKV_OK ||
-        (s = nn_linear_backward(x_k, dK, B * nk, c->kdim, Dkv, Wk, G + m->off[MHA_WK], dbk, NULL, 0, thr)) !=
+    if ((s = nn_linear_backward_p(lp, x_q, dQ, B * nq, E, Dq, Wq, G + m->off[MHA_WQ], dbin, NULL, 0, thr)) != QKV_OK ||
+        (s = nn_linear_backward_p(lp, x_k, dK, B * nk, c->kdim, Dkv, Wk, G + m->off[MHA_WK], dbk, NULL, 0, thr)) !=
             QKV_OK ||
-        (s = nn_linear_backward(x_v, dV, B * nk, c->vdim, Dkv, Wv, G + m->off[MHA_WV], dbv, NULL, 0, thr)) != QKV_OK)
+        (s = nn_linear_backward_p(lp, x_v, dV, B * nk, c->vdim, Dkv, Wv, G + m->off[MHA_WV], dbv, NULL, 0, thr)) != QKV_OK)
         return s;
     float *dxk = m->self ? dx_q : dx_k, *dxv = m->self ? dx_q : (m->kv_same ? dx_k : dx_v);
-    if ((dx_q && (s = nn_linear_backward(NULL, dQ, B * nq, E, Dq, Wq, NULL, NULL, dx_q, 0, thr)) != QKV_OK) ||
-        (dxk && (s = nn_linear_backward(NULL, dK, B * nk, c->kdim, Dkv, Wk, NULL, NULL, dxk, m->self, thr)) !=
+    if ((dx_q && (s = nn_linear_backward_p(lp, NULL, dQ, B * nq, E, Dq, Wq, NULL, NULL, dx_q, 0, thr)) != QKV_OK) ||
+        (dxk && (s = nn_linear_backward_p(lp, NULL, dK, B * nk, c->kdim, Dkv, Wk, NULL, NULL, dxk, m->self, thr)) !=
                     QKV_OK) ||
-        (dxv && (s = nn_linear_backward(NULL, dV, B * nk, c->vdim, Dkv, Wv, NULL, NULL, dxv, m->self || m->kv_same,
+        (dxv && (s = nn_linear_backward_p(lp, NULL, dV, B * nk, c->vdim, Dkv, Wv, NULL, NULL, dxv, m->self || m->kv_same,
                                         thr)) != QKV_OK))
         return s;
     return QKV_OK;

@@ -48,6 +48,7 @@ struct qkv_model {
     float *sinusoid;      /* [max_seq, E] when sinusoidal */
     /* activations of the last forward */
     int64_t B, n, rows_cap, have_targets;
+    qkv_dtype compute;    /* the MLP's products: QKV_BF16 (bf16 GEMM) or QKV_F32 */
     block_act *blk;
     float *h, *lnf, *lnf_mean, *lnf_rstd, *logits, *floater_pos, *floater_dpos;
     float *dh, *dtmp, *dtmp2, *dF;

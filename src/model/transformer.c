@@ -1,7 +1,8 @@
 /* A pre-LayerNorm transformer (decoder or encoder) in the style of llm.c:
  * one forward that keeps what the backward needs, one backward that
  * accumulates every parameter's gradient. Attention goes through qkv_mha
- * (and so through the fused core); the linear layers through qkv_sgemm. */
+ * (and so through the fused core); the linear layers through qkv_sgemm, or
+ * under QKV_BF16 (qkv_model_set_precision) the MLP through the bf16 GEMM. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -474,6 +475,7 @@ qkv_status qkv_model_set_precision(qkv_model *m, qkv_dtype compute) {
         qkv_status s = qkv_mha_set_precision(m->attn[l], compute);
         if (s != QKV_OK) return s;
     }
+    m->compute = compute == QKV_BF16 ? QKV_BF16 : QKV_F32; /* the MLP's products */
     m->have_targets = 0; /* the layers forgot their forward */
     return QKV_OK;
 }
@@ -564,13 +566,13 @@ qkv_status qkv_model_forward(qkv_model *m, int64_t batch, int64_t n, const int32
         for (int64_t i = 0; i < rows * E; i++) b->mid[i] = b->x[i] + ao[i];
         model_layernorm_forward_t(b->mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], rows, E, b->ln2, b->ln2_mean,
                                   b->ln2_rstd, thr);
-        if ((s = nn_linear(b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
+        if ((s = nn_linear_p(m->compute, b->ln2, rows, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, b->pre, thr)) != QKV_OK)
             return s;
         /* With targets (a backward may follow) pre is replaced by GELU'(pre),
          * all the backward needs of it, from the same exponential. */
         gelu_job gj = {b->pre, b->act, targets != NULL};
         qkv_par_range(thr, rows * F, 8, gelu_range, &gj);
-        if ((s = nn_linear(b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
+        if ((s = nn_linear_p(m->compute, b->act, rows, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, b->mlp_out, thr)) != QKV_OK)
             return s;
         const float *mo = dropped(m, l, 1, b->mlp_out, m->dtmp, rows * E);
         for (int64_t i = 0; i < rows * E; i++) h[i] = b->mid[i] + mo[i];
@@ -656,12 +658,12 @@ qkv_status qkv_model_backward(qkv_model *m) {
         block_act *b = &m->blk[l];
         /* h = mid + drop(mlp_out) */
         const float *dmo = dropped(m, l, 1, dh, dd, rows * E);
-        if ((s = nn_linear_backward(b->act, dmo, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
+        if ((s = nn_linear_backward_p(m->compute, b->act, dmo, rows, F, E, P + m->o_fc2_w[l], G + m->o_fc2_w[l],
                                        G + m->o_fc2_b[l], m->dF, 0, thr)) != QKV_OK)
             return s;
         scale_job sj = {m->dF, b->pre}; /* dF *= GELU'(pre), from the forward */
         qkv_par_range(thr, rows * F, 1, scale_range, &sj);
-        if ((s = nn_linear_backward(b->ln2, m->dF, rows, E, F, P + m->o_fc1_w[l], G + m->o_fc1_w[l],
+        if ((s = nn_linear_backward_p(m->compute, b->ln2, m->dF, rows, E, F, P + m->o_fc1_w[l], G + m->o_fc1_w[l],
                                        G + m->o_fc1_b[l], dd, 0, thr)) != QKV_OK)
             return s;
         /* dmid = dh + LN2'(dd) */

@@ -4,6 +4,7 @@
  * Edge tiles use masked loads and stores on columns and stop at row m. */
 #include <immintrin.h>
 
+#include "kernels/avx512_common.h"
 #include "kernels/gemm.h"
 
 #ifndef QKV_GEMM_AVX512_MR
@@ -24,17 +25,7 @@
 
 static void ukr_avx512(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc,
                        float alpha, float beta, int m, int n) {
-#define DECL(r) __m512 c0_##r = _mm512_setzero_ps(), c1_##r = _mm512_setzero_ps();
-    ROWS(DECL)
-#undef DECL
-    /* Start fetching the C tile now: its lines arrive while the FMAs run. */
-#define PF(r)                                                                  \
-    if ((r) < m) {                                                             \
-        _mm_prefetch((const char *)(c + (r) * ldc), _MM_HINT_T0);              \
-        _mm_prefetch((const char *)(c + (r) * ldc + 31), _MM_HINT_T0);         \
-    }
-    ROWS(PF)
-#undef PF
+    QKV_AVX512_TILE_BEGIN(ROWS)
     for (int64_t p = 0; p < kc; p++) {
         __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
 #define FMA(r)                                                 \
@@ -48,61 +39,8 @@ static void ukr_avx512(int64_t kc, const float *ap, const float *bp, float *c, i
         ap += MR;
         bp += NR;
     }
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    __mmask16 k0 = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
-    __mmask16 k1 = n >= 32 ? (__mmask16)0xFFFF : n > 16 ? (__mmask16)((1u << (n - 16)) - 1u) : 0;
-    /* (alpha * ab) + (beta * c): two roundings, no FMA, same as the other ISAs. */
-    if (beta == 0.0f) {
-#define ST(r)                                                                  \
-    if ((r) < m) {                                                             \
-        _mm512_mask_storeu_ps(c + (r) * ldc, k0, _mm512_mul_ps(va, c0_##r));   \
-        _mm512_mask_storeu_ps(c + (r) * ldc + 16, k1, _mm512_mul_ps(va, c1_##r)); \
-    }
-        ROWS(ST)
-#undef ST
-    } else {
-#define ST(r)                                                                          \
-    if ((r) < m) {                                                                     \
-        float *cr = c + (r) * ldc;                                                     \
-        __m512 u0 = _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(k0, cr));                  \
-        __m512 u1 = _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(k1, cr + 16));            \
-        _mm512_mask_storeu_ps(cr, k0, _mm512_add_ps(_mm512_mul_ps(va, c0_##r), u0));   \
-        _mm512_mask_storeu_ps(cr + 16, k1, _mm512_add_ps(_mm512_mul_ps(va, c1_##r), u1)); \
-    }
-        ROWS(ST)
-#undef ST
-    }
-}
-
-/* In-register 16 x 16 transpose: on return r[c] holds column c of the input
- * rows (element i = old r[i][c]). Three stages of 128-bit-lane shuffles. */
-static inline void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* r[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3 */
-    for (int i = 0; i < 4; i++) {
-        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
-        __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-    }
-    for (int k = 0; k < 4; k++) {
-        t[k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
-        t[k + 4] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);
-        t[k + 8] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
-        t[k + 12] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
-    }
-    for (int k = 0; k < 4; k++) {
-        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
-        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
-        r[k + 4] = _mm512_shuffle_f32x4(t[k + 4], t[k + 12], 0x88);
-        r[k + 12] = _mm512_shuffle_f32x4(t[k + 4], t[k + 12], 0xdd);
-    }
+    /* (alpha * ab) + (beta * c): two roundings, no FMA, as every ISA. */
+    QKV_AVX512_TILE_MERGE(ROWS);
 }
 
 /* dst[p * w + i] = src[i * ld + p], i < w (<= 32), p < kc: blocks of 16 rows
@@ -119,7 +57,7 @@ static void pack_t_avx512(const float *src, int64_t ld, int64_t kc, int w, float
             for (int i = 0; i < 16; i++)
                 r[i] = i < rows ? _mm512_maskz_loadu_ps(pm, src + (i0 + i) * ld + p)
                                 : _mm512_setzero_ps();
-            transpose16(r);
+            qkv_transpose16_ps(r);
             for (int c = 0; c < n; c++) _mm512_mask_storeu_ps(dst + (p + c) * w + i0, row_mask, r[c]);
         }
     }
