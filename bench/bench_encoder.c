@@ -17,7 +17,7 @@
  * the same keys), then the breakdown when asked.
  *
  *   bench_encoder --model DIR --input FILE [--threads T] [--reps R]
- *                 [--latency] [--phases] [--precision fp32|int8] [--label NAME] */
+ *                 [--latency] [--phases] [--precision fp32|bf16|int8] [--label NAME] */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdint.h>
@@ -89,10 +89,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--latency")) latency = 1;
         else if (!strcmp(a, "--phases")) phases = 1;
         else if (!strcmp(a, "--precision") && v && !strcmp(v, "fp32")) precision = QKV_ENCODER_FP32, i++;
+        else if (!strcmp(a, "--precision") && v && !strcmp(v, "bf16")) precision = QKV_ENCODER_BF16, i++;
         else if (!strcmp(a, "--precision") && v && !strcmp(v, "int8")) precision = QKV_ENCODER_INT8, i++;
         else {
             fprintf(stderr, "usage: bench_encoder --model DIR --input FILE [--threads T] [--reps R] [--latency] "
-                            "[--phases] [--precision fp32|int8] [--label NAME]\n");
+                            "[--phases] [--precision fp32|bf16|int8] [--label NAME]\n");
             return 2;
         }
     }

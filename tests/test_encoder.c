@@ -380,7 +380,7 @@ static void check_bad_input(void) {
     qkv_encoder *enc = NULL;
     CHECK_STATUS(qkv_encoder_load(NULL, NULL, &enc, why, sizeof why), QKV_ERR_NULL_POINTER);
     expect_refused("/nonexistent/qkv-model", QKV_ERR_IO, "/nonexistent/qkv-model", NULL);
-    for (int p = -1; p <= 3; p += 2) { /* -1, 1 (not a precision), 3 */
+    for (int p = -1; p <= 7; p += 4) { /* -1, 3, 7: not precisions */
         qkv_encoder_options o = {.precision = p};
         CHECK_STATUS(qkv_encoder_load(g_src, &o, &enc, why, sizeof why), QKV_ERR_BAD_ENUM);
         CHECK(enc == NULL && strstr(why, "precision") != NULL, "precision %d refused, naming it: %s", p, why);

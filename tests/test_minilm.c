@@ -15,8 +15,9 @@
  * read: the resident memory grows by far less than model.safetensors'
  * size while loading (Linux: /proc/self/statm).
  *
- * The int8 encoder (QKV_ENCODER_INT8) against the same reference: cosine
- * >= 0.99 for every sentence; the ranking of all pairwise similarities
+ * The bf16 and int8 encoders (QKV_ENCODER_BF16, QKV_ENCODER_INT8) against
+ * the same reference: cosine >= 0.9999 (bf16), >= 0.99 (int8) for every
+ * sentence; the ranking of all pairwise similarities
  * kept (Spearman >= 0.99 over the n (n - 1) / 2 pairs); the nearest
  * neighbour kept for every sentence whose reference nearest neighbour
  * leads its second by more than 0.01 in cosine (the few with closer
@@ -202,40 +203,43 @@ static void similarity_agreement(const float *q, const float *r, int n, double m
     free(rb);
 }
 
-/* QKV_ENCODER_INT8 against the reference r [n, HIDDEN]. */
-static void check_int8(const char *dir, const lines *text, const float *r) {
+/* A precision other than FP32 (named `name`) against the reference r [n,
+ * HIDDEN]: every sentence's cosine >= min_cos, the similarities' ranking,
+ * the nearest neighbours, 1 against 2 threads. */
+static void check_precision(const char *dir, const lines *text, const float *r, int precision, const char *name,
+                            double min_cos) {
     int n = text->count;
     qkv_encoder *e1 = NULL, *e2 = NULL;
     char why[512] = "";
-    qkv_encoder_options o1 = {.threads = 1, .precision = QKV_ENCODER_INT8}, o2 = {.threads = 2, .precision = QKV_ENCODER_INT8};
-    CHECK(qkv_encoder_load(dir, &o1, &e1, why, sizeof why) == QKV_OK, "int8 load: %s", why);
-    CHECK(qkv_encoder_load(dir, &o2, &e2, why, sizeof why) == QKV_OK, "int8 load: %s", why);
+    qkv_encoder_options o1 = {.threads = 1, .precision = precision}, o2 = {.threads = 2, .precision = precision};
+    CHECK(qkv_encoder_load(dir, &o1, &e1, why, sizeof why) == QKV_OK, "%s load: %s", name, why);
+    CHECK(qkv_encoder_load(dir, &o2, &e2, why, sizeof why) == QKV_OK, "%s load: %s", name, why);
     float *q = malloc((size_t)n * HIDDEN * sizeof *q), *q1 = malloc((size_t)n * HIDDEN * sizeof *q1);
     const char **texts = malloc((size_t)n * sizeof *texts);
     if (!e1 || !e2 || !q || !q1 || !texts) goto done;
     qkv_encoder_info info;
     qkv_encoder_get_info(e2, &info);
-    CHECK(info.precision == QKV_ENCODER_INT8, "info.precision %d", info.precision);
+    CHECK(info.precision == precision, "%s: info.precision %d", name, info.precision);
     for (int s = 0; s < n; s++) texts[s] = text->line[s];
     CHECK(qkv_encoder_embed(e2, texts, text->len, n, QKV_POOLING_FROM_MODEL, -1, q, why, sizeof why) == QKV_OK,
-          "int8 embed: %s", why);
+          "%s embed: %s", name, why);
     CHECK(qkv_encoder_embed(e1, texts, text->len, n, QKV_POOLING_FROM_MODEL, -1, q1, why, sizeof why) == QKV_OK,
-          "int8 embed: %s", why);
-    CHECK(memcmp(q, q1, (size_t)n * HIDDEN * sizeof *q) == 0, "int8: the same bits on 1 and 2 threads");
+          "%s embed: %s", name, why);
+    CHECK(memcmp(q, q1, (size_t)n * HIDDEN * sizeof *q) == 0, "%s: the same bits on 1 and 2 threads", name);
     double worst = 2;
     int at = -1;
     for (int s = 0; s < n; s++) {
         double c = cosine_of(q + (size_t)s * HIDDEN, r + (size_t)s * HIDDEN);
-        CHECK(c >= 0.99, "int8 sentence %d: cosine %.6f < 0.99", s + 1, c);
+        CHECK(c >= min_cos, "%s sentence %d: cosine %.7f < %g", name, s + 1, c, min_cos);
         if (!(c >= worst)) worst = c, at = s + 1;
     }
     double rho;
     int kept, lost;
     similarity_agreement(q, r, n, 0.01, &rho, &kept, &lost);
-    CHECK(rho >= 0.99, "int8: Spearman %.5f of the %d pairwise similarities < 0.99", rho, n * (n - 1) / 2);
-    CHECK(lost == 0, "int8: %d sentences lose a nearest neighbour that leads by more than 0.01", lost);
-    printf("int8: worst cosine %.6f (sentence %d), Spearman %.5f over %d pairs, nearest neighbour kept for %d of %d\n",
-           worst, at, rho, n * (n - 1) / 2, kept, n);
+    CHECK(rho >= 0.99, "%s: Spearman %.5f of the %d pairwise similarities < 0.99", name, rho, n * (n - 1) / 2);
+    CHECK(lost == 0, "%s: %d sentences lose a nearest neighbour that leads by more than 0.01", name, lost);
+    printf("%s: worst cosine %.7f (sentence %d), Spearman %.5f over %d pairs, nearest neighbour kept for %d of %d\n",
+           name, worst, at, rho, n * (n - 1) / 2, kept, n);
 done:
     qkv_encoder_free(e1);
     qkv_encoder_free(e2);
@@ -302,7 +306,8 @@ static void check_embeddings(const char *dir, qkv_encoder *enc, const lines *tex
                "difference %.3g (sentence %d)\n",
                n, t1 - t0, worst_cos, 1 - worst_cos, at_cos, worst_abs, at_abs);
     }
-    check_int8(dir, text, r);
+    check_precision(dir, text, r, QKV_ENCODER_BF16, "bf16", 0.9999);
+    check_precision(dir, text, r, QKV_ENCODER_INT8, "int8", 0.99);
     free(out);
     free(texts);
     qkv_array_free(&ref);

@@ -60,9 +60,10 @@ static const cli_opt all_options[OPT_COUNT] = {
 };
 
 #define PRECISION_HELP                                                                  \
-    "  --precision P       the projections' arithmetic: fp32 (default) or int8\n"      \
-    "                      (weights int8 per output channel, activations per row;\n"   \
-    "                      docs/ENCODER.md gives its accuracy)\n"
+    "  --precision P       the projections' arithmetic: fp32 (default), bf16 (bf16\n"  \
+    "                      weights and activations, float sums) or int8 (weights\n"   \
+    "                      int8 per output channel, activations per row); see\n"      \
+    "                      docs/ENCODER.md for their accuracy\n"
 
 /* ------------------------------------------------------------------------- */
 /* Help */
@@ -313,9 +314,10 @@ static int take_value(job *j, int id, const char *v) {
         return 0;
     case OPT_PRECISION:
         if (strcmp(v, "fp32") == 0) j->precision = QKV_ENCODER_FP32;
+        else if (strcmp(v, "bf16") == 0) j->precision = QKV_ENCODER_BF16;
         else if (strcmp(v, "int8") == 0) j->precision = QKV_ENCODER_INT8;
         else {
-            cli_error(j->cmd, "--precision", NULL, "unknown precision '%s' (expected fp32 or int8)", v);
+            cli_error(j->cmd, "--precision", NULL, "unknown precision '%s' (expected fp32, bf16 or int8)", v);
             return -1;
         }
         return 0;

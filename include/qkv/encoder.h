@@ -62,6 +62,11 @@ typedef enum qkv_pooling {
  * LayerNorm, the activation and pooling are float32 in every mode. */
 typedef enum qkv_encoder_precision {
     QKV_ENCODER_FP32 = 0, /* the weights as mapped, float32 products (the default) */
+    QKV_ENCODER_BF16 = 1, /* weights rounded to bf16 at load (a copy of half their size;
+                             the mapped float32 ones are no longer read), activations
+                             rounded to bf16 as the products read them, products
+                             summed in float32 (AVX512-BF16 where present, portable
+                             code elsewhere, the same bits) */
     QKV_ENCODER_INT8 = 2  /* weights quantised to int8 per output channel at load (a
                              copy of about a quarter of their size; the mapped float32
                              ones are no longer read), activations to int8 per row at

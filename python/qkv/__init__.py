@@ -454,7 +454,7 @@ class _Texts:
         self.count = n
 
 
-_PRECISIONS = {"fp32": 0, "int8": 2}  # qkv_encoder_precision
+_PRECISIONS = {"fp32": 0, "bf16": 1, "int8": 2}  # qkv_encoder_precision
 
 
 class Encoder:
@@ -465,8 +465,9 @@ class Encoder:
 
     threads: worker threads of every call (0: $QKV_NUM_THREADS or the cores);
     max_length: truncation in tokens, [CLS] and [SEP] included (0: from the
-    model); precision: 'fp32' (default) or 'int8' (the projections with int8
-    weights per output channel and activations per row; docs/ENCODER.md).
+    model); precision: 'fp32' (default), 'bf16' (the projections with bf16
+    weights and activations, float sums) or 'int8' (int8 weights per output
+    channel and activations per row); docs/ENCODER.md.
     Texts are str (encoded as UTF-8) or bytes (UTF-8); invalid UTF-8
     is refused, never replaced. Failures raise qkv.Error with the library's
     sentence (the file and field, or the text's index). One encoder runs one
@@ -547,7 +548,7 @@ class Encoder:
         max_positions, type_vocab_size, max_length (the truncation in
         effect), pooling ('mean' | 'cls' | 'max': the model's), normalize
         (bool: the model's), layer_norm_eps, hidden_act ('gelu' | 'gelu_new'
-        | 'relu'), precision ('fp32' | 'int8')."""
+        | 'relu'), precision ('fp32' | 'bf16' | 'int8')."""
         return dict(self._info)
 
     @property

@@ -194,6 +194,8 @@ static qkv_status project(const qkv_encoder *e, const enc_layer *L, int which, c
     const float *const b[ENC_W_COUNT] = {L->bq, L->bk, L->bv, L->bo, L->bi, L->bo2};
     if (e->info.precision == QKV_ENCODER_INT8)
         return qkv_i8_linear(x, rows, in, &L->i8[which], b[which], y, out, e->threads);
+    if (e->info.precision == QKV_ENCODER_BF16)
+        return qkv_gemm_bf16_packed(0, rows, 1.0f, x, in, &L->bf[which], 0.0f, y, out, b[which], e->threads);
     return nn_linear(x, rows, in, w[which], b[which], out, y, e->threads);
 }
 

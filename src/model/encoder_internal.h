@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gemm/gemm.h"
 #include "gemm/i8.h"
 #include "qkv.h"
 
@@ -42,6 +43,7 @@ typedef struct enc_layer {
     const float *wo2, *bo2;                   /* output.dense [hidden, inter] */
     const float *ln2_g, *ln2_b;               /* output.LayerNorm */
     qkv_i8_matrix i8[ENC_W_COUNT];            /* QKV_ENCODER_INT8: the quantised projections */
+    qkv_gemm_bf16_b bf[ENC_W_COUNT];          /* QKV_ENCODER_BF16: the projections in bf16 panels */
 } enc_layer;
 
 struct qkv_encoder {

@@ -448,8 +448,9 @@ static qkv_status bind_weights(qkv_encoder *e, char *why, size_t why_len) {
     return QKV_OK;
 }
 
-/* QKV_ENCODER_INT8: every projection quantised per output channel. */
-static qkv_status quantise_weights(qkv_encoder *e, char *why, size_t why_len) {
+/* QKV_ENCODER_INT8: every projection quantised per output channel;
+ * QKV_ENCODER_BF16: every projection rounded into bf16 panels. */
+static qkv_status convert_weights(qkv_encoder *e, int precision, char *why, size_t why_len) {
     const int64_t H = e->info.hidden, I = e->info.intermediate;
     static const char *const NAMES[ENC_W_COUNT] = {"attention.self.query", "attention.self.key",
                                                    "attention.self.value", "attention.output.dense",
@@ -459,7 +460,9 @@ static qkv_status quantise_weights(qkv_encoder *e, char *why, size_t why_len) {
         const float *w[ENC_W_COUNT] = {L->wq, L->wk, L->wv, L->wo, L->wi, L->wo2};
         for (int i = 0; i < ENC_W_COUNT; i++) {
             int64_t out = i == ENC_W_I ? I : H, in = i == ENC_W_O2 ? I : H;
-            qkv_status s = qkv_i8_matrix_make(w[i], out, in, in, &L->i8[i]);
+            qkv_status s = precision == QKV_ENCODER_INT8
+                               ? qkv_i8_matrix_make(w[i], out, in, in, &L->i8[i])
+                               : qkv_gemm_bf16_pack_b(1, in, out, w[i], in, e->threads, &L->bf[i]);
             if (s != QKV_OK)
                 return qkv_fail(why, why_len, s, "encoder.layer.%lld.%s.weight: %s", (long long)l, NAMES[i],
                                 s == QKV_ERR_NOT_FINITE ? "a weight is NaN or infinite" : qkv_status_string(s));
@@ -467,7 +470,7 @@ static qkv_status quantise_weights(qkv_encoder *e, char *why, size_t why_len) {
             qkv_safetensors_release(e->weights, w[i], (size_t)(out * in) * sizeof(float));
         }
     }
-    e->info.precision = QKV_ENCODER_INT8;
+    e->info.precision = precision;
     return QKV_OK;
 }
 
@@ -481,7 +484,8 @@ qkv_status qkv_encoder_load(const char *dir, const qkv_encoder_options *opt, qkv
     if (opt && (opt->threads < 0 || opt->max_length < 0 || opt->max_length == 1))
         return qkv_fail(why, why_len, QKV_ERR_BAD_SIZE, "options: threads and max_length must be >= 0 (max_length "
                         "0 or >= 2)");
-    if (opt && opt->precision != QKV_ENCODER_FP32 && opt->precision != QKV_ENCODER_INT8)
+    if (opt && opt->precision != QKV_ENCODER_FP32 && opt->precision != QKV_ENCODER_BF16 &&
+        opt->precision != QKV_ENCODER_INT8)
         return qkv_fail(why, why_len, QKV_ERR_BAD_ENUM, "options: precision %d is not a qkv_encoder_precision",
                         opt->precision);
     struct stat sb;
@@ -516,7 +520,7 @@ qkv_status qkv_encoder_load(const char *dir, const qkv_encoder_options *opt, qkv
     if (s == QKV_OK && !(e->layer = qkv_alloc_zeroed((size_t)e->info.layers * sizeof *e->layer)))
         s = qkv_fail(why, why_len, QKV_ERR_OUT_OF_MEMORY, "out of memory");
     if (s == QKV_OK) s = bind_weights(e, why, why_len);
-    if (s == QKV_OK && opt && opt->precision == QKV_ENCODER_INT8) s = quantise_weights(e, why, why_len);
+    if (s == QKV_OK && opt && opt->precision != QKV_ENCODER_FP32) s = convert_weights(e, opt->precision, why, why_len);
     if (s == QKV_OK) {
         s = qkv_tokenizer_load(dir, NULL, &e->tok, why, why_len);
         if (s == QKV_OK) {
@@ -540,7 +544,10 @@ void qkv_encoder_free(qkv_encoder *e) {
     qkv_tokenizer_free(e->tok);
     qkv_safetensors_free(e->weights);
     for (int64_t l = 0; e->layer && l < e->info.layers; l++)
-        for (int i = 0; i < ENC_W_COUNT; i++) qkv_i8_matrix_free(&e->layer[l].i8[i]);
+        for (int i = 0; i < ENC_W_COUNT; i++) {
+            qkv_i8_matrix_free(&e->layer[l].i8[i]);
+            qkv_gemm_bf16_b_free(&e->layer[l].bf[i]);
+        }
     QKV_FREE_ALL(e->layer, e->ws, e->offsets, e->ids, e->types, e);
 }
 

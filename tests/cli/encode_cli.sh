@@ -31,6 +31,9 @@ npy "$TMP/off.npy" '<i8' '(7,)'
 run embed --model "$M" --input "$S" --precision int8 -o "$TMP/e8.npy"
 check $rc "embed --precision int8"
 npy "$TMP/e8.npy" '<f4' '(6,16)'
+run embed --model "$M" --input "$S" --precision bf16 -o "$TMP/eb.npy"
+check $rc "embed --precision bf16"
+npy "$TMP/eb.npy" '<f4' '(6,16)'
 
 # Line 1 and line 6 of the file are the two --text sentences: the same rows.
 cut_rows() { tail -c +129 "$1" | head -c $((64 * $3)) | tail -c $((64 * ($3 - $2 + 1))); }
@@ -184,7 +187,7 @@ refuse 1 "--query: number 1: invalid UTF-8" search --model "$M" --corpus "$S" --
 refuse 1 "--input $TMP/empty.txt: $TMP/empty.txt holds no sentences" "${E[@]}" --input "$TMP/empty.txt" -o @O@/x.npy
 refuse 1 "--corpus $TMP/empty.txt: $TMP/empty.txt holds no sentences" search --model "$M" --corpus "$TMP/empty.txt" --query a
 refuse 2 "--pooling: unknown pooling 'sum' (expected mean, cls, max or none)" "${E[@]}" --text a --pooling sum -o @O@/x.npy
-refuse 2 "--precision: unknown precision 'int4' (expected fp32 or int8)" "${E[@]}" --text a --precision int4 -o @O@/x.npy
+refuse 2 "--precision: unknown precision 'int4' (expected fp32, bf16 or int8)" "${E[@]}" --text a --precision int4 -o @O@/x.npy
 refuse 2 "--pooling: unknown pooling 'none' (expected mean, cls, max)" similarity --model "$M" --text a --text b --pooling none
 refuse 2 "--batch: '0' is out of range" "${E[@]}" --text a --batch 0 -o @O@/x.npy
 refuse 2 "--threads: '-1' is out of range" "${E[@]}" --text a --threads -1 -o @O@/x.npy
