@@ -700,6 +700,58 @@ static void test_bf16_allocator(void) {
     problem_free(&p);
 }
 
+/* qkv_gemm_few_rows with a kernel table: y = x W^T + b for M up to
+ * QKV_GEMM_FEW_ROWS (the few_rows kernel) and beyond (the packed path),
+ * against a double product within the float sum bound (2 (K + 2) u sum
+ * |terms|), the same bits on 1, 2 and 3 threads, bad arguments. */
+static void test_few_rows(const qkv_gemm_kernel *k, uint64_t seed) {
+    static const int64_t MS[] = {1, 2, 5, 6, 7, 10, 16, 17}, NS[] = {1, 3, 4, 5, 63, 65, 130}, KS[] = {1, 7, 16, 17, 384};
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    for (size_t a = 0; a < 8; a++)
+        for (size_t b = 0; b < 7; b++)
+            for (size_t c = 0; c < 5; c++) {
+                int64_t M = MS[a], N = NS[b], K = KS[c], ldx = K + 1, ldw = K + 3, ldy = N + 2;
+                float *x = malloc((size_t)(M * ldx) * sizeof *x), *w = malloc((size_t)(N * ldw) * sizeof *w);
+                float *bias = malloc((size_t)N * sizeof *bias), *y = malloc((size_t)(M * ldy) * sizeof *y);
+                float *y2 = malloc((size_t)(M * ldy) * sizeof *y2);
+                tu_fill_normal_f32(&r, x, (size_t)(M * ldx), 1.0);
+                tu_fill_normal_f32(&r, w, (size_t)(N * ldw), 1.0);
+                tu_fill_normal_f32(&r, bias, (size_t)N, 1.0);
+                const float *bb = (a + b) % 2 ? bias : NULL;
+                CHECK_STATUS(qkv_gemm_few_rows_with(k, M, N, K, x, ldx, w, ldw, bb, y, ldy, 1), QKV_OK);
+                int ok = 1;
+                for (int64_t i = 0; i < M && ok; i++)
+                    for (int64_t j = 0; j < N && ok; j++) {
+                        double s = bb ? bb[j] : 0, mag = bb ? fabs(bb[j]) : 0;
+                        for (int64_t p = 0; p < K; p++) {
+                            s += (double)x[i * ldx + p] * w[j * ldw + p];
+                            mag += fabs((double)x[i * ldx + p] * w[j * ldw + p]);
+                        }
+                        ok = fabs(y[i * ldy + j] - s) <= 2.0 * (double)(K + 2) * 0x1p-24 * mag;
+                    }
+                CHECK(ok, "%s few_rows M %lld N %lld K %lld: within the float bound", k->name, (long long)M, (long long)N,
+                      (long long)K);
+                for (int t = 2; t <= 3; t++) {
+                    CHECK_STATUS(qkv_gemm_few_rows_with(k, M, N, K, x, ldx, w, ldw, bb, y2, ldy, t), QKV_OK);
+                    int same = 1;
+                    for (int64_t i = 0; i < M; i++) same &= memcmp(y + i * ldy, y2 + i * ldy, (size_t)N * sizeof *y) == 0;
+                    CHECK(same, "%s few_rows M %lld N %lld K %lld: %d threads, the same bits", k->name, (long long)M,
+                          (long long)N, (long long)K, t);
+                }
+                free(x);
+                free(w);
+                free(bias);
+                free(y);
+                free(y2);
+            }
+    float v[4] = {1, 2, 3, 4}, out[4];
+    CHECK_STATUS(qkv_gemm_few_rows_with(k, -1, 1, 1, v, 1, v, 1, NULL, out, 1, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_few_rows_with(k, 1, 1, 2, v, 1, v, 2, NULL, out, 1, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(qkv_gemm_few_rows_with(k, 1, 1, 1, NULL, 1, v, 1, NULL, out, 1, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(qkv_gemm_few_rows_with(k, 0, 1, 1, NULL, 1, NULL, 1, NULL, NULL, 1, 1), QKV_OK);
+}
+
 int main(void) {
     int archs = 0;
     if (qkv_gemm_uses_cblas())
@@ -718,6 +770,7 @@ int main(void) {
         test_threads(k, 3000 + (uint64_t)arch);
         test_threads_public(arch);
         test_bf16(arch, 60, 4000 + (uint64_t)arch);
+        test_few_rows(k, 5000 + (uint64_t)arch);
         printf("arch %s (kernel %s, MC %d KC %d NC %d; bf16 kernel %s): %s\n", qkv_arch_name(arch), k->name,
                k->mc, k->kc, k->nc, bf16_kernel_of(arch)->name, tu_failed == before ? "ok" : "FAILED");
     }

@@ -266,3 +266,60 @@ qkv_status qkv_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
     return qkv_gemm_run(qkv_gemm_kernel_active(), trans_a, trans_b, M, N, K, alpha, A, lda, B,
                         ldb, beta, C, ldc, t);
 }
+
+/* ---- a few rows: y = x W^T + b read straight from W --------------------- */
+
+typedef struct few_job {
+    const qkv_gemm_kernel *k;
+    const float *x, *w, *b;
+    float *y;
+    int64_t M, N, K, ldx, ldw, ldy, cols; /* cols: columns of y per unit */
+} few_job;
+
+static void few_unit(void *ctx, int64_t unit, int t) {
+    (void)t;
+    const few_job *j = ctx;
+    int64_t j0 = unit * j->cols, j1 = j0 + j->cols < j->N ? j0 + j->cols : j->N;
+    for (int64_t jj = j0; jj < j1; jj += QKV_GEMM_FEW_N) {
+        int n = (int)(j1 - jj < QKV_GEMM_FEW_N ? j1 - jj : QKV_GEMM_FEW_N);
+        for (int64_t i = 0; i < j->M; i += QKV_GEMM_FEW_M) {
+            int m = (int)(j->M - i < QKV_GEMM_FEW_M ? j->M - i : QKV_GEMM_FEW_M);
+            j->k->few_rows(j->K, j->x + i * j->ldx, j->ldx, j->w + jj * j->ldw, j->ldw, j->y + i * j->ldy + jj, j->ldy,
+                           j->b ? j->b + jj : NULL, m, n);
+        }
+    }
+}
+
+qkv_status qkv_gemm_few_rows_with(const qkv_gemm_kernel *k, int64_t M, int64_t N, int64_t K, const float *x,
+                                  int64_t ldx, const float *w, int64_t ldw, const float *b, float *y, int64_t ldy,
+                                  int threads) {
+    if (M < 0 || N < 0 || K < 0 || threads < 0) return QKV_ERR_BAD_SIZE;
+    if ((M > 0 && N > 0 && (!y || (K > 0 && (!x || !w))))) return QKV_ERR_NULL_POINTER;
+    if (ldx < K || ldw < K || ldy < N) return QKV_ERR_BAD_SIZE;
+    if (!qkv_gemm_extent_ok(M, K, ldx) || !qkv_gemm_extent_ok(N, K, ldw) || !qkv_gemm_extent_ok(M, N, ldy))
+        return QKV_ERR_SIZE_OVERFLOW;
+    if (M == 0 || N == 0) return QKV_OK;
+    if (M > QKV_GEMM_FEW_ROWS || !k->few_rows || K == 0) { /* the packed path, then the bias */
+        qkv_status s = qkv_gemm_run(k, 0, 1, M, N, K, 1.0f, x, ldx, w, ldw, 0.0f, y, ldy,
+                                    qkv_gemm_threads_for(M, N, K, threads));
+        if (s != QKV_OK || !b) return s;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t jj = 0; jj < N; jj++) y[i * ldy + jj] += b[jj];
+        return QKV_OK;
+    }
+    /* units of 64 output columns: each element has one owner, in the same order for any thread count */
+    few_job j = {k, x, w, b, y, M, N, K, ldx, ldw, ldy, 64};
+    int64_t units = (N + j.cols - 1) / j.cols;
+    int t = qkv_gemm_threads_for(M, N, K, threads);
+    if (t > units) t = (int)units;
+    if (t <= 1)
+        for (int64_t u = 0; u < units; u++) few_unit(&j, u, 0);
+    else
+        qkv_parallel_for(t, units, few_unit, &j);
+    return QKV_OK;
+}
+
+qkv_status qkv_gemm_few_rows(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const float *w,
+                             int64_t ldw, const float *b, float *y, int64_t ldy, int threads) {
+    return qkv_gemm_few_rows_with(qkv_gemm_kernel_active(), M, N, K, x, ldx, w, ldw, b, y, ldy, threads);
+}

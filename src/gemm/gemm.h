@@ -63,6 +63,21 @@ void *qkv_gemm_alloc_aligned(size_t bytes, void **raw);
  * when nthreads == 1, else one unit per thread of the pool. */
 void qkv_gemm_run_units(int nthreads, void (*fn)(void *ctx, int64_t unit, int t), void *ctx);
 
+/* ---- a few rows (a short input to a linear layer) -------------------------
+ * y [M, N] = x [M, K] W^T + b with W stored [N, K] (a linear layer's weight,
+ * row stride ldw), b NULL or N floats, for M <= QKV_GEMM_FEW_ROWS: the
+ * kernel's few_rows reads every weight once, straight from W (no packing),
+ * and uses it for all M rows; threads split the output columns. The sums'
+ * order differs from qkv_sgemm's (within the float bound); results are
+ * bitwise identical for any thread count. Larger M, or a table without
+ * few_rows, runs the packed path and adds b. Errors as qkv_sgemm. */
+#define QKV_GEMM_FEW_ROWS 16
+qkv_status qkv_gemm_few_rows(int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const float *w,
+                             int64_t ldw, const float *b, float *y, int64_t ldy, int threads);
+qkv_status qkv_gemm_few_rows_with(const qkv_gemm_kernel *k, int64_t M, int64_t N, int64_t K, const float *x,
+                                  int64_t ldx, const float *w, int64_t ldw, const float *b, float *y, int64_t ldy,
+                                  int threads);
+
 /* ---- bf16 products (bf16.c) ------------------------------------------------
  * C = alpha op(A) op(B) + beta C (+ bias) with op(A) and op(B) rounded to
  * bf16 (nearest even) while they are packed, products of bf16 values summed

@@ -36,7 +36,20 @@ typedef struct qkv_gemm_kernel {
      * panel, dst[p * w + i] = src[i * ld + p] for i < w, p < kc, w = MR or NR
      * (A as stored [M, K], B transposed). */
     void (*pack_t)(const float *src, int64_t ld, int64_t kc, int w, float *dst);
+    /* Optional (NULL: the packed path serves every M): the product for a
+     * few rows of A read straight from B stored [N, K], as a linear layer
+     * with a short input needs it (no panel packed: every weight is read
+     * once, from memory, and used for all the rows): for i < m (1 ..
+     * QKV_GEMM_FEW_M), j < n (1 .. QKV_GEMM_FEW_N), c[i*ldc + j] = sum_{p <
+     * K} a[i*lda + p] b[j*ldb + p] (+ bias[j] when bias != NULL), the sum in
+     * float in the kernel's own order (within the float sum bound of any
+     * other). Reads exactly those rows of a and b. */
+    void (*few_rows)(int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                     const float *bias, int m, int n);
 } qkv_gemm_kernel;
+
+#define QKV_GEMM_FEW_M 6 /* rows of A per few_rows call */
+#define QKV_GEMM_FEW_N 4 /* rows of B per few_rows call */
 
 /* The generic table; an ISA's init replaces it whole (the kernel, its
  * register tile and blocking go together). */

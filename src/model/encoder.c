@@ -196,6 +196,8 @@ static qkv_status project(const qkv_encoder *e, const enc_layer *L, int which, c
         return qkv_i8_linear(x, rows, in, &L->i8[which], b[which], y, out, e->threads);
     if (e->info.precision == QKV_ENCODER_BF16)
         return qkv_gemm_bf16_packed(0, rows, 1.0f, x, in, &L->bf[which], 0.0f, y, out, b[which], e->threads);
+    if (rows <= QKV_GEMM_FEW_ROWS) /* a short sentence: every weight read once, no packing */
+        return qkv_gemm_few_rows(rows, out, in, x, in, w[which], in, b[which], y, out, e->threads);
     return nn_linear(x, rows, in, w[which], b[which], out, y, e->threads);
 }
 

@@ -73,6 +73,47 @@ static void pack_t_avx512(const float *src, int64_t ld, int64_t kc, int w, float
  * B panel; MC mattered little (within noise from 56 to 504). NC = 4096: a
  * 512 x 4096 B block (8 MB) stays in L3; the layer's N (512, 1536) is one
  * block. */
+/* A few rows of A against rows of B [N, K] (kernels/gemm.h): 6 x 4 zmm
+ * accumulators over K in steps of 16 (masked tail), then each reduced
+ * across its lanes. Rows past m (n) repeat the last one: computed, never
+ * stored, so the loop has no branch. Memory-bound by design: every weight
+ * is loaded once and used for the m rows. */
+static void few_rows_avx512(int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                            int64_t ldc, const float *bias, int m, int n) {
+#define AR(i) const float *a##i = a + ((i) < m ? (i) : m - 1) * lda;
+#define BR(j) const float *b##j = b + ((j) < n ? (j) : n - 1) * ldb;
+    AR(0) AR(1) AR(2) AR(3) AR(4) AR(5)
+    BR(0) BR(1) BR(2) BR(3)
+#define Z(i) __m512 s##i##0 = _mm512_setzero_ps(), s##i##1 = s##i##0, s##i##2 = s##i##0, s##i##3 = s##i##0;
+    Z(0) Z(1) Z(2) Z(3) Z(4) Z(5)
+#define ROW(i)                                                  \
+    {                                                           \
+        __m512 x = _mm512_maskz_loadu_ps(mk, a##i + p);         \
+        s##i##0 = _mm512_fmadd_ps(x, w0, s##i##0);              \
+        s##i##1 = _mm512_fmadd_ps(x, w1, s##i##1);              \
+        s##i##2 = _mm512_fmadd_ps(x, w2, s##i##2);              \
+        s##i##3 = _mm512_fmadd_ps(x, w3, s##i##3);              \
+    }
+    for (int64_t p = 0; p < K; p += 16) {
+        __mmask16 mk = K - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - p)) - 1u);
+        __m512 w0 = _mm512_maskz_loadu_ps(mk, b0 + p), w1 = _mm512_maskz_loadu_ps(mk, b1 + p);
+        __m512 w2 = _mm512_maskz_loadu_ps(mk, b2 + p), w3 = _mm512_maskz_loadu_ps(mk, b3 + p);
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
+    }
+#define OUT(i)                                                                                          \
+    if ((i) < m) {                                                                                      \
+        float r[4] = {_mm512_reduce_add_ps(s##i##0), _mm512_reduce_add_ps(s##i##1),                    \
+                      _mm512_reduce_add_ps(s##i##2), _mm512_reduce_add_ps(s##i##3)};                   \
+        for (int j = 0; j < n; j++) c[(i) * ldc + j] = bias ? r[j] + bias[j] : r[j];                    \
+    }
+    OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5)
+#undef AR
+#undef BR
+#undef Z
+#undef ROW
+#undef OUT
+}
+
 void qkv_gemm_init_avx512(qkv_gemm_kernel *k) {
-    *k = (qkv_gemm_kernel){"avx512 14x32", MR, NR, MR * 8, 512, 4096, ukr_avx512, pack_t_avx512};
+    *k = (qkv_gemm_kernel){"avx512 14x32", MR, NR, MR * 8, 512, 4096, ukr_avx512, pack_t_avx512, few_rows_avx512};
 }

@@ -129,18 +129,26 @@ static void add_layernorm_avx512(float *x, const float *res, const float *g, con
         }
         s = _mm512_add_ps(s, v);
     }
-    const float mean = _mm512_reduce_add_ps(s) / (float)n;
-    const __m512 vm = _mm512_set1_ps(mean);
-    __m512 sq = _mm512_setzero_ps();
+    /* The mean in float is off by a few units of its last place; the second
+     * pass sums the offsets from it too and corrects both the centre and
+     * the variance (sum d^2 / n - (sum d / n)^2), so rows whose mean is far
+     * from 0 against their spread lose nothing. */
+    const float c0 = _mm512_reduce_add_ps(s) / (float)n;
+    const __m512 vc = _mm512_set1_ps(c0);
+    __m512 sd = _mm512_setzero_ps(), sq = _mm512_setzero_ps();
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
-        __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, x + i), vm);
+        __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, x + i), vc);
+        sd = _mm512_add_ps(sd, d);
         sq = _mm512_fmadd_ps(d, d, sq);
     }
-    const __m512 rs = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(sq) / (float)n + eps));
+    const float delta = _mm512_reduce_add_ps(sd) / (float)n;
+    float var = _mm512_reduce_add_ps(sq) / (float)n - delta * delta;
+    if (var < 0.0f) var = 0.0f;
+    const __m512 rs = _mm512_set1_ps(1.0f / sqrtf(var + eps)), vd = _mm512_set1_ps(delta);
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
-        __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm), rs);
+        __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vc), vd), rs);
         __m512 o = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, b + i));
         _mm512_mask_storeu_ps(x + i, m, o);
     }

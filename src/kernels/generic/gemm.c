@@ -36,10 +36,20 @@ static void ukr_generic(int64_t kc, const float *ap, const float *bp, float *c, 
     merge_tile(&acc[0][0], NR, c, ldc, alpha, beta, m, n);
 }
 
+static void few_rows_generic(int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                             int64_t ldc, const float *bias, int m, int n) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int64_t p = 0; p < K; p++) s += a[i * lda + p] * b[j * ldb + p];
+            c[i * ldc + j] = bias ? s + bias[j] : s;
+        }
+}
+
 /* KC = 512 as for the SIMD kernels (one K block for the layer's E = 512);
  * MC = 128: a 128 x 512 A block (256 KB) in L2. */
 void qkv_gemm_init_generic(qkv_gemm_kernel *k) {
-    *k = (qkv_gemm_kernel){"generic 4x8", MR, NR, 128, 512, 4096, ukr_generic, NULL};
+    *k = (qkv_gemm_kernel){"generic 4x8", MR, NR, 128, 512, 4096, ukr_generic, NULL, few_rows_generic};
 }
 
 /* ---- bf16: the contract of kernels/gemm.h in plain C ---------------------
