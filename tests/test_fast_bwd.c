@@ -97,7 +97,7 @@ static void check_problem(fprob *p, int check_threads) {
     float *nq = malloc((size_t)p->nq_el * sizeof(float)), *nk = malloc((size_t)p->nk_el * sizeof(float)),
           *nv = malloc((size_t)p->nv_el * sizeof(float)),
           *nb = p->nb_el ? malloc((size_t)p->nb_el * sizeof(float)) : NULL;
-    n32_backward(p, nq, nk, nv, nb);
+    n32_backward(p, nq, nk, nv, nb, NULL);
 
     for (int give = 0; give <= 1; give++) {
         bwd_out f = run_fast(p, 1, give);
