@@ -210,7 +210,9 @@ typedef enum qkv_impl {
     QKV_IMPL_AUTO = 0,          /* the fastest available for the request */
     QKV_IMPL_REFERENCE = 1,     /* plain loops accumulating in double: the oracle */
     QKV_IMPL_FAST = 2           /* tiled, fused FlashAttention-2 style CPU path (F32; not
-                                   the additive score: QKV_ERR_UNSUPPORTED), O(n) memory */
+                                   the additive score, 2-D relative positions or non-finite
+                                   ALiBi / relative parameters: QKV_ERR_UNSUPPORTED),
+                                   O(n) memory */
 } qkv_impl;
 
 /* The description of one attention problem. Initialise with
