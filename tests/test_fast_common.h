@@ -20,6 +20,7 @@
 #define QKV_TEST_FAST_COMMON_H
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -306,5 +307,28 @@ static inline double fp_err(const float *a, const double *b, int64_t n) {
 }
 
 static inline int fp_any_nan(const float *x, int64_t n) { return tu_has_nan_f32(x, (size_t)n); }
+
+/* Runs tests() once on every ISA path the CPU has (forced in turn, the
+ * active one named in *arch for messages), printing each path's verdict;
+ * fails when none ran. Returns tu_finish(). */
+static inline int fp_each_arch(int *arch, void (*tests)(void)) {
+    int ran = 0;
+    for (int a = 0; a < QKV_ARCH_COUNT; a++) {
+        if (!qkv_cpu_has((qkv_arch)a)) {
+            printf("arch %s: not available here, skipped\n", qkv_arch_name(a));
+            continue;
+        }
+        CHECK(qkv_cpu_force_arch(a) == 1, "cannot force %s", qkv_arch_name(a));
+        CHECK(strcmp(qkv_kernels_active()->name, qkv_arch_name(a)) == 0, "forced arch not active");
+        *arch = a;
+        long before = tu_failed;
+        tests();
+        printf("arch %s: %s\n", qkv_arch_name(a), tu_failed == before ? "ok" : "FAILED");
+        ran++;
+    }
+    qkv_cpu_force_arch(-1);
+    CHECK(ran >= 1, "no arch ran");
+    return tu_finish();
+}
 
 #endif

@@ -189,10 +189,11 @@ static void check_case(const pcase *c, uint64_t seed) {
 
     /* The oracle, in double. */
     qkv_attn_desc d64 = desc64(&p);
-    double *ro = malloc((size_t)f->no_el * sizeof(double)), *rl = malloc((size_t)f->nl_el * sizeof(double));
+    double *ro = malloc((size_t)f->no_el * sizeof(double)), *rl = malloc((size_t)f->nl_el * sizeof(double)),
+           *ra = malloc((size_t)f->na_el * sizeof(double));
     double *rq = malloc((size_t)f->nq_el * sizeof(double)), *rk = malloc((size_t)f->nk_el * sizeof(double)),
            *rv = malloc((size_t)f->nv_el * sizeof(double)), *rr = nrel ? malloc((size_t)nrel * sizeof(double)) : NULL;
-    CHECK(qkv_attention_forward(&d64, f->qd, f->kd, f->vd, ro, NULL, rl) == QKV_OK, "reference forward %s", what);
+    CHECK(qkv_attention_forward(&d64, f->qd, f->kd, f->vd, ro, ra, rl) == QKV_OK, "reference forward %s", what);
     qkv_attn_grads g64;
     memset(&g64, 0, sizeof g64);
     g64.dq = rq;
@@ -203,10 +204,20 @@ static void check_case(const pcase *c, uint64_t seed) {
           "reference backward %s", what);
 
     /* The error scale: the same problem in plain float. */
-    float *no = malloc((size_t)f->no_el * sizeof(float)), *nl = malloc((size_t)f->nl_el * sizeof(float));
+    float *no = malloc((size_t)f->no_el * sizeof(float)), *nl = malloc((size_t)f->nl_el * sizeof(float)),
+          *na = malloc((size_t)f->na_el * sizeof(float));
     float *nq = malloc((size_t)f->nq_el * sizeof(float)), *nk = malloc((size_t)f->nk_el * sizeof(float)),
           *nv = malloc((size_t)f->nv_el * sizeof(float)), *nr = nrel ? malloc((size_t)nrel * sizeof(float)) : NULL;
-    n32_forward(f, no, nl, NULL);
+    n32_forward(f, no, nl, na);
+
+    /* The attention matrix (the forward's second sweep over its tiles). */
+    qkv_attn_desc df = f->d;
+    df.impl = QKV_IMPL_FAST;
+    float *fo = malloc((size_t)f->no_el * sizeof(float)), *fa = malloc((size_t)f->na_el * sizeof(float));
+    CHECK(qkv_attention_forward(&df, f->q, f->k, f->v, fo, fa, NULL) == QKV_OK, "fast forward with attn %s", what);
+    cmp("attn", fa, na, ra, f->na_el, KF, what);
+    free(fo);
+    free(fa);
     n32_backward(f, nq, nk, nv, NULL, nr);
 
     for (int give = 0; give <= 1; give++) {
@@ -238,7 +249,7 @@ static void check_case(const pcase *c, uint64_t seed) {
             }
         free_run(&r);
     }
-    free(ro); free(rl); free(rq); free(rk); free(rv); free(rr);
+    free(ro); free(rl); free(ra); free(na); free(rq); free(rk); free(rv); free(rr);
     free(no); free(nl); free(nq); free(nk); free(nv); free(nr);
     release(&p);
 }
@@ -469,26 +480,12 @@ static void test_bf16(void) {
     release(&p);
 }
 
-int main(void) {
-    int ran = 0;
-    for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
-        if (!qkv_cpu_has((qkv_arch)arch)) {
-            printf("arch %s: not available here, skipped\n", qkv_arch_name(arch));
-            continue;
-        }
-        CHECK(qkv_cpu_force_arch(arch) == 1, "cannot force %s", qkv_arch_name(arch));
-        CHECK(strcmp(qkv_kernels_active()->name, qkv_arch_name(arch)) == 0, "forced arch not active");
-        g_arch = arch;
-        long before = tu_failed;
-        test_shapes();
-        test_features();
-        test_fully_masked();
-        test_reference_only();
-        test_bf16();
-        printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");
-        ran++;
-    }
-    qkv_cpu_force_arch(-1);
-    CHECK(ran >= 1, "no arch ran");
-    return tu_finish();
+static void all_tests(void) {
+    test_shapes();
+    test_features();
+    test_fully_masked();
+    test_reference_only();
+    test_bf16();
 }
+
+int main(void) { return fp_each_arch(&g_arch, all_tests); }
