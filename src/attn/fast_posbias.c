@@ -22,7 +22,15 @@ qkv_status fa_posbias_init(fa_ctx *c) {
     const qkv_attn_desc *d = &c->p->d;
     c->pb = NULL;
     if (!d->alibi_slopes && !d->rel_table) return QKV_OK;
-    const int64_t n_off = c->nq + c->nk - 1, H = c->H;
+    /* Visible keys lie in [0, n_k): offsets in [-max pos, n_k - 1 - min pos]
+     * ([1 - n_k, n_q - 1] for the API's alignment, packed or not). */
+    int64_t pmin = INT64_MAX, pmax = INT64_MIN;
+    for (int64_t i = 0; i < c->nq; i++) {
+        int64_t x = qkv_plan_query_position(c->p, i);
+        if (x < pmin) pmin = x;
+        if (x > pmax) pmax = x;
+    }
+    const int64_t n_off = c->nk + pmax - pmin, H = c->H;
     size_t at_pos = qkv_round64(sizeof(fa_posbias));
     size_t at_tab = at_pos + qkv_round64((size_t)c->nq * sizeof(int64_t));
     size_t at_bkt = at_tab + qkv_round64((size_t)(H * n_off) * sizeof(float));
@@ -34,7 +42,7 @@ qkv_status fa_posbias_init(fa_ctx *c) {
     pb->tab = (float *)(void *)(blk + at_tab);
     pb->bucket = d->rel_table ? (int32_t *)(void *)(blk + at_bkt) : NULL;
     pb->n_off = n_off;
-    pb->omin = 1 - c->nk;
+    pb->omin = -pmax;
     pb->linear = 1;
     for (int64_t i = 0; i < c->nq; i++) {
         pb->pos[i] = qkv_plan_query_position(c->p, i);

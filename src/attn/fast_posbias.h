@@ -5,9 +5,10 @@
  *
  * The bias depends on (head, offset) only, and the visible pairs of a call
  * have offsets in [1 - n_k, n_q - 1] (packed sequences too: each is at most
- * as long as the whole). So once per call, before any tile, the bias of
- * every head and offset is computed (the bucket of each offset once, shared
- * by the heads) into a table of H (n_q + n_k - 1) floats in tile units (the
+ * as long as the whole; the table spans [-max p, n_k - 1 - min p], which is
+ * that range). So once per call, before any tile, the bias of every head
+ * and offset is computed (the bucket of each offset once, shared by the
+ * heads) into a table of H (n_q + n_k - 1) floats in tile units (the
  * natural bias divided by the tile's scale, see fast_common.h: adding it to
  * a raw q.k tile keeps the raw mode and its exp2 trick). A tile then adds,
  * per query row, a contiguous slice of its head's table: no bucket math and
