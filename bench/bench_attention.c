@@ -50,8 +50,14 @@
 
 #define MAX_LIST 16
 
-typedef enum impl_kind { IMPL_FAST = 0, IMPL_AUTO, IMPL_REFERENCE, IMPL_NAIVE, IMPL_COUNT } impl_kind;
-static const char *const impl_names[IMPL_COUNT] = {"fast", "auto", "reference", "naive"};
+/* fast-alibi, fast-rel: the fast path with ALiBi (the paper's slopes) or
+ * T5's relative buckets (32, up to distance 128, bidirectional without a
+ * mask; the backward also computes d_rel_table), beside the plain one. */
+typedef enum impl_kind {
+    IMPL_FAST = 0, IMPL_AUTO, IMPL_REFERENCE, IMPL_NAIVE, IMPL_FAST_ALIBI, IMPL_FAST_REL, IMPL_COUNT
+} impl_kind;
+static const char *const impl_names[IMPL_COUNT] = {"fast", "auto", "reference", "naive", "fast-alibi", "fast-rel"};
+#define BENCH_REL_BUCKETS 32
 
 typedef struct options {
     int64_t batch, heads, dim;
@@ -91,7 +97,9 @@ static void usage(FILE *f) {
             "  --n LIST            sequence lengths (default 512,1024,4096,16384)\n"
             "  --batch B --heads H --dim D   (default 1, 8, 64)\n"
             "  --threads LIST      thread counts (default: the online cores)\n"
-            "  --impl LIST         fast,auto,reference,naive (default fast,reference,naive)\n"
+            "  --impl LIST         fast,auto,reference,naive,fast-alibi,fast-rel\n"
+            "                      (default fast,reference,naive; fast-alibi / fast-rel: the fast path\n"
+            "                      with ALiBi / T5 relative buckets, not in the error table)\n"
             "  --causal LIST       0,1 (default 0,1)\n"
             "  --pass LIST         fwd,bwd (default fwd,bwd)\n"
             "  --reps R            timed repetitions after one warm-up (default 5)\n"
@@ -550,7 +558,27 @@ typedef struct job {
 } job;
 
 static qkv_impl impl_value(int impl) {
-    return impl == IMPL_FAST ? QKV_IMPL_FAST : impl == IMPL_AUTO ? QKV_IMPL_AUTO : QKV_IMPL_REFERENCE;
+    if (impl == IMPL_FAST || impl == IMPL_FAST_ALIBI || impl == IMPL_FAST_REL) return QKV_IMPL_FAST;
+    return impl == IMPL_AUTO ? QKV_IMPL_AUTO : QKV_IMPL_REFERENCE;
+}
+
+/* The position-bias parameters of fast-alibi / fast-rel (float, one set
+ * per child process); 0 when out of memory (job_time notes it). */
+static float *g_slopes, *g_rel_table, *g_d_rel_table;
+static int bench_pos_params(int64_t heads) {
+    if (g_slopes) return 1;
+    g_slopes = malloc((size_t)heads * sizeof(float));
+    g_rel_table = malloc((size_t)(heads * BENCH_REL_BUCKETS) * sizeof(float));
+    g_d_rel_table = malloc((size_t)(heads * BENCH_REL_BUCKETS) * sizeof(float));
+    if (!g_slopes || !g_rel_table || !g_d_rel_table || qkv_alibi_slopes(heads, g_slopes) != QKV_OK) {
+        free(g_slopes);
+        free(g_rel_table);
+        free(g_d_rel_table);
+        g_slopes = g_rel_table = g_d_rel_table = NULL;
+        return 0;
+    }
+    for (int64_t t = 0; t < heads * BENCH_REL_BUCKETS; t++) g_rel_table[t] = (float)((t * 37 % 101) / 50.0 - 1.0);
+    return 1;
 }
 
 static void desc_for(const job *j, qkv_dtype dtype, qkv_impl impl, qkv_attn_desc *d) {
@@ -567,6 +595,15 @@ static void desc_for(const job *j, qkv_dtype dtype, qkv_impl impl, qkv_attn_desc
     }
     d->impl = impl;
     d->threads = j->threads;
+    if ((j->impl == IMPL_FAST_ALIBI || j->impl == IMPL_FAST_REL) && dtype == QKV_F32 && bench_pos_params(j->heads)) {
+        if (j->impl == IMPL_FAST_ALIBI) d->alibi_slopes = g_slopes;
+        if (j->impl == IMPL_FAST_REL) {
+            d->rel_table = g_rel_table;
+            d->rel_buckets = BENCH_REL_BUCKETS;
+            d->rel_max_distance = 128;
+            d->rel_bidirectional = d->mask == QKV_MASK_NONE;
+        }
+    }
 }
 
 static void set_note(job_result *r, int status, const char *fmt, const char *arg) {
@@ -634,6 +671,11 @@ static void job_time(const void *arg, job_result *r) {
     g.dv = dv;
     if (j->impl != IMPL_NAIVE) {
         desc_for(j, QKV_F32, impl_value(j->impl), &d);
+        if (d.rel_table) g.d_rel_table = g_d_rel_table;
+        if ((j->impl == IMPL_FAST_ALIBI || j->impl == IMPL_FAST_REL) && !d.alibi_slopes && !d.rel_table) {
+            set_note(r, JOB_FAILED, "out of memory for the position biases%s", "");
+            return;
+        }
         if (j->backward) { /* the forward's out and lse, as training has them */
             qkv_status s = qkv_attention_forward(&d, q, k, v, out, NULL, lse);
             if (s != QKV_OK) {
@@ -1199,6 +1241,7 @@ static void run_check(const options *o) {
             for (int ii = 0; ii < o->impl_count; ii++) {
                 int impl = o->impls[ii];
                 job_result r;
+                if (impl == IMPL_FAST_ALIBI || impl == IMPL_FAST_REL) continue; /* tests/test_fast_posbias.c */
                 if (impl == IMPL_NAIVE) r = naive;
                 else {
                     job jb = jn;

@@ -37,6 +37,8 @@ typedef struct shape {
     int relu_div;
     int bias;        /* 0 none, 1 SHARED, 2 PER_HEAD with some -inf (masked) entries */
     int packed;      /* 0 no; else packed sequences (B = 1): the offsets of packs[packed] */
+    int pos;         /* position biases: 1 ALiBi, 2 T5 buckets (bidirectional without a
+                        mask), 3 both; offsets must stay global across the blocks */
 } shape;
 
 /* Packed sequences: query and key offsets (S + 1 entries each, ok NULL =
@@ -159,6 +161,20 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
         d.bias_kind = sh->bias == 2 ? QKV_BIAS_PER_HEAD : QKV_BIAS_SHARED;
         d.bias = bias;
     }
+    float slopes[8], rel[8 * 12];
+    const int64_t nrel = sh->pos >= 2 ? H * 12 : 0;
+    if (sh->pos & 1) {
+        qkv_alibi_slopes(H, slopes);
+        d.alibi_slopes = slopes;
+    }
+    if (sh->pos & 2) {
+        for (int64_t t = 0; t < nrel; t++) rel[t] = (float)tu_rng_normal(&r);
+        d.rel_table = rel;
+        d.rel_buckets = 12;
+        d.rel_max_distance = 20;
+        d.rel_bidirectional = sh->mask == QKV_MASK_NONE;
+    }
+    float dr1[8 * 12], dr2[8 * 12];
     /* One process: the reference of this test. */
     float *o1 = malloc((size_t)(B * nq * H * Dv) * sizeof(float)), *l1 = malloc((size_t)(B * H * nq) * sizeof(float));
     float *dq1 = malloc((size_t)(B * nq * H * D) * sizeof(float)), *dk1 = malloc((size_t)(B * nk * Hkv * D) * sizeof(float));
@@ -171,6 +187,7 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     g1.dv = dv1;
     float *db1 = bias ? malloc((size_t)(Hb * nq * nk) * sizeof(float)) : NULL;
     g1.dbias = db1;
+    g1.d_rel_table = nrel ? dr1 : NULL;
     CHECK_STATUS(qkv_attention_backward(&d, q, k, v, o1, l1, dout, &g1), QKV_OK);
 
     /* This rank's slices. */
@@ -216,35 +233,40 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     s = qkv_ring_attention_backward(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, NULL, NULL, ql_g, dq2, dk2, dv2);
     CHECK_STATUS(s, QKV_OK);
     double ek2 = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
-    double edb = 0;
-    if (bias) { /* the bias gradient of this rank's rows, through the grads form */
-        float *db2 = malloc((size_t)(Hb * nql * nk + 1) * sizeof(float));
-        float *want_db = malloc((size_t)(Hb * nql * nk + 1) * sizeof(float));
-        slice(want_db, db1, Hb, nq, nk, qs, ql, nql);
-        for (int64_t t = 0; t < Hb * nql * nk; t++) db2[t] = NAN; /* all written */
+    double edb = 0, edr = 0;
+    if (bias || nrel) { /* through the grads form: this rank's rows of the bias gradient, the whole
+                           d_rel_table on every rank */
+        float *db2 = bias ? malloc((size_t)(Hb * nql * nk + 1) * sizeof(float)) : NULL;
+        float *want_db = bias ? malloc((size_t)(Hb * nql * nk + 1) * sizeof(float)) : NULL;
+        if (bias) slice(want_db, db1, Hb, nq, nk, qs, ql, nql);
+        for (int64_t t = 0; bias && t < Hb * nql * nk; t++) db2[t] = NAN; /* all written */
+        for (int64_t t = 0; t < nrel; t++) dr2[t] = NAN;
         qkv_attn_grads g2;
         memset(&g2, 0, sizeof g2);
         g2.dq = dq2;
         g2.dk = dk2;
         g2.dv = dv2;
         g2.dbias = db2;
+        g2.d_rel_table = nrel ? dr2 : NULL;
         s = qkv_ring_attention_backward_grads(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, o2, l2, ql_g, &g2);
         CHECK_STATUS(s, QKV_OK);
-        edb = rel_err(db2, want_db, Hb * nql * nk, 1e-5, 1e-4);
+        if (bias) edb = rel_err(db2, want_db, Hb * nql * nk, 1e-5, 1e-4);
+        if (nrel) edr = rel_err(dr2, dr1, nrel, 1e-5, 1e-4);
         double ek3 = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
         if (ek3 > edb) edb = ek3;
         free(db2);
         free(want_db);
     }
-    int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1 && edb <= 1;
+    int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1 && edb <= 1 && edr <= 1;
     CHECK(ok,
           "rank %d/%d %s B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld mask=%d(%lld,%lld) kl=%d score=%d "
-          "norm=%d/%d bias=%d packed=%d seed=%llu: "
-          "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g dbias %.3g",
+          "norm=%d/%d bias=%d packed=%d pos=%d seed=%llu: "
+          "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g dbias %.3g "
+          "d_rel_table %.3g",
           g_rank, g_size, layout == QKV_DIST_ZIGZAG ? "zigzag" : "contiguous", (long long)B, (long long)nq,
           (long long)nk, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (int)sh->mask,
           (long long)sh->wl, (long long)sh->wr, sh->key_lengths, (int)sh->score, (int)sh->norm, sh->relu_div,
-          sh->bias, sh->packed, (unsigned long long)seed, eo, el, eq, ek, ev, ek2, edb);
+          sh->bias, sh->packed, sh->pos, (unsigned long long)seed, eo, el, eq, ek, ev, ek2, edb, edr);
     (void)sync_ok(ok);
     free(q); free(k); free(v); free(dout); free(o1); free(l1); free(dq1); free(dk1); free(dv1);
     free(ql_q); free(ql_k); free(ql_v); free(ql_g); free(o2); free(l2); free(dq2); free(dk2); free(dv2);
@@ -290,17 +312,13 @@ static void test_errors(void) {
     u.dtype = QKV_F64;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
-    /* Still unsupported: the in-kernel position biases, dropout, the
-     * additive score (docs/DISTRIBUTED.md). */
-    float slopes[2] = {0.5f, 0.25f};
-    u = d;
-    u.alibi_slopes = slopes;
-    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
-                 QKV_ERR_UNSUPPORTED);
+    /* Still unsupported: 2-D relative positions, dropout, the additive
+     * score (docs/DISTRIBUTED.md). */
     u = d;
     u.rel_table = buf;
-    u.rel_buckets = 8;
-    u.rel_max_distance = 16;
+    u.rel_buckets = 9;
+    u.rel_max_distance = 1;
+    u.rel2d_width = 4;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
     u = d;
@@ -863,42 +881,51 @@ int main(int argc, char **argv) {
     test_partition();
     static const shape shapes[] = {
         /* B  nq  nk  H Hkv D  Dv  mask              kl score                softcap */
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},    /* GQA, uneven */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0}, /* MQA, > one tile */
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},     /* key lengths, a dead row */
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},              /* n_q != n_k */
-        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},       /* n < 2p: empty pieces */
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},       /* cosine, softcap */
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},    /* GQA, uneven */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0}, /* MQA, > one tile */
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},     /* key lengths, a dead row */
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},              /* n_q != n_k */
+        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},       /* n < 2p: empty pieces */
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},       /* cosine, softcap */
         /* masks, normalisers and biases beyond plain causal: the same as one process */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0, 0},
-        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0, 0},
-        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0},
-        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0},
-        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2, 0},
-        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0, 0, 0},
+        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0, 0, 0},
+        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0},
+        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 0},
+        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2, 0, 0},
+        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 0, 0},
         /* packed sequences (packs[] above) */
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1},
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1},
-        {1, 37, 37, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 1},
-        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2},
-        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL_WINDOW, 1, QKV_SCORE_COSINE, 4.0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 2},
-        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 1, 2},
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 3},
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 1, 1, QKV_NORM_RELU, 1, 0, 3},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 4},
-        {1, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 1},
-        {1, 37, 37, 4, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 4, QKV_NORM_SOFTMAX, 0, 1, 1},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0},
+        {1, 37, 37, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 1, 0},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL_WINDOW, 1, QKV_SCORE_COSINE, 4.0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 1, 2, 0},
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 3, 0},
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 1, 1, QKV_NORM_RELU, 1, 0, 3, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 4, 0},
+        {1, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 1, 0},
+        {1, 37, 37, 4, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 4, QKV_NORM_SOFTMAX, 0, 1, 1, 0},
+        /* ALiBi and T5 buckets: offsets global across blocks, layouts and packed sequences */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 1},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 2},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 3},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 6, 3, QKV_NORM_SOFTMAX, 0, 0, 0, 3},
+        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 2},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 3},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 2},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 0, 2, 1},
     };
     uint64_t seed = 1000;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

@@ -20,6 +20,7 @@
 #define QKV_TEST_FAST_COMMON_H
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,8 @@ static inline int64_t n32_row(const fprob *p, int64_t b, int64_t h, int64_t i, i
     const qkv_attn_desc *d = &p->plan.d;
     int64_t D = d->dim, hk = h / p->plan.group, vis = 0;
     const float *qi = p->q + fp_idx(b, i, h, d->n_q, d->heads, D);
+    const float *slopes = d->alibi_slopes, *rel = d->rel_table; /* float in these problems */
+    const int64_t pos = slopes || rel ? qkv_plan_query_position(&p->plan, i) : 0;
     float qn = 1.0f;
     if (d->score == QKV_SCORE_COSINE) {
         float ss = 0.0f;
@@ -139,6 +142,8 @@ static inline int64_t n32_row(const fprob *p, int64_t b, int64_t h, int64_t i, i
         float x = d->softcap > 0 ? (float)d->softcap * tanhf(acc / (float)d->softcap) : acc;
         if (d->bias_kind == QKV_BIAS_SHARED) x += p->bias[i * d->n_k + j];
         if (d->bias_kind == QKV_BIAS_PER_HEAD) x += p->bias[(h * d->n_q + i) * d->n_k + j];
+        if (slopes) x -= slopes[h] * (float)(j > pos ? j - pos : pos - j);
+        if (rel) x += rel[h * d->rel_buckets + qkv_plan_rel_bucket(&p->plan, pos, j)];
         s[j] = x;
         if (x != -INFINITY) vis++;
     }
@@ -192,14 +197,16 @@ static inline void n32_forward(const fprob *p, float *out, float *lse, float *at
     free(raw); free(s); free(w);
 }
 
-/* naive32 backward in float (the reference's algorithm, float arithmetic). */
-static inline void n32_backward(const fprob *p, float *dq, float *dk, float *dv, float *dbias) {
+/* naive32 backward in float (the reference's algorithm, float arithmetic);
+ * drel (NULL: not wanted): the gradient of the relative-position table. */
+static inline void n32_backward(const fprob *p, float *dq, float *dk, float *dv, float *dbias, float *drel) {
     const qkv_attn_desc *d = &p->plan.d;
     int64_t nk = d->n_k, D = d->dim, Dv = d->dim_v, G = p->plan.group;
     memset(dq, 0, (size_t)p->nq_el * sizeof(float));
     memset(dk, 0, (size_t)p->nk_el * sizeof(float));
     memset(dv, 0, (size_t)p->nv_el * sizeof(float));
     if (dbias) memset(dbias, 0, (size_t)p->nb_el * sizeof(float));
+    if (drel) memset(drel, 0, (size_t)p->plan.n_rel_elems * sizeof(float));
     float *raw = malloc((size_t)nk * sizeof(float)), *s = malloc((size_t)nk * sizeof(float)),
           *w = malloc((size_t)nk * sizeof(float)), *dp = malloc((size_t)nk * sizeof(float));
     float *dqh = malloc((size_t)D * sizeof(float));
@@ -255,6 +262,9 @@ static inline void n32_backward(const fprob *p, float *dq, float *dk, float *dv,
                         int64_t bi = d->bias_kind == QKV_BIAS_PER_HEAD ? (h * d->n_q + i) * nk + j : i * nk + j;
                         dbias[bi] += ds;
                     }
+                    if (drel)
+                        drel[h * d->rel_buckets +
+                             qkv_plan_rel_bucket(&p->plan, qkv_plan_query_position(&p->plan, i), j)] += ds;
                     if (d->softcap > 0) {
                         float t = tanhf(raw[j] / (float)d->softcap);
                         ds *= 1.0f - t * t;
@@ -297,5 +307,28 @@ static inline double fp_err(const float *a, const double *b, int64_t n) {
 }
 
 static inline int fp_any_nan(const float *x, int64_t n) { return tu_has_nan_f32(x, (size_t)n); }
+
+/* Runs tests() once on every ISA path the CPU has (forced in turn, the
+ * active one named in *arch for messages), printing each path's verdict;
+ * fails when none ran. Returns tu_finish(). */
+static inline int fp_each_arch(int *arch, void (*tests)(void)) {
+    int ran = 0;
+    for (int a = 0; a < QKV_ARCH_COUNT; a++) {
+        if (!qkv_cpu_has((qkv_arch)a)) {
+            printf("arch %s: not available here, skipped\n", qkv_arch_name(a));
+            continue;
+        }
+        CHECK(qkv_cpu_force_arch(a) == 1, "cannot force %s", qkv_arch_name(a));
+        CHECK(strcmp(qkv_kernels_active()->name, qkv_arch_name(a)) == 0, "forced arch not active");
+        *arch = a;
+        long before = tu_failed;
+        tests();
+        printf("arch %s: %s\n", qkv_arch_name(a), tu_failed == before ? "ok" : "FAILED");
+        ran++;
+    }
+    qkv_cpu_force_arch(-1);
+    CHECK(ran >= 1, "no arch ran");
+    return tu_finish();
+}
 
 #endif

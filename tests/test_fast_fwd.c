@@ -440,33 +440,19 @@ static void test_streamed_output(void) {
         }
 }
 
-int main(void) {
-    int ran = 0;
-    for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
-        if (!qkv_cpu_has((qkv_arch)arch)) {
-            printf("arch %s: not available here, skipped\n", qkv_arch_name(arch));
-            continue;
-        }
-        CHECK(qkv_cpu_force_arch(arch) == 1, "cannot force %s", qkv_arch_name(arch));
-        CHECK(strcmp(qkv_kernels_active()->name, qkv_arch_name(arch)) == 0, "forced arch not active");
-        g_arch = arch;
-        long before = tu_failed;
-        test_shapes();
-        test_features();
-        test_cross();
-        test_negative_scale();
-        test_packed();
-        test_fully_masked();
-        test_large_logits();
-        test_nan_masked();
-        test_nan_bias_and_visible();
-        test_threads();
-        test_schedules();
-        test_streamed_output();
-        printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");
-        ran++;
-    }
-    qkv_cpu_force_arch(-1);
-    CHECK(ran >= 1, "no arch ran");
-    return tu_finish();
+static void all_tests(void) {
+    test_shapes();
+    test_features();
+    test_cross();
+    test_negative_scale();
+    test_packed();
+    test_fully_masked();
+    test_large_logits();
+    test_nan_masked();
+    test_nan_bias_and_visible();
+    test_threads();
+    test_schedules();
+    test_streamed_output();
 }
+
+int main(void) { return fp_each_arch(&g_arch, all_tests); }

@@ -210,9 +210,11 @@ typedef enum qkv_impl {
     QKV_IMPL_AUTO = 0,          /* the fastest available for the request */
     QKV_IMPL_REFERENCE = 1,     /* plain loops accumulating in double: the oracle */
     QKV_IMPL_FAST = 2           /* tiled, fused FlashAttention-2 style CPU path (F32), O(n)
-                                   memory; the additive score has its own (projections by
-                                   GEMM, O(n A) memory). ALiBi, T5 relative biases and
-                                   dropout with the additive score: QKV_ERR_UNSUPPORTED */
+                                   memory, ALiBi and T5's 1-D relative buckets included; the
+                                   additive score has its own (projections by GEMM, O(n A)
+                                   memory). QKV_ERR_UNSUPPORTED: 2-D relative positions,
+                                   non-finite ALiBi / relative parameters, and ALiBi, T5
+                                   biases or dropout with the additive score */
 } qkv_impl;
 
 /* The description of one attention problem. Initialise with

@@ -67,8 +67,10 @@ QKV_API qkv_status qkv_dist_partition(int64_t n, int ranks, int rank, qkv_dist_l
  * in the local order - O(n_q n_k / p) per rank, the bias being n x n;
  * packed sequences (B = 1; every rank passes the whole seq_offsets_q/_k,
  * q and k are its positions of the packed streams, as qkv_dist_partition
- * cuts them: a sequence may straddle ranks).
- * QKV_ERR_UNSUPPORTED: the additive score, ALiBi, relative tables,
+ * cuts them: a sequence may straddle ranks); ALiBi and T5's 1-D relative
+ * tables (the same slopes / table on every rank), offsets global as in one
+ * process.
+ * QKV_ERR_UNSUPPORTED: the additive score, 2-D relative positions,
  * dropout, F64 and half precision. Errors: those of
  * qkv_attention_forward, QKV_ERR_UNSUPPORTED (also MPI not initialised),
  * QKV_ERR_IO (communication failed). */
@@ -94,8 +96,11 @@ QKV_API qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_di
  * shaped as its desc->bias ([n_q_loc, n_k] or [H, n_q_loc, n_k], summed over
  * the batch, and over the heads for SHARED), overwritten; computed at home
  * (every (query, key) block of this rank's queries passes through it), no
- * extra communication. The other fields are ignored (their features are
- * QKV_ERR_UNSUPPORTED on the ring). grads NULL: QKV_ERR_NULL_POINTER. */
+ * extra communication. d_rel_table (optional, [H, rel_buckets]): the
+ * whole table's gradient on every rank that passes one, summed over every
+ * rank's queries (each rank's blocks in double, then one MPI_Allreduce that
+ * every rank joins when any asks). The other fields are ignored (their
+ * features are QKV_ERR_UNSUPPORTED on the ring). grads NULL: QKV_ERR_NULL_POINTER. */
 QKV_API qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist_layout layout, MPI_Comm comm,
                                                      const void *q, const void *k, const void *v, const void *out,
                                                      const void *lse, const void *dout, const qkv_attn_grads *grads);

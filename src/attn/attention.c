@@ -9,11 +9,13 @@
 #include "attn/half.h"
 #include "ref/ref.h"
 
-/* The fast kernels do not compute the in-kernel position biases (ALiBi,
- * T5 relative) nor attention dropout yet: such calls go to the reference,
- * which computes them per logit (still no n x n buffer). */
+/* The fast kernels compute the in-kernel position biases (ALiBi, T5's 1-D
+ * buckets: fast_posbias.c; qkv_fast_supported leaves the 2-D image offsets
+ * and non-finite bias parameters to the reference) but not attention
+ * dropout yet: such calls go to the reference, which computes it per logit
+ * (still no n x n buffer). */
 static int fast_ok(const qkv_plan *p) {
-    return !p->d.alibi_slopes && !p->d.rel_table && p->d.dropout == 0.0 && qkv_fast_supported(p);
+    return p->d.dropout == 0.0 && qkv_fast_supported(p);
 }
 
 /* F32 / F64: the optional scan for non-finite inputs (check_finite) before

@@ -6,7 +6,8 @@
 
 #include "core/internal.h"
 
-/* Whether the fast path computes this plan (F32, and not the additive score). */
+/* Whether the fast path computes this plan (F32, not the additive score,
+ * position biases as fa_posbias_supported allows). */
 int qkv_fast_supported(const qkv_plan *p);
 
 qkv_status qkv_fast_forward(const qkv_plan *p, const float *q, const float *k, const float *v,

@@ -27,12 +27,14 @@
 
 #include "attn/fast.h"
 #include "attn/fast_common.h"
+#include "attn/fast_posbias.h"
 #include "core/threads.h"
 
 typedef struct bwd_ctx {
     fa_ctx c;
     const float *dout, *out, *lse; /* out and lse: the forward's (or recomputed) */
     float *dq, *dk, *dv, *dbias;
+    float *drel;          /* partial sums of d_rel_table by offset (fast_posbias.h), or NULL */
     int64_t nqb, nkb;
     int64_t *LO, *HI;     /* [B, n_q] key range of every query */
     int64_t *BLO, *BHI;   /* [B, nqb] union range of every query block (BHI = 0: empty) */
@@ -189,6 +191,7 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
                 for (int r = 0; r < nkr; r++)
                     for (int i = w->a[r]; i < w->e[r]; i++) db[(int64_t)i * c->nk + r] += w->dp[r * FA_BQ + i];
             }
+            if (f->drel) fa_posbias_grad_tile(c, f->drel, kb % f->chunks, b, h, w->dp, FA_BQ, i0, j0, nkr, w->a, w->e);
             if (c->cap > 0.0)
                 for (int r = 0; r < nkr; r++)
                     for (int i = w->a[r]; i < w->e[r]; i++) w->dp[r * FA_BQ + i] *= w->dcap[r * FA_BQ + i];
@@ -366,6 +369,8 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
     memset(&f, 0, sizeof f);
     fa_ctx *c = &f.c;
     fa_ctx_init(c, p, q, k, v);
+    qkv_status st = fa_posbias_init(c);
+    if (st != QKV_OK) return st;
     f.dout = dout;
     f.dq = g->dq;
     f.dk = g->dk;
@@ -380,7 +385,6 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
 
     float *o_tmp = NULL, *lse_tmp = NULL;
     void *normed = NULL;
-    qkv_status st = QKV_OK;
     if (softmax && (!out || !lse || !lse_precise(lse, rows_q))) {
         /* Run the forward (without out: O, for D; without lse: the lse) and
          * keep its own statistics (row max and log2 of the row sum). With a
@@ -443,7 +447,9 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
         }
         f.qr = c->H > 1 ? f.qr_own : c->q;
         f.dor = c->H > 1 ? f.dor_own : dout;
-        if (!f.LO || !f.HI || !f.BLO || !f.BHI || (softmax && (!f.L2 || !f.Dd)) ||
+        const int want_drel = p->d.rel_table && g->d_rel_table;
+        if (want_drel) f.drel = fa_posbias_grad_alloc(c, f.chunks);
+        if (!f.LO || !f.HI || !f.BLO || !f.BHI || (softmax && (!f.L2 || !f.Dd)) || (want_drel && !f.drel) ||
             (c->norm == QKV_NORM_RELU && c->relu_div && !f.cnt) || !blk)
             st = QKV_ERR_OUT_OF_MEMORY;
     }
@@ -455,10 +461,12 @@ qkv_status qkv_fast_backward(const qkv_plan *p, const float *q, const float *k, 
         if (f.dbias) memset(f.dbias, 0, (size_t)p->n_bias_elems * sizeof(float));
         qkv_parallel_for(threads, units1, kv_unit, &f);
         qkv_parallel_for(threads, units2, dq_unit, &f);
+        if (f.drel) fa_posbias_grad_reduce(c, f.drel, f.chunks, g->d_rel_table);
     }
     fa_free(f.LO); fa_free(f.HI); fa_free(f.BLO); fa_free(f.BHI);
     fa_free(f.L2); fa_free(f.M2); fa_free(f.Dd); fa_free(f.cnt);
     fa_free(f.qt); /* and dot, dqp, qr_own, dor_own, ws: one block */
-    fa_free(normed); fa_free(o_tmp); fa_free(lse_tmp);
+    fa_free(normed); fa_free(o_tmp); fa_free(lse_tmp); fa_free(f.drel);
+    fa_posbias_free(c);
     return st;
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "attn/fast_common.h"
+#include "attn/fast_posbias.h"
 #include "core/threads.h"
 
 void *fa_alloc(size_t bytes) {
@@ -196,6 +197,7 @@ void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
         if (c->natural)
             natural_logits(c, row, x, y, dcap ? dcap + (size_t)r * ldd : NULL,
                            c->bias ? c->bias + h * c->bias_head_stride + (i0 + r) * c->nk + kt : NULL, 1);
+        if (c->pb) fa_posbias_rows(c, row, lds, h, i0 + r, 1, kt, ncols, &a[r], &e[r]);
         for (int64_t j = 0; j < x; j++) row[j] = ninf;
         for (int64_t j = y; j < ncols; j++) row[j] = ninf;
     }
@@ -235,6 +237,7 @@ void fa_scores_cols(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0
         if (c->natural)
             natural_logits(c, row, x, y, dcap ? dcap + (size_t)r * ldd : NULL,
                            c->bias ? c->bias + h * c->bias_head_stride + i0 * c->nk + j : NULL, c->nk);
+        if (c->pb) fa_posbias_col(c, row, h, j, i0, x, y);
     }
 }
 

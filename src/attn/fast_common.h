@@ -49,6 +49,7 @@ typedef struct fa_ctx {
                               (vr_own) when H_kv > 1, else v itself */
     float *vr_own;         /* inside kt's block: never freed on its own */
     int stream_pack;       /* kt and vr_own written with streaming stores (fa_pack_kv) */
+    const struct fa_posbias *pb; /* ALiBi / T5 biases (fast_posbias.h), or NULL */
 } fa_ctx;
 
 /* 64-byte aligned allocation through qkv_alloc; fa_free(NULL) is a no-op. */
@@ -124,7 +125,8 @@ int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, 
 
 /* Turn a row-major tile of raw scores q.k (rows = queries i0+r, r < nr;
  * columns = keys kt+col, col < ncols) into tile units (see the top): in
- * natural mode scale, soft-cap and bias; always -inf outside each row's range. When dcap is given it receives
+ * natural mode scale, soft-cap and bias; the position biases (c->pb, in
+ * either mode); always -inf outside each row's range. When dcap is given it receives
  * 1 - tanh^2 (the soft-cap's derivative) at stride ldd. a[r], e[r] receive the
  * row's visible columns [a, e) within the tile. */
 void fa_scores_rows(const fa_ctx *c, float *s, size_t lds, int64_t h, int64_t i0, int nr,

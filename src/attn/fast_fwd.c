@@ -18,6 +18,7 @@
 
 #include "attn/fast.h"
 #include "attn/fast_common.h"
+#include "attn/fast_posbias.h"
 #include "attn/head_sched.h"
 #include "core/threads.h"
 
@@ -60,7 +61,7 @@ static int tile_cols(int64_t kt, int64_t bhi) {
 #define FWD_HEAD_SLOT_MAX_BYTES ((size_t)512 * 1024)
 
 int qkv_fast_supported(const qkv_plan *p) {
-    return p->d.dtype == QKV_F32 && p->d.score != QKV_SCORE_ADDITIVE;
+    return p->d.dtype == QKV_F32 && p->d.score != QKV_SCORE_ADDITIVE && fa_posbias_supported(p);
 }
 
 typedef struct fwd_ctx {
@@ -255,6 +256,7 @@ QKV_INLINE void tile_inside(const fa_ctx *c, const fwd_blk *u, fwd_ws *w, int64_
     const int64_t D = c->D, Dv = c->Dv;
     K->qk(w->qb, (size_t)D, u->ktb + (kt / QKV_PANEL) * D * QKV_PANEL, (size_t)D, (size_t)u->rows, (size_t)ncols,
           w->s, FWD_LDS);
+    if (c->pb) fa_posbias_rows(c, w->s, FWD_LDS, u->h, u->i0, u->nr, kt, ncols, NULL, NULL);
     K->softmax(w->s, FWD_LDS, (size_t)u->rows, (size_t)ncols, c->sc, w->m, w->l, w->alpha);
     if (u->want_o)
         K->pv(w->o, u->ldob, w->alpha, w->s, FWD_LDS, 1, u->vb + kt * Dv, (size_t)Dv, (size_t)ncols, (size_t)Dv,
@@ -286,6 +288,7 @@ QKV_INLINE void tile_edge(const fa_ctx *c, const fwd_blk *u, fwd_ws *w, int64_t 
     }
     if (partial && !c->natural) edge_rows(w, w->s, nr, rows, kt, ncols);
     else fa_scores_rows(c, w->s, FWD_LDS, u->h, u->i0, nr, kt, ncols, w->lo, w->hi, w->a, w->e, NULL, 0);
+    if (c->pb && partial && !c->natural) fa_posbias_rows(c, w->s, FWD_LDS, u->h, u->i0, nr, kt, ncols, w->a, w->e);
     if (partial) /* padding rows: not computed, never visible */
         for (int r = nr; r < rows; r++)
             for (int j = 0; j < ncols; j++) w->s[(size_t)r * FWD_LDS + j] = -INFINITY;
@@ -504,6 +507,8 @@ static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k
     fwd_ctx f;
     memset(&f, 0, sizeof f);
     fa_ctx_init(&f.c, p, q, k, v);
+    qkv_status st = fa_posbias_init(&f.c);
+    if (st != QKV_OK) return st;
     f.out = out;
     f.attn = attn;
     f.lse = lse;
@@ -528,7 +533,7 @@ static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k
     size_t state_bytes = head_mode ? fa_heads_state_bytes(heads) : 0;
     if (head_mode) ws_bytes += state_bytes + slot_stride * (size_t)threads;
     void *block = NULL;
-    qkv_status st = QKV_ERR_OUT_OF_MEMORY;
+    st = QKV_ERR_OUT_OF_MEMORY;
     if (norm_bytes <= SIZE_MAX - ws_bytes) {
         if (!head_mode) {
             void *extra = NULL;
@@ -552,6 +557,7 @@ static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k
         }
     }
     fa_free(block);
+    fa_posbias_free(&f.c);
     return st;
 }
 

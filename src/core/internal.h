@@ -111,6 +111,8 @@ typedef struct qkv_plan {
     int64_t group;        /* H / H_kv: query heads per key/value head */
     int64_t left, right;  /* visible window around the aligned position */
     int packed;           /* seq_offsets in use */
+    int64_t pos_shift;    /* added to every aligned query position (a block's shift, see
+                             qkv_plan_block): ALiBi and relative offsets stay global */
     int64_t n_q_elems, n_k_elems, n_v_elems, n_o_elems; /* element counts */
     int64_t n_attn_elems, n_lse_elems, n_bias_elems, n_add_w_elems, n_add_v_elems, n_rel_elems;
 } qkv_plan;
@@ -126,7 +128,9 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan);
  * wholly to one side of the block's diagonal), which no descriptor can say.
  * key_lengths [batch] as seen from the block (or NULL); num_seqs > 0: the
  * block's packed sequences (both offset arrays given, validated by the
- * caller); bias_kind and bias: the block's own bias. Nothing else of the
+ * caller); bias_kind and bias: the block's own bias. The block's plan
+ * adds shift to pos_shift, so its query positions (and the ALiBi and
+ * relative offsets from them) are the whole problem's. Nothing else of the
  * whole plan changes. */
 typedef struct qkv_plan_block_desc {
     int64_t n_q, n_k, shift;

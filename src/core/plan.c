@@ -162,6 +162,7 @@ qkv_status qkv_plan_block(const qkv_plan *whole, const qkv_plan_block_desc *blk,
     out->packed = d->num_seqs > 0;
     out->left = shift_side(whole->left, -blk->shift);
     out->right = shift_side(whole->right, blk->shift);
+    out->pos_shift = whole->pos_shift + blk->shift;
     return plan_counts(d, out);
 }
 
@@ -206,7 +207,7 @@ static void query_sequence(const qkv_plan *p, int64_t i, int64_t *q0_, int64_t *
 int64_t qkv_plan_query_position(const qkv_plan *p, int64_t i) {
     int64_t q0, nq, k0, nk;
     query_sequence(p, i, &q0, &nq, &k0, &nk);
-    return k0 + (i - q0) + nk - nq;
+    return k0 + (i - q0) + nk - nq + p->pos_shift;
 }
 
 void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {

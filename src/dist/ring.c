@@ -137,6 +137,7 @@ typedef struct ring {
     int64_t *blk_len;       /* [B] per-block key lengths */
     qkv_plan gplan;         /* the whole problem's plan: the visible key range of every query */
     int softmax;            /* merge by log-sum-exp (else the block outputs add) */
+    int posbias;            /* ALiBi / relative: every block needs its true shift */
     int relu_div;           /* RELU divided by the global count of visible keys */
     int64_t bias_h;         /* heads of the bias (1 SHARED, H PER_HEAD, 0 none) */
     float *bb;              /* one block's bias [bias_h, len_q, len_k] */
@@ -255,7 +256,8 @@ static int sub_next(ring *g, const chunk *qc, const chunk *kc, sub_iter *it, sub
         return rows_visible(g, qs, qe, ks, ke);
     }
     const int64_t *oq = g->oq, *ok = g->ok;
-    const int unbounded = g->gplan.left >= QKV_SIDE_WIDE && g->gplan.right >= QKV_SIDE_WIDE;
+    /* Without a window the shift matters only to the position biases. */
+    const int unbounded = g->gplan.left >= QKV_SIDE_WIDE && g->gplan.right >= QKV_SIDE_WIDE && !g->posbias;
     while (!it->done && it->s <= it->s_hi) {
         int64_t first = it->s, t = first, c = 0, kcap = -1;
         int keyed = 0;
@@ -385,7 +387,8 @@ static qkv_status ring_check(const qkv_attn_desc *desc, int backward, qkv_plan *
     d.bias = NULL;
     qkv_status s = qkv_plan_make(&d, plan);
     if (s != QKV_OK) return s;
-    if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || d.alibi_slopes || d.rel_table || d.dropout != 0.0)
+    if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || (d.rel_table && d.rel2d_width > 0) ||
+        d.dropout != 0.0)
         return QKV_ERR_UNSUPPORTED;
     if (backward && d.impl == QKV_IMPL_REFERENCE) return QKV_ERR_UNSUPPORTED;
     return QKV_OK;
@@ -415,6 +418,7 @@ static qkv_status ring_begin(ring *g, const qkv_attn_desc *desc, qkv_dist_layout
     g->D = desc->dim;
     g->Dv = desc->dim_v ? desc->dim_v : desc->dim;
     g->softmax = desc->norm == QKV_NORM_SOFTMAX;
+    g->posbias = desc->alibi_slopes || desc->rel_table;
     g->relu_div = desc->norm == QKV_NORM_RELU && desc->relu_divide_by_count;
     g->bias_h = desc->bias_kind == QKV_BIAS_SHARED ? 1 : desc->bias_kind == QKV_BIAS_PER_HEAD ? g->H : 0;
     if (!mpi_ok(MPI_Comm_dup(comm, &g->comm))) {
@@ -716,8 +720,11 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
     qkv_status s = ring_begin(&g, desc, layout, comm, 1);
     void *dq = grads ? grads->dq : NULL, *dk = grads ? grads->dk : NULL, *dv = grads ? grads->dv : NULL;
     float *dbias = grads && g.bias_h > 0 ? grads->dbias : NULL, *dbb = NULL;
-    /* Gradients the ring does not compute: the additive and relative
-     * parameters are refused with the features themselves (ring_check). */
+    /* The additive score is refused (ring_check). d_rel_table: each block's
+     * (drb) summed in this rank's block order into dra, in double, then
+     * over the ranks (every rank takes part when any asks for it). */
+    double *dra = NULL;
+    float *drb = NULL;
     if (g.comm == MPI_COMM_NULL || s != QKV_OK) {
         s = agree(g.comm, s);
         ring_end(&g);
@@ -737,6 +744,9 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
      * depend on their own logit alone. */
     int need = g.softmax && (!out || !lse), need_any = need;
     if (!mpi_ok(MPI_Allreduce(&need, &need_any, 1, MPI_INT, MPI_MAX, g.comm))) s = QKV_ERR_IO;
+    int want_rel = desc->rel_table && grads && grads->d_rel_table, want_rel_any = want_rel;
+    if (!mpi_ok(MPI_Allreduce(&want_rel, &want_rel_any, 1, MPI_INT, MPI_MAX, g.comm))) s = QKV_ERR_IO;
+    const int64_t n_rel = desc->rel_table ? g.gplan.n_rel_elems : 0;
     size_t nq_rows = (size_t)(B * nq_loc * H);
     if (s == QKV_OK) {
         int64_t maxq = g.mq.c[0].len > g.mq.c[1].len ? g.mq.c[0].len : g.mq.c[1].len;
@@ -760,6 +770,12 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                     if (g.kown[o].c[t].len > mk) mk = g.kown[o].c[t].len;
             dbb = qkv_alloc((size_t)(g.bias_h * mq * mk) * sizeof(float) + 1);
             if (!dbb) s = QKV_ERR_OUT_OF_MEMORY;
+        }
+        if (s == QKV_OK && want_rel_any && n_rel > 0) {
+            drb = qkv_alloc((size_t)n_rel * sizeof(float));
+            dra = qkv_alloc((size_t)n_rel * sizeof(double));
+            if (!drb || !dra) s = QKV_ERR_OUT_OF_MEMORY;
+            else memset(dra, 0, (size_t)n_rel * sizeof(double));
         }
         if (s == QKV_OK && g.mq.n > 1) { /* two query chunks add into the same keys */
             scratch = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
@@ -857,6 +873,7 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                         gr.dk = dkt + sb.ka * Hkv * D;
                         gr.dv = dvt + sb.ka * Hkv * Dv;
                         gr.dbias = dbb;
+                        gr.d_rel_table = drb;
                         const float *lsub = lcp;
                         if (g.packed && g.softmax) { /* B = 1: lse [H, len] -> [H, lq] */
                             for (int64_t h = 0; h < H; h++)
@@ -867,6 +884,7 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                                             g.softmax ? ocp + sb.qa * H * Dv : NULL, g.softmax ? lsub : NULL,
                                             gcp + sb.qa * H * Dv, &gr);
                         if (cs == QKV_OK && dbias) scatter_dbias(&g, dbias, dbb, qc, kc, &sb);
+                        for (int64_t t = 0; cs == QKV_OK && drb && t < n_rel; t++) dra[t] += drb[t];
                     }
                     if (cs == QKV_OK && any) {
                         add_to(dqa + B * qc->off * H * D, dqb, B * qc->len * H * D);
@@ -906,6 +924,11 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                 }
         }
         s = agree(g.comm, comm_ok ? cs : QKV_ERR_IO);
+        if (s == QKV_OK && dra) {
+            if (!mpi_ok(MPI_Allreduce(MPI_IN_PLACE, dra, (int)n_rel, MPI_DOUBLE, MPI_SUM, g.comm))) s = QKV_ERR_IO;
+            float *drel = want_rel ? grads->d_rel_table : NULL;
+            for (int64_t t = 0; s == QKV_OK && drel && t < n_rel; t++) drel[t] = (float)dra[t];
+        }
         if (s == QKV_OK)
             for (int t = 0; t < g.mq.n; t++) {
                 const chunk *c = &g.mq.c[t];
@@ -921,6 +944,8 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
     qkv_free(dkvb);
     qkv_free(scratch);
     qkv_free(dbb);
+    qkv_free(drb);
+    qkv_free(dra);
     qkv_free(o_own);
     qkv_free(l_own);
     for (int t = 0; t < 2; t++) {
