@@ -55,12 +55,12 @@ static void describe(const fprob *p, char *buf, size_t len) {
     const qkv_attn_desc *d = &p->d;
     snprintf(buf, len,
              "[%s] B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld score=%d norm=%d%s mask=%d(%lld,%lld) "
-             "cap=%g bias=%d kl=%d packed=%lld",
+             "cap=%g bias=%d kl=%d packed=%lld dropout=%g",
              qkv_arch_name(g_arch), (long long)d->batch, (long long)d->n_q, (long long)d->n_k,
              (long long)d->heads, (long long)d->heads_kv, (long long)d->dim, (long long)d->dim_v,
              d->score, d->norm, d->relu_divide_by_count ? "/cnt" : "", d->mask,
              (long long)d->window_left, (long long)d->window_right, d->softcap, d->bias_kind,
-             d->key_lengths != NULL, (long long)d->num_seqs);
+             d->key_lengths != NULL, (long long)d->num_seqs, d->dropout);
 }
 
 /* Relative part of the error floor: 0 (the rule's absolute 1e-5) except in
@@ -414,6 +414,18 @@ static void test_nan_masked(void) {
     }
 }
 
+/* Attention dropout (fp_dropout_case): dq, dk, dv (and dbias) against the
+ * reference, naive32 dropping the same entries; the forward's out and lse
+ * given (O with dropout, so D = rowsum(dO O) matches) and recomputed;
+ * threads 1, 2, 3 bitwise. */
+static void test_dropout(void) {
+    for (int idx = 0; idx < FP_DROPOUT_CASES; idx++) {
+        fprob p;
+        fp_dropout_case(&p, idx);
+        run_case(&p, 18000 + (uint64_t)idx, idx % 3 == 0);
+    }
+}
+
 int main(void) {
     int ran = 0;
     for (int arch = 0; arch < QKV_ARCH_COUNT; arch++) {
@@ -433,6 +445,7 @@ int main(void) {
         test_nan_masked();
         test_threads();
         test_extreme_logits();
+        test_dropout();
         printf("arch %s: %s\n", qkv_arch_name(arch), tu_failed == before ? "ok" : "FAILED");
         ran++;
     }

@@ -9,10 +9,11 @@
 #include "ref/ref.h"
 
 /* The fast kernels do not compute the in-kernel position biases (ALiBi,
- * T5 relative) nor attention dropout yet: such calls go to the reference,
- * which computes them per logit (still no n x n buffer). */
+ * T5 relative) yet: such calls go to the reference, which computes them per
+ * logit (still no n x n buffer). Attention dropout is the fast paths' own
+ * (attn/fast_dropout.c). */
 static int fast_ok(const qkv_plan *p) {
-    return !p->d.alibi_slopes && !p->d.rel_table && p->d.dropout == 0.0 && qkv_fast_supported(p);
+    return !p->d.alibi_slopes && !p->d.rel_table && qkv_fast_supported(p);
 }
 
 /* F32 / F64: the optional scan for non-finite inputs (check_finite) before
