@@ -298,6 +298,16 @@ static inline void n32_backward(const fprob *p, float *dq, float *dk, float *dv,
     free(raw); free(s); free(w); free(dp); free(dqh); free(kn);
 }
 
+/* Packed sequences: num_seqs + 1 query offsets oq and key offsets ok (NULL:
+ * the same as the queries) into p and its descriptor. */
+static inline void fp_set_packed(fprob *p, int64_t num_seqs, const int64_t *oq, const int64_t *ok) {
+    memcpy(p->offq, oq, (size_t)(num_seqs + 1) * sizeof(int64_t));
+    if (ok) memcpy(p->offk, ok, (size_t)(num_seqs + 1) * sizeof(int64_t));
+    p->d.num_seqs = num_seqs;
+    p->d.seq_offsets_q = p->offq;
+    p->d.seq_offsets_k = ok ? p->offk : NULL;
+}
+
 /* The dropout sweep of test_fast_fwd.c and test_fast_bwd.c: case idx <
  * FP_DROPOUT_CASES into p (zeroed here), p = 0.1 for even idx and 0.5 for
  * odd: every mask kind on awkward sizes, n_q != n_k, GQA, D_v != D, key
@@ -329,20 +339,9 @@ static inline void fp_dropout_case(fprob *p, int idx) {
         p->key_lengths[1] = 33;
         d->key_lengths = p->key_lengths;
     }
-    if (k == 12) {
-        const int64_t o[] = {0, 10, 10, 90, 150};
-        memcpy(p->offq, o, sizeof o);
-        d->num_seqs = 4;
-        d->seq_offsets_q = p->offq;
-    }
-    if (k == 13) {
-        const int64_t oq[] = {0, 30, 100}, ok[] = {0, 50, 170};
-        memcpy(p->offq, oq, sizeof oq);
-        memcpy(p->offk, ok, sizeof ok);
-        d->num_seqs = 2;
-        d->seq_offsets_q = p->offq;
-        d->seq_offsets_k = p->offk;
-    }
+    const int64_t o4[] = {0, 10, 10, 90, 150}, oq[] = {0, 30, 100}, ok[] = {0, 50, 170};
+    if (k == 12) fp_set_packed(p, 4, o4, NULL);
+    if (k == 13) fp_set_packed(p, 2, oq, ok);
     if (k == 14) d->norm = QKV_NORM_RELU, d->relu_divide_by_count = 1, d->bias_kind = QKV_BIAS_SHARED;
     if (k == 15) d->norm = QKV_NORM_SIGMOID, d->bias_kind = QKV_BIAS_PER_HEAD, d->softcap = 2.5;
     if (k == 16) d->softcap = 2.5, d->bias_kind = QKV_BIAS_PER_HEAD;

@@ -458,14 +458,8 @@ static void test_dropout(void) {
         const int packed = v >= 2;
         base_desc(&p.d, packed ? 1 : 2, 150, 140, 4, 2, 8, 140);
         p.d.mask = v % 2 ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
-        if (packed) {
-            int64_t oq[] = {0, 70, 150}, ok[] = {0, 61, 140};
-            memcpy(p.offq, oq, sizeof oq);
-            memcpy(p.offk, ok, sizeof ok);
-            p.d.num_seqs = 2;
-            p.d.seq_offsets_q = p.offq;
-            p.d.seq_offsets_k = p.offk;
-        }
+        const int64_t oq[] = {0, 70, 150}, ok[] = {0, 61, 140};
+        if (packed) fp_set_packed(&p, 2, oq, ok);
         p.d.dropout = v < 2 ? 0.5 : 0.1;
         p.d.dropout_seed = 99 + (uint64_t)v;
         if (!fp_make(&p, 17100 + (uint64_t)v, 0.3)) {
