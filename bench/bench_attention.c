@@ -50,8 +50,9 @@
 
 #define MAX_LIST 16
 
-typedef enum impl_kind { IMPL_FAST = 0, IMPL_AUTO, IMPL_REFERENCE, IMPL_NAIVE, IMPL_COUNT } impl_kind;
-static const char *const impl_names[IMPL_COUNT] = {"fast", "auto", "reference", "naive"};
+/* dropout: the fast path with attention dropout (--dropout P). */
+typedef enum impl_kind { IMPL_FAST = 0, IMPL_AUTO, IMPL_REFERENCE, IMPL_NAIVE, IMPL_DROPOUT, IMPL_COUNT } impl_kind;
+static const char *const impl_names[IMPL_COUNT] = {"fast", "auto", "reference", "naive", "dropout"};
 
 typedef struct options {
     int64_t batch, heads, dim;
@@ -83,6 +84,7 @@ typedef struct options {
     double peak_seconds;
     int peak_trials;
     uint64_t seed;
+    double dropout;       /* p of the dropout impl */
 } options;
 
 static void usage(FILE *f) {
@@ -91,7 +93,9 @@ static void usage(FILE *f) {
             "  --n LIST            sequence lengths (default 512,1024,4096,16384)\n"
             "  --batch B --heads H --dim D   (default 1, 8, 64)\n"
             "  --threads LIST      thread counts (default: the online cores)\n"
-            "  --impl LIST         fast,auto,reference,naive (default fast,reference,naive)\n"
+            "  --impl LIST         fast,auto,reference,naive,dropout (default fast,reference,naive);\n"
+            "                      dropout: the fast path with attention dropout\n"
+            "  --dropout P         its probability (default 0.1)\n"
             "  --causal LIST       0,1 (default 0,1)\n"
             "  --pass LIST         fwd,bwd (default fwd,bwd)\n"
             "  --reps R            timed repetitions after one warm-up (default 5)\n"
@@ -202,6 +206,7 @@ static int parse_options(int argc, char **argv, options *o) {
     o->peak_seconds = 0.25;
     o->peak_trials = 7;
     o->seed = 1;
+    o->dropout = 0.1;
     o->peak_isa = bench_isa_best();
     const char *arch = getenv("QKV_ARCH");
     if (arch && *arch) {
@@ -294,6 +299,9 @@ static int parse_options(int argc, char **argv, options *o) {
         } else if (strcmp(a, "--peak-isa") == 0) {
             o->peak_isa = isa_from_name(v, &ok);
             ok = ok && bench_isa_supported(o->peak_isa);
+        } else if (strcmp(a, "--dropout") == 0) {
+            o->dropout = v ? atof(v) : -1.0;
+            ok = o->dropout > 0.0 && o->dropout < 1.0;
         } else if (strcmp(a, "--peak-seconds") == 0) {
             o->peak_seconds = atof(v);
         } else if (strcmp(a, "--peak-trials") == 0) {
@@ -550,7 +558,9 @@ typedef struct job {
 } job;
 
 static qkv_impl impl_value(int impl) {
-    return impl == IMPL_FAST ? QKV_IMPL_FAST : impl == IMPL_AUTO ? QKV_IMPL_AUTO : QKV_IMPL_REFERENCE;
+    return impl == IMPL_FAST || impl == IMPL_DROPOUT ? QKV_IMPL_FAST
+           : impl == IMPL_AUTO                       ? QKV_IMPL_AUTO
+                                                     : QKV_IMPL_REFERENCE;
 }
 
 static void desc_for(const job *j, qkv_dtype dtype, qkv_impl impl, qkv_attn_desc *d) {
@@ -567,6 +577,10 @@ static void desc_for(const job *j, qkv_dtype dtype, qkv_impl impl, qkv_attn_desc
     }
     d->impl = impl;
     d->threads = j->threads;
+    if (j->impl == IMPL_DROPOUT) { /* the error table's reference drops the same entries */
+        d->dropout = j->o->dropout;
+        d->dropout_seed = j->o->seed;
+    }
 }
 
 static void set_note(job_result *r, int status, const char *fmt, const char *arg) {
