@@ -52,11 +52,13 @@
 
 /* fast-alibi, fast-rel: the fast path with ALiBi (the paper's slopes) or
  * T5's relative buckets (32, up to distance 128, bidirectional without a
- * mask; the backward also computes d_rel_table), beside the plain one. */
+ * mask; the backward also computes d_rel_table), beside the plain one.
+ * dropout: the fast path with attention dropout (--dropout P). */
 typedef enum impl_kind {
-    IMPL_FAST = 0, IMPL_AUTO, IMPL_REFERENCE, IMPL_NAIVE, IMPL_FAST_ALIBI, IMPL_FAST_REL, IMPL_COUNT
+    IMPL_FAST = 0, IMPL_AUTO, IMPL_REFERENCE, IMPL_NAIVE, IMPL_FAST_ALIBI, IMPL_FAST_REL, IMPL_DROPOUT, IMPL_COUNT
 } impl_kind;
-static const char *const impl_names[IMPL_COUNT] = {"fast", "auto", "reference", "naive", "fast-alibi", "fast-rel"};
+static const char *const impl_names[IMPL_COUNT] = {"fast",       "auto",     "reference", "naive",
+                                                   "fast-alibi", "fast-rel", "dropout"};
 #define BENCH_REL_BUCKETS 32
 
 typedef struct options {
@@ -89,6 +91,7 @@ typedef struct options {
     double peak_seconds;
     int peak_trials;
     uint64_t seed;
+    double dropout;       /* p of the dropout impl */
 } options;
 
 static void usage(FILE *f) {
@@ -97,9 +100,11 @@ static void usage(FILE *f) {
             "  --n LIST            sequence lengths (default 512,1024,4096,16384)\n"
             "  --batch B --heads H --dim D   (default 1, 8, 64)\n"
             "  --threads LIST      thread counts (default: the online cores)\n"
-            "  --impl LIST         fast,auto,reference,naive,fast-alibi,fast-rel\n"
+            "  --impl LIST         fast,auto,reference,naive,fast-alibi,fast-rel,dropout\n"
             "                      (default fast,reference,naive; fast-alibi / fast-rel: the fast path\n"
-            "                      with ALiBi / T5 relative buckets, not in the error table)\n"
+            "                      with ALiBi / T5 relative buckets, not in the error table; dropout:\n"
+            "                      the fast path with attention dropout)\n"
+            "  --dropout P         its probability (default 0.1)\n"
             "  --causal LIST       0,1 (default 0,1)\n"
             "  --pass LIST         fwd,bwd (default fwd,bwd)\n"
             "  --reps R            timed repetitions after one warm-up (default 5)\n"
@@ -210,6 +215,7 @@ static int parse_options(int argc, char **argv, options *o) {
     o->peak_seconds = 0.25;
     o->peak_trials = 7;
     o->seed = 1;
+    o->dropout = 0.1;
     o->peak_isa = bench_isa_best();
     const char *arch = getenv("QKV_ARCH");
     if (arch && *arch) {
@@ -302,6 +308,9 @@ static int parse_options(int argc, char **argv, options *o) {
         } else if (strcmp(a, "--peak-isa") == 0) {
             o->peak_isa = isa_from_name(v, &ok);
             ok = ok && bench_isa_supported(o->peak_isa);
+        } else if (strcmp(a, "--dropout") == 0) {
+            o->dropout = v ? atof(v) : -1.0;
+            ok = o->dropout > 0.0 && o->dropout < 1.0;
         } else if (strcmp(a, "--peak-seconds") == 0) {
             o->peak_seconds = atof(v);
         } else if (strcmp(a, "--peak-trials") == 0) {
@@ -558,7 +567,8 @@ typedef struct job {
 } job;
 
 static qkv_impl impl_value(int impl) {
-    if (impl == IMPL_FAST || impl == IMPL_FAST_ALIBI || impl == IMPL_FAST_REL) return QKV_IMPL_FAST;
+    if (impl == IMPL_FAST || impl == IMPL_FAST_ALIBI || impl == IMPL_FAST_REL || impl == IMPL_DROPOUT)
+        return QKV_IMPL_FAST;
     return impl == IMPL_AUTO ? QKV_IMPL_AUTO : QKV_IMPL_REFERENCE;
 }
 
@@ -603,6 +613,10 @@ static void desc_for(const job *j, qkv_dtype dtype, qkv_impl impl, qkv_attn_desc
             d->rel_max_distance = 128;
             d->rel_bidirectional = d->mask == QKV_MASK_NONE;
         }
+    }
+    if (j->impl == IMPL_DROPOUT) { /* the error table's reference drops the same entries */
+        d->dropout = j->o->dropout;
+        d->dropout_seed = j->o->seed;
     }
 }
 

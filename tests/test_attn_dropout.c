@@ -1,7 +1,8 @@
 /* Attention dropout inside the kernel: gradients by central differences in
  * double (the mask is regenerated, not stored), the mask is a function of
  * the seed, on average dropout leaves the output unchanged, and the float32
- * paths agree with the float64 reference within the suite's tolerance. */
+ * and half paths agree with the float64 reference within the suite's
+ * tolerance (the fast path's own sweep: test_fast_fwd.c, test_fast_bwd.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,9 +108,8 @@ static void test_mask_and_mean(void) {
 /* The float32 paths against the float64 reference, by the tolerance rule of
  * the suite: max|f32 - ref64| <= 2 max|naive32 - ref64| + 1e-5, where
  * naive32 is the plain algorithm in float with the same dropped entries.
- * Both runs see the same (float) inputs. The fast kernels do not compute
- * dropout: AUTO takes the reference, FAST must say so (or, once it has
- * dropout, pass the same bound). The dropped entries are read from the
+ * Both runs see the same (float) inputs; AUTO takes the fast path, which
+ * drops in-kernel, and gives FAST's bits. The dropped entries are read from the
  * library: with V the identity over the keys (D_v = n_k) the output row is
  * row i of A' with dropout applied, which is 0 exactly where j is dropped. */
 static void test_float_paths(void) {
@@ -163,15 +163,74 @@ static void test_float_paths(void) {
     CHECK(dropped > B * NQ * H, "the seed drops some visible weights (%d of the entries are 0)", dropped);
     CHECK(e32 < 1e-3, "naive32 with the library's dropped entries is near ref64: %g", e32);
     const qkv_impl impls[3] = {QKV_IMPL_AUTO, QKV_IMPL_REFERENCE, QKV_IMPL_FAST};
+    float oauto[B * NQD];
     for (int m = 0; m < 3; m++) {
         qkv_attn_desc f = d;
         f.dtype = QKV_F32;
         f.impl = impls[m];
-        qkv_status st = qkv_attention_forward(&f, qf, kf, vf, of, NULL, NULL);
-        if (impls[m] == QKV_IMPL_FAST && st == QKV_ERR_UNSUPPORTED) continue;
-        CHECK_STATUS(st, QKV_OK);
+        CHECK_STATUS(qkv_attention_forward(&f, qf, kf, vf, of, NULL, NULL), QKV_OK);
         double e = tu_max_abs_diff_f32_f64(of, o64, B * NQD);
         CHECK(e <= tol, "F32 dropout (impl %d) vs F64: %g > 2 * %g + 1e-5 (seed 31)", (int)impls[m], e, e32);
+        if (m == 0) memcpy(oauto, of, sizeof oauto);
+        if (impls[m] == QKV_IMPL_FAST) CHECK(memcmp(oauto, of, sizeof of) == 0, "AUTO with dropout is the fast path");
+    }
+}
+
+/* max over n of |half - ref| - (2^-8 |ref| + 1e-4 max|ref|): > 0 fails.
+ * The half result is the float one rounded (2^-9 relative for bf16, less
+ * for fp16), and the float one is within ~1e-6 of the reference; a wrong
+ * dropped entry moves an output by a whole weight (~1e-2 here). */
+static double half_excess(qkv_dtype dt, const uint16_t *h, const double *ref, int64_t n) {
+    double big = 0.0, worst = -INFINITY;
+    for (int64_t i = 0; i < n; i++) big = fmax(big, fabs(ref[i]));
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)tu_half_to_f32(dt, h[i]) - ref[i]) - (0x1p-8 * fabs(ref[i]) + 1e-4 * big);
+        worst = fmax(worst, isnan(e) ? INFINITY : e);
+    }
+    return worst;
+}
+
+/* bf16 and fp16 with dropout: widened to float, the float32 fast path (the
+ * bf16 kernels do not drop), rounded back: forward and backward against the
+ * reference in double on the same (half) values, causal, GQA, n_q != n_k. */
+static void test_half_paths(void) {
+    enum { HB = 2, HQ = 70, HK = 90, HH = 4, HKV = 2, HD = 16 };
+    const qkv_dtype dts[2] = {QKV_BF16, QKV_F16};
+    for (int t = 0; t < 2; t++) {
+        const qkv_dtype dt = dts[t];
+        const int64_t nq = HB * HQ * HH * HD, nk = HB * HK * HKV * HD;
+        tu_rng r;
+        tu_rng_seed(&r, 60 + (uint64_t)t);
+        double *qd, *kd, *vd, *dod;
+        uint16_t *q = tu_half_random(&r, dt, nq, 1.0, &qd), *k = tu_half_random(&r, dt, nk, 1.0, &kd);
+        uint16_t *v = tu_half_random(&r, dt, nk, 1.0, &vd), *dout = tu_half_random(&r, dt, nq, 1.0, &dod);
+        qkv_attn_desc d;
+        qkv_attn_desc_init(&d);
+        d.batch = HB, d.n_q = HQ, d.n_k = HK, d.heads = HH, d.heads_kv = HKV, d.dim = HD;
+        d.mask = QKV_MASK_CAUSAL;
+        d.dropout = 0.3;
+        d.dropout_seed = 4242;
+        qkv_attn_desc d64 = d;
+        d64.dtype = QKV_F64;
+        d64.impl = QKV_IMPL_REFERENCE;
+        d.dtype = dt;
+        double *ro = malloc((size_t)nq * sizeof(double)), *rq = malloc((size_t)nq * sizeof(double));
+        double *rk = malloc((size_t)nk * sizeof(double)), *rv = malloc((size_t)nk * sizeof(double));
+        uint16_t *ho = malloc((size_t)nq * 2), *hq = malloc((size_t)nq * 2), *hk = malloc((size_t)nk * 2),
+                 *hv = malloc((size_t)nk * 2);
+        qkv_attn_grads g64 = {.dq = rq, .dk = rk, .dv = rv}, gh = {.dq = hq, .dk = hk, .dv = hv};
+        CHECK_STATUS(qkv_attention_forward(&d64, qd, kd, vd, ro, NULL, NULL), QKV_OK);
+        CHECK_STATUS(qkv_attention_backward(&d64, qd, kd, vd, NULL, NULL, dod, &g64), QKV_OK);
+        CHECK_STATUS(qkv_attention_forward(&d, q, k, v, ho, NULL, NULL), QKV_OK);
+        CHECK_STATUS(qkv_attention_backward(&d, q, k, v, NULL, NULL, dout, &gh), QKV_OK);
+        const char *name = t ? "fp16" : "bf16";
+        double e;
+        CHECK((e = half_excess(dt, ho, ro, nq)) <= 0, "%s dropout out off by %g beyond the bound", name, e);
+        CHECK((e = half_excess(dt, hq, rq, nq)) <= 0, "%s dropout dq off by %g beyond the bound", name, e);
+        CHECK((e = half_excess(dt, hk, rk, nk)) <= 0, "%s dropout dk off by %g beyond the bound", name, e);
+        CHECK((e = half_excess(dt, hv, rv, nk)) <= 0, "%s dropout dv off by %g beyond the bound", name, e);
+        free(q); free(k); free(v); free(dout); free(qd); free(kd); free(vd); free(dod);
+        free(ro); free(rq); free(rk); free(rv); free(ho); free(hq); free(hk); free(hv);
     }
 }
 
@@ -182,5 +241,6 @@ int main(void) {
     gradcheck(QKV_NORM_RELU, QKV_MASK_CAUSAL);
     test_mask_and_mean();
     test_float_paths();
+    test_half_paths();
     return tu_finish();
 }

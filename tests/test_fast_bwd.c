@@ -55,12 +55,12 @@ static void describe(const fprob *p, char *buf, size_t len) {
     const qkv_attn_desc *d = &p->d;
     snprintf(buf, len,
              "[%s] B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld score=%d norm=%d%s mask=%d(%lld,%lld) "
-             "cap=%g bias=%d kl=%d packed=%lld",
+             "cap=%g bias=%d kl=%d packed=%lld dropout=%g",
              qkv_arch_name(g_arch), (long long)d->batch, (long long)d->n_q, (long long)d->n_k,
              (long long)d->heads, (long long)d->heads_kv, (long long)d->dim, (long long)d->dim_v,
              d->score, d->norm, d->relu_divide_by_count ? "/cnt" : "", d->mask,
              (long long)d->window_left, (long long)d->window_right, d->softcap, d->bias_kind,
-             d->key_lengths != NULL, (long long)d->num_seqs);
+             d->key_lengths != NULL, (long long)d->num_seqs, d->dropout);
 }
 
 /* Relative part of the error floor: 0 (the rule's absolute 1e-5) except in
@@ -414,6 +414,31 @@ static void test_nan_masked(void) {
     }
 }
 
+/* Attention dropout (fp_dropout_case): dq, dk, dv (and dbias) against the
+ * reference, naive32 dropping the same entries; the forward's out and lse
+ * given (O with dropout, so D = rowsum(dO O) matches) and recomputed;
+ * threads 1, 2, 3 bitwise. */
+static void test_dropout(void) {
+    for (int idx = 0; idx < FP_DROPOUT_CASES; idx++) {
+        fprob p;
+        fp_dropout_case(&p, idx);
+        if (idx / 2 != 11) {
+            run_case(&p, 18000 + (uint64_t)idx, idx % 3 == 0);
+            continue;
+        }
+        /* key length 0 for batch 0: exactly zero gradients there */
+        if (!fp_make(&p, 18000 + (uint64_t)idx, 1.0)) continue;
+        check_problem(&p, 1);
+        bwd_out f = run_fast(&p, 2, 0);
+        int zero = f.st == QKV_OK;
+        for (int64_t x = 0; x < p.nq_el / 2; x++) zero &= f.dq[x] == 0.0f;
+        for (int64_t x = 0; x < p.nk_el / 2; x++) zero &= f.dk[x] == 0.0f && f.dv[x] == 0.0f;
+        CHECK(zero, "dropout %g: batch 0 without keys has a gradient", p.d.dropout);
+        free_out(&f);
+        fp_free(&p);
+    }
+}
+
 static void all_tests(void) {
     test_shapes();
     test_features();
@@ -424,6 +449,7 @@ static void all_tests(void) {
     test_nan_masked();
     test_threads();
     test_extreme_logits();
+    test_dropout();
 }
 
 int main(void) { return fp_each_arch(&g_arch, all_tests); }

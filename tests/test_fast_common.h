@@ -168,7 +168,13 @@ static inline void n32_norm(const fprob *p, const float *s, float *w, int64_t lo
     }
 }
 
-/* naive32 forward: out, lse (may be NULL), attn (may be NULL). */
+/* The dropout factor of entry (b, h, i, j) in float, 1 without dropout:
+ * naive32 drops what the reference drops. */
+static inline float n32_drop(const fprob *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return p->plan.d.dropout > 0.0 ? (float)qkv_attn_dropout_keep(&p->plan, b, h, i, j) : 1.0f;
+}
+
+/* naive32 forward: out, lse (may be NULL), attn (may be NULL, before dropout). */
 static inline void n32_forward(const fprob *p, float *out, float *lse, float *attn) {
     const qkv_attn_desc *d = &p->plan.d;
     int64_t nk = d->n_k, Dv = d->dim_v;
@@ -187,7 +193,8 @@ static inline void n32_forward(const fprob *p, float *out, float *lse, float *at
                 for (int64_t j = lo; j < hi; j++) {
                     if (s[j] == -INFINITY) continue;
                     const float *vj = p->v + fp_idx(b, j, h / p->plan.group, nk, d->heads_kv, Dv);
-                    for (int64_t t = 0; t < Dv; t++) o[t] += w[j] * vj[t];
+                    const float wz = w[j] * n32_drop(p, b, h, i, j);
+                    for (int64_t t = 0; t < Dv; t++) o[t] += wz * vj[t];
                 }
                 int64_t row = (b * d->heads + h) * d->n_q + i;
                 if (lse) lse[row] = l;
@@ -243,12 +250,12 @@ static inline void n32_backward(const fprob *p, float *dq, float *dk, float *dv,
                     if (s[j] == -INFINITY) continue;
                     const float *vj = p->v + fp_idx(b, j, hk, nk, d->heads_kv, Dv);
                     float *dvj = dv + fp_idx(b, j, hk, nk, d->heads_kv, Dv);
-                    float acc = 0.0f;
+                    float acc = 0.0f, wz = w[j] * n32_drop(p, b, h, i, j);
                     for (int64_t t = 0; t < Dv; t++) {
                         acc += dorow[t] * vj[t];
-                        dvj[t] += w[j] * dorow[t];
+                        dvj[t] += wz * dorow[t];
                     }
-                    dp[j] = acc;
+                    dp[j] = acc * n32_drop(p, b, h, i, j);
                     pdp += w[j] * acc;
                 }
                 for (int64_t j = lo; j < hi; j++) {
@@ -299,6 +306,57 @@ static inline void n32_backward(const fprob *p, float *dq, float *dk, float *dv,
             for (int64_t t = 0; t < D; t++) g[t] = n <= 1e-12f ? g[t] / 1e-12f : (g[t] - x[t] * dot / (n * n)) / n;
         }
     free(raw); free(s); free(w); free(dp); free(dqh); free(kn);
+}
+
+/* Packed sequences: num_seqs + 1 query offsets oq and key offsets ok (NULL:
+ * the same as the queries) into p and its descriptor. */
+static inline void fp_set_packed(fprob *p, int64_t num_seqs, const int64_t *oq, const int64_t *ok) {
+    memcpy(p->offq, oq, (size_t)(num_seqs + 1) * sizeof(int64_t));
+    if (ok) memcpy(p->offk, ok, (size_t)(num_seqs + 1) * sizeof(int64_t));
+    p->d.num_seqs = num_seqs;
+    p->d.seq_offsets_q = p->offq;
+    p->d.seq_offsets_k = ok ? p->offk : NULL;
+}
+
+/* The dropout sweep of test_fast_fwd.c and test_fast_bwd.c: case idx <
+ * FP_DROPOUT_CASES into p (zeroed here), p = 0.1 for even idx and 0.5 for
+ * odd: every mask kind on awkward sizes, n_q != n_k, GQA, D_v != D, key
+ * lengths (one of 0: a fully masked batch), packed sequences, the other
+ * normalisers, bias and soft-cap (tiles in logit units), and D = 64 over
+ * several tiles inside and on a mask's edge. */
+#define FP_DROPOUT_CASES 40
+static inline void fp_dropout_case(fprob *p, int idx) {
+    static const int64_t sq[] = {1, 2, 7, 63, 65, 129}, cross[][2] = {{7, 129}, {129, 7}, {65, 200}, {200, 65}};
+    const int k = idx / 2;
+    int64_t B = 1, nq = 70, nk = 70, H = 2, Hkv = 1, D = 16, Dv = 16;
+    qkv_mask mask = (qkv_mask)(k % 4);
+    memset(p, 0, sizeof *p);
+    if (k < 6) nq = nk = sq[k];
+    else if (k < 10) B = 2, nq = cross[k - 6][0], nk = cross[k - 6][1], H = 4, Hkv = 2, Dv = 24;
+    else if (k < 12) B = 2, nq = nk = k == 10 ? 130 : 70, mask = k == 10 ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+    else if (k == 12) nq = nk = 150, mask = QKV_MASK_CAUSAL;
+    else if (k == 13) nq = 100, nk = 170, Hkv = 2, Dv = 24, mask = QKV_MASK_WINDOW;
+    else if (k >= 17 && k <= 18) nq = nk = 300, D = Dv = 64, Hkv = k == 17 ? 2 : 1, mask = (qkv_mask)(k - 17);
+    else if (k == 19) nq = nk = 260, D = Dv = 32, mask = QKV_MASK_WINDOW;
+    qkv_attn_desc_init(&p->d);
+    qkv_attn_desc *d = &p->d;
+    d->batch = B, d->n_q = nq, d->n_k = nk, d->heads = H, d->heads_kv = Hkv, d->dim = D, d->dim_v = Dv;
+    d->mask = mask;
+    d->window_left = mask == QKV_MASK_WINDOW || mask == QKV_MASK_CAUSAL_WINDOW ? (k == 19 ? 40 : 17) : 0;
+    d->window_right = mask == QKV_MASK_WINDOW ? (k == 19 ? 40 : 5) : 0;
+    if (k == 10 || k == 11) {
+        p->key_lengths[0] = k == 10 ? 130 : 0;
+        p->key_lengths[1] = 33;
+        d->key_lengths = p->key_lengths;
+    }
+    const int64_t o4[] = {0, 10, 10, 90, 150}, oq[] = {0, 30, 100}, ok[] = {0, 50, 170};
+    if (k == 12) fp_set_packed(p, 4, o4, NULL);
+    if (k == 13) fp_set_packed(p, 2, oq, ok);
+    if (k == 14) d->norm = QKV_NORM_RELU, d->relu_divide_by_count = 1, d->bias_kind = QKV_BIAS_SHARED;
+    if (k == 15) d->norm = QKV_NORM_SIGMOID, d->bias_kind = QKV_BIAS_PER_HEAD, d->softcap = 2.5;
+    if (k == 16) d->softcap = 2.5, d->bias_kind = QKV_BIAS_PER_HEAD;
+    d->dropout = idx % 2 ? 0.5 : 0.1;
+    d->dropout_seed = 0x5EED0000u + (uint64_t)idx;
 }
 
 /* max |a - b| (float vs double), NaN on one side only = inf; -inf == -inf. */

@@ -40,12 +40,12 @@ static void describe(const fprob *p, char *buf, size_t len) {
     const qkv_attn_desc *d = &p->d;
     snprintf(buf, len,
              "[%s] B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld score=%d norm=%d%s mask=%d(%lld,%lld) "
-             "cap=%g bias=%d kl=%d packed=%lld",
+             "cap=%g bias=%d kl=%d packed=%lld dropout=%g",
              qkv_arch_name(g_arch), (long long)d->batch, (long long)d->n_q, (long long)d->n_k,
              (long long)d->heads, (long long)d->heads_kv, (long long)d->dim, (long long)d->dim_v,
              d->score, d->norm, d->relu_divide_by_count ? "/cnt" : "", d->mask,
              (long long)d->window_left, (long long)d->window_right, d->softcap, d->bias_kind,
-             d->key_lengths != NULL, (long long)d->num_seqs);
+             d->key_lengths != NULL, (long long)d->num_seqs, d->dropout);
 }
 
 /* Compare fast vs ref64 vs naive32 for one problem. */
@@ -440,6 +440,71 @@ static void test_streamed_output(void) {
         }
 }
 
+/* 13. Attention dropout (fp_dropout_case): out and lse against the
+ * reference (naive32 drops the same entries), attn (before dropout) too,
+ * threads 1, 2, 3 bitwise. Then the mask itself: with V the identity over
+ * the keys (D_v = n_k) output row i is row i of A' times the factors, 0
+ * exactly where an entry is dropped: the fast path must drop exactly the
+ * reference's entries (GQA, batches, packed sequences, several tiles). */
+static void test_dropout(void) {
+    for (int idx = 0; idx < FP_DROPOUT_CASES; idx++) {
+        fprob p;
+        fp_dropout_case(&p, idx);
+        if (idx / 2 != 11) {
+            run_case(&p, 17000 + (uint64_t)idx, 1.0, p.d.n_q <= 200, idx % 3 == 0);
+            continue;
+        }
+        /* key length 0 for batch 0: its rows are exactly 0, lse -inf */
+        if (!fp_make(&p, 17000 + (uint64_t)idx, 1.0)) continue;
+        check_problem(&p, 1, 1);
+        fwd_out f = run_fast(&p, 3, 0);
+        int zero = f.st == QKV_OK;
+        for (int64_t x = 0; x < p.no_el / 2; x++) zero &= f.o[x] == 0.0f;
+        for (int64_t h = 0; h < p.d.heads; h++) zero &= f.lse[h * p.d.n_q] == -INFINITY;
+        CHECK(zero, "dropout %g: a row without keys is not 0 / -inf", p.d.dropout);
+        free_out(&f);
+        fp_free(&p);
+    }
+    for (int v = 0; v < 4; v++) {
+        fprob p;
+        memset(&p, 0, sizeof p);
+        const int packed = v >= 2;
+        base_desc(&p.d, packed ? 1 : 2, 150, 140, 4, 2, 8, 140);
+        p.d.mask = v % 2 ? QKV_MASK_CAUSAL : QKV_MASK_NONE;
+        const int64_t oq[] = {0, 70, 150}, ok[] = {0, 61, 140};
+        if (packed) fp_set_packed(&p, 2, oq, ok);
+        p.d.dropout = v < 2 ? 0.5 : 0.1;
+        p.d.dropout_seed = 99 + (uint64_t)v;
+        if (!fp_make(&p, 17100 + (uint64_t)v, 0.3)) {
+            CHECK(0, "bad dropout mask descriptor %d", v);
+            continue;
+        }
+        const int64_t B = p.d.batch, nk = p.d.n_k, Hkv = p.d.heads_kv;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < nk; j++)
+                for (int64_t hk = 0; hk < Hkv; hk++)
+                    for (int64_t c = 0; c < nk; c++) p.v[((b * nk + j) * Hkv + hk) * nk + c] = c == j;
+        check_problem(&p, 0, v == 0);
+        fwd_out f = run_fast(&p, 2, 0);
+        qkv_attn_desc d64 = fp_desc64(&p);
+        double *ro = malloc((size_t)p.no_el * sizeof(double));
+        CHECK_STATUS(qkv_attention_forward(&d64, p.qd, p.kd, p.vd, ro, NULL, NULL), QKV_OK);
+        int64_t differ = 0, dropped = 0, kept = 0;
+        for (int64_t x = 0; x < p.no_el; x++) {
+            differ += (f.o[x] == 0.0f) != (ro[x] == 0.0);
+            dropped += ro[x] == 0.0;
+            kept += ro[x] != 0.0;
+        }
+        CHECK(f.st == QKV_OK && differ == 0, "dropout mask %d: %lld entries dropped by one path only", v,
+              (long long)differ);
+        CHECK(dropped > 0 && kept > 0, "dropout mask %d: %lld dropped, %lld kept", v, (long long)dropped,
+              (long long)kept);
+        free(ro);
+        free_out(&f);
+        fp_free(&p);
+    }
+}
+
 static void all_tests(void) {
     test_shapes();
     test_features();
@@ -453,6 +518,7 @@ static void all_tests(void) {
     test_threads();
     test_schedules();
     test_streamed_output();
+    test_dropout();
 }
 
 int main(void) { return fp_each_arch(&g_arch, all_tests); }

@@ -6,7 +6,7 @@
  * ranges), with stated tolerances:
  *   - moves and roundings (pack_panel, scale_stream, all_finite, the bf16
  *     packings, m of the softmax, the int8 quantisation and tiles, whose
- *     sums are exact): exact;
+ *     sums are exact) and the dropout factors: exact;
  *   - sums of n products (qk, pv, the gemm, KV decode, bf16 products): both
  *     within 2 (n + 2) u sum |terms| of each other (u = 2^-24: any order of
  *     a float sum, fused or not, is within (n + 1) u sum |terms| of exact);
@@ -315,6 +315,52 @@ static void test_all_finite(const qkv_kernels *K, const qkv_kernels *G) {
                 x[i] = keep;
             }
         }
+}
+
+/* dropout: the factors and products bit for bit (integer hashing, one float
+ * product), non-finite and signed-zero weights included; the gap between
+ * cols and ld untouched; about 1 - p of the entries kept. */
+static void test_dropout(const qkv_kernels *K, const qkv_kernels *G) {
+    static const size_t rowc[] = {1, 2, 7, 8, 64};
+    static const double ps[] = {0.1, 0.5, 0.9};
+    for (size_t ci = 0; ci < NSIZES; ci++)
+        for (size_t ri = 0; ri < 5; ri++)
+            for (int mode = 0; mode < 6; mode++) { /* p = ps[mode / 2], y given = mode & 1 */
+                const size_t cols = SIZES[ci], rows = rowc[ri], ld = cols + 3;
+                const double p = ps[mode / 2];
+                const uint64_t thr = (uint64_t)ceil(p * 0x1p53);
+                const float scale = (float)(1.0 / (1.0 - p));
+                gbuf g1, g2, h1, h2;
+                float *x1 = fnew(&g1, rows * ld, 1), *x2 = fnew(&g2, rows * ld, 1);
+                float *y1 = fnew(&h1, rows * ld, 0), *y2 = fnew(&h2, rows * ld, 0);
+                uint64_t R[64], C[129];
+                for (size_t r = 0; r < rows; r++) R[r] = tu_rng_u64(&g_rng);
+                for (size_t c = 0; c < cols; c++) C[c] = tu_rng_u64(&g_rng);
+                const float special[] = {NAN, INFINITY, -INFINITY, -0.0f, 0.0f};
+                for (size_t i = 0; i < rows * ld; i++) {
+                    x1[i] = x2[i] = i % 17 == 3 ? special[i / 17 % 5] : rnd(1.0);
+                    y1[i] = y2[i] = -7.0f;
+                }
+                K->dropout(x1, mode & 1 ? y1 : NULL, ld, rows, cols, R, C, thr, scale);
+                G->dropout(x2, mode & 1 ? y2 : NULL, ld, rows, cols, R, C, thr, scale);
+                int bad = !gb_ok(&g1) || !gb_ok(&h1) || memcmp(x1, x2, rows * ld * sizeof(float)) != 0 ||
+                          memcmp(y1, y2, rows * ld * sizeof(float)) != 0;
+                size_t kept = 0;
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t c = 0; c < ld; c++) {
+                        float y = y2[r * ld + c];
+                        if (c >= cols || !(mode & 1)) bad |= y != -7.0f;
+                        else bad |= y != 0.0f && y != scale;
+                        kept += c < cols && y == scale;
+                    }
+                CHECK(!bad, "dropout [%s] rows %zu cols %zu p %g y %d", g_isa, rows, cols, p, mode & 1);
+                if ((mode & 1) && rows * cols >= 4000) {
+                    double frac = (double)kept / (double)(rows * cols), sd = sqrt(p * (1 - p) / (double)(rows * cols));
+                    CHECK(fabs(frac - (1 - p)) < 5 * sd, "dropout keeps %g of %zu entries, want %g", frac,
+                          rows * cols, 1 - p);
+                }
+                gb_free(&g1); gb_free(&g2); gb_free(&h1); gb_free(&h2);
+            }
 }
 
 /* ---- gemm micro-kernels: the ISA's MR x NR tile against the generic kernel
@@ -904,6 +950,7 @@ int main(void) {
         test_exp2(&s->attn, &gen->attn);
         test_scale_stream(&s->attn, &gen->attn);
         test_all_finite(&s->attn, &gen->attn);
+        test_dropout(&s->attn, &gen->attn);
         test_gemm(&s->gemm, &gen->gemm);
         test_kv(&s->kv, &gen->kv);
         test_nn_bias_act(&s->nn, &gen->nn);

@@ -11,11 +11,10 @@
 
 /* The fast kernels compute the in-kernel position biases (ALiBi, T5's 1-D
  * buckets: fast_posbias.c; qkv_fast_supported leaves the 2-D image offsets
- * and non-finite bias parameters to the reference) but not attention
- * dropout yet: such calls go to the reference, which computes it per logit
- * (still no n x n buffer). */
+ * and non-finite bias parameters to the reference) and attention dropout
+ * (fast_dropout.c). */
 static int fast_ok(const qkv_plan *p) {
-    return p->d.dropout == 0.0 && qkv_fast_supported(p);
+    return qkv_fast_supported(p);
 }
 
 /* F32 / F64: the optional scan for non-finite inputs (check_finite) before

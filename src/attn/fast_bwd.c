@@ -28,6 +28,7 @@
 #include "attn/fast.h"
 #include "attn/fast_common.h"
 #include "attn/fast_posbias.h"
+#include "attn/fast_dropout.h"
 #include "core/threads.h"
 
 typedef struct bwd_ctx {
@@ -60,6 +61,7 @@ typedef struct bwd_ctx {
 typedef struct bwd_ws {
     float *xb, *yb;       /* block copies: K and V rows */
     float *s, *dp, *dcap; /* tiles, key-major [FA_BK, FA_BQ] */
+    float *dz;            /* the tile's dropout factors (fast_dropout.h) */
     float *acc1, *acc2;   /* dK, dV accumulators of the key block */
     float *dqt;           /* dQ of one query block from one key block [FA_BQ, ldD] */
     int *a, *e;           /* per key: visible queries of the tile */
@@ -75,6 +77,7 @@ static size_t bwd_ws_layout(const bwd_ctx *f, unsigned char *base, bwd_ws *w) {
     QKV_CARVE(s, float, FA_BK * FA_BQ);
     QKV_CARVE(dp, float, FA_BK * FA_BQ);
     QKV_CARVE(dcap, float, FA_BK * FA_BQ);
+    QKV_CARVE(dz, float, fa_dropout_on(&f->c) ? FA_BK * FA_BQ : 0);
     QKV_CARVE(acc1, float, BT * f->ldD);
     QKV_CARVE(acc2, float, BT * f->ldDv);
     QKV_CARVE(dqt, float, FA_BQ * f->ldD);
@@ -177,6 +180,7 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
             fa_scores_cols(c, w->s, FA_BQ, h, i0, nqc, j0, nkr, lo, hi, interior, w->a, w->e, w->dcap,
                            FA_BQ);
             const int64_t at = bh * c->nq + i0;
+            if (fa_dropout_on(c)) fa_dropout_cols(c, b, h, i0, nqc, j0, nkr, w->dp, w->dz, FA_BQ);
             if (softmax) {
                 K->bwd_softmax(w->s, w->dp, FA_BQ, (size_t)nkr, (size_t)nqc, c->sc,
                                f->M2 ? f->M2 + at : NULL, f->L2 + at, f->Dd + at, 1);
@@ -184,6 +188,7 @@ static void kv_block(bwd_ctx *f, bwd_ws *w, int64_t b, int64_t kv, int64_t kb, f
                 elementwise_bwd(c, w->s, w->dp, FA_BQ, nkr, nqc, w->a, w->e,
                                 f->cnt ? f->cnt + at : NULL, 1);
             }
+            if (fa_dropout_on(c)) fa_dropout_mul(w->s, w->dz, FA_BQ, nkr, nqc);
             for (int r = nkr; r < rows; r++)
                 for (int i = 0; i < nqc; i++) w->s[r * FA_BQ + i] = w->dp[r * FA_BQ + i] = 0.0f;
             if (f->dbias) {

@@ -19,6 +19,7 @@
 #include "attn/fast.h"
 #include "attn/fast_common.h"
 #include "attn/fast_posbias.h"
+#include "attn/fast_dropout.h"
 #include "attn/head_sched.h"
 #include "core/threads.h"
 
@@ -258,6 +259,8 @@ QKV_INLINE void tile_inside(const fa_ctx *c, const fwd_blk *u, fwd_ws *w, int64_
           w->s, FWD_LDS);
     if (c->pb) fa_posbias_rows(c, w->s, FWD_LDS, u->h, u->i0, u->nr, kt, ncols, NULL, NULL);
     K->softmax(w->s, FWD_LDS, (size_t)u->rows, (size_t)ncols, c->sc, w->m, w->l, w->alpha);
+    if (u->want_o && fa_dropout_on(c))
+        fa_dropout_rows(c, u->b, u->h, u->i0, u->nr, kt, ncols, w->s, FWD_LDS, NULL, NULL);
     if (u->want_o)
         K->pv(w->o, u->ldob, w->alpha, w->s, FWD_LDS, 1, u->vb + kt * Dv, (size_t)Dv, (size_t)ncols, (size_t)Dv,
               (size_t)u->rows);
@@ -317,6 +320,8 @@ QKV_INLINE void tile_edge(const fa_ctx *c, const fwd_blk *u, fwd_ws *w, int64_t 
             K->softmax(w->s + (size_t)r0 * FWD_LDS, FWD_LDS, (size_t)nb, (size_t)cols, c->sc, w->m + r0, w->l + r0,
                        w->alpha + r0);
         }
+    if (u->want_o && fa_dropout_on(c))
+        fa_dropout_rows(c, u->b, u->h, u->i0, nr, kt, ncols, softmax ? w->s : w->pw, FWD_LDS, w->a, w->e);
     /* Every row sees the whole tile (the common case away from a mask's
      * edges): one product over all rows, tiled by the kernel (6 rows on
      * AVX2); padding rows have zero weights and are never stored. */

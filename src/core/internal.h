@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/rng.h"
 #include "qkv.h"
 
 /* Allocation through the hooks set by qkv_set_allocator. qkv_free(NULL) is a no-op. */
@@ -169,7 +170,19 @@ int64_t qkv_plan_query_position(const qkv_plan *p, int64_t i);
 int64_t qkv_plan_rel_bucket(const qkv_plan *p, int64_t pos, int64_t j);
 
 /* Attention dropout: the factor of entry (b, h, i, j) - 0 (dropped) or
- * 1 / (1 - p) - from the counter-based hash; 1 when dropout is off. */
+ * 1 / (1 - p) - from the counter-based hash; 1 when dropout is off. The
+ * hash: z = dropout_seed ^ QKV_DROPOUT_SEED_XOR, then z <- qkv_dropout_step(z, c)
+ * for c = b, h, i, j in turn (h the query head, i and j the rows of q and
+ * k, packed sequences included); the entry is kept iff (z >> 11) >=
+ * qkv_dropout_threshold(p), i.e. iff the uniform (z >> 11) 2^-53 >= p. The
+ * fast path (attn/fast_dropout.c) hashes (b, h, i) once per row and only
+ * the last step per entry. */
+#define QKV_DROPOUT_SEED_XOR 0xD1B54A32D192ED03ull
+#define QKV_DROPOUT_STEP_ADD 0x632BE59BD9B4E019ull
+static inline uint64_t qkv_dropout_step(uint64_t z, int64_t c) {
+    return splitmix64_mix(z + (uint64_t)c * SPLITMIX64_GAMMA + QKV_DROPOUT_STEP_ADD);
+}
+uint64_t qkv_dropout_threshold(double p);
 double qkv_attn_dropout_keep(const qkv_plan *p, int64_t b, int64_t h, int64_t i, int64_t j);
 
 #endif

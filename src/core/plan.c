@@ -261,15 +261,18 @@ qkv_status qkv_alibi_slopes(int64_t heads, float *slopes) {
     return QKV_OK;
 }
 
+uint64_t qkv_dropout_threshold(double p) {
+    /* u = n 2^-53 (n = z >> 11 < 2^53, exact) is < p iff n < p 2^53 iff
+     * n < ceil(p 2^53): the reference's comparison of doubles, in integers. */
+    return (uint64_t)ceil(p * 0x1.0p53);
+}
+
 double qkv_attn_dropout_keep(const qkv_plan *p, int64_t b, int64_t h, int64_t i, int64_t j) {
     /* splitmix64 finalisers over the position: independent bits per entry. */
-    uint64_t z = p->d.dropout_seed ^ 0xD1B54A32D192ED03ull;
-    const uint64_t c[4] = {(uint64_t)b, (uint64_t)h, (uint64_t)i, (uint64_t)j};
-    for (int t = 0; t < 4; t++) {
-        z = splitmix64_mix(z + c[t] * SPLITMIX64_GAMMA + 0x632BE59BD9B4E019ull);
-    }
-    double u = (double)(z >> 11) * 0x1.0p-53;
-    return u < p->d.dropout ? 0.0 : 1.0 / (1.0 - p->d.dropout);
+    uint64_t z = p->d.dropout_seed ^ QKV_DROPOUT_SEED_XOR;
+    const int64_t c[4] = {b, h, i, j};
+    for (int t = 0; t < 4; t++) z = qkv_dropout_step(z, c[t]);
+    return (z >> 11) < qkv_dropout_threshold(p->d.dropout) ? 0.0 : 1.0 / (1.0 - p->d.dropout);
 }
 
 /* Floor division (positions may be negative when n_q > n_k). */

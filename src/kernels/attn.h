@@ -9,6 +9,9 @@
 #define QKV_KERNELS_ATTN_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "core/rng.h"
 
 /* Keys per packed K panel. A packed K holds, for panel p (keys 32p..32p+31)
  * and dimension d, the 32 keys' values contiguous:
@@ -102,7 +105,25 @@ typedef struct qkv_kernels {
      * product: as a portable loop, SSE2 at best, it was half of fwd_unit's
      * own time in a causal forward at n = 512.) */
     int (*all_finite)(const float *x, size_t n);
+    /* Attention dropout on a tile (core/internal.h: the hash), for r < rows,
+     * c < cols:
+     *     z = splitmix64_mix(R[r] + C[c])   (64-bit, wrapping; core/rng.h)
+     *     f = (z >> 11) >= thr ? scale : 0
+     *     x[r*ld + c] *= f, and y[r*ld + c] = f when y is not NULL.
+     * R and C carry the hash of the entry's position but for the last step
+     * (rows = queries: R the rows' keys, C the keys' multiples of the
+     * increment; a key-major tile the other way round). Integer hashing and
+     * one float product per element: every ISA gives the generic bits.
+     * thr < 2^53 (p < 1). Reads exactly R[r], C[c] and x, writes only x and y, in those ranges. */
+    void (*dropout)(float *x, float *y, size_t ld, size_t rows, size_t cols, const uint64_t *R, const uint64_t *C,
+                    uint64_t thr, float scale);
 } qkv_kernels;
+
+/* One entry of the dropout kernel: the factor f for R[r] + C[c] = a (the
+ * generic kernel, and the tails of the others). */
+static inline float qkv_dropout_factor(uint64_t a, uint64_t thr, float scale) {
+    return (splitmix64_mix(a) >> 11) >= thr ? scale : 0.0f;
+}
 
 /* The generic table; each ISA's init overrides the slots it implements. */
 void qkv_attn_init_generic(qkv_kernels *k);
@@ -114,7 +135,8 @@ void qkv_attn_init_avx512(qkv_kernels *k);
 #define QKV_ATTN_DEFINE_INIT(isa)                                                                  \
     void qkv_attn_init_##isa(qkv_kernels *k) {                                                     \
         *k = (qkv_kernels){#isa, qk_##isa, pv_##isa, softmax_##isa, bwd_softmax_##isa, exp2_##isa, \
-                           pack_panel_##isa, scale_stream_##isa, stream_fence_##isa, all_finite_##isa}; \
+                           pack_panel_##isa, scale_stream_##isa, stream_fence_##isa, all_finite_##isa, \
+                           dropout_##isa};                                                         \
     }
 
 #endif

@@ -387,4 +387,50 @@ static int all_finite_avx2(const float *x, size_t n) {
     return _mm256_testz_si256(bad, bad);
 }
 
+/* a * b mod 2^64 for 4 lanes and a constant b (halves blo, bhi): AVX2 has
+ * only the 32 x 32 -> 64 product, and a b = alo blo + 2^32 (ahi blo + alo bhi). */
+static inline __m256i mul64(__m256i a, __m256i blo, __m256i bhi) {
+    __m256i lo = _mm256_mul_epu32(a, blo);
+    __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), blo), _mm256_mul_epu32(a, bhi));
+    return _mm256_add_epi64(lo, _mm256_slli_epi64(cross, 32));
+}
+
+/* splitmix64_mix of 4 lanes, shifted right by 11 (the uniform's 53 bits). */
+static inline __m256i mix53(__m256i z, const __m256i m[4]) {
+    z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), m[0], m[1]);
+    z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), m[2], m[3]);
+    return _mm256_srli_epi64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 31)), 11);
+}
+
+/* 8 columns at a time: two vectors of 4 hashes, their dropped lanes (the
+ * 53 bits < thr: a signed comparison is right below 2^63) packed into one
+ * float mask; the tail column by column. */
+static void dropout_avx2(float *x, float *y, size_t ld, size_t rows, size_t cols, const uint64_t *R,
+                         const uint64_t *C, uint64_t thr, float scale) {
+    const __m256i m[4] = {_mm256_set1_epi64x(0x1CE4E5B9), _mm256_set1_epi64x(0xBF58476D),
+                          _mm256_set1_epi64x(0x133111EB), _mm256_set1_epi64x(0x94D049BB)};
+    const __m256i vt = _mm256_set1_epi64x((long long)thr);
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (size_t r = 0; r < rows; r++) {
+        const __m256i vr = _mm256_set1_epi64x((long long)R[r]);
+        float *xr = x + r * ld, *yr = y ? y + r * ld : NULL;
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            __m256i z0 = mix53(_mm256_add_epi64(vr, _mm256_loadu_si256((const __m256i *)(const void *)(C + c))), m);
+            __m256i z1 = mix53(_mm256_add_epi64(vr, _mm256_loadu_si256((const __m256i *)(const void *)(C + c + 4))), m);
+            __m256 d = _mm256_shuffle_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi64(vt, z0)),
+                                         _mm256_castsi256_ps(_mm256_cmpgt_epi64(vt, z1)), _MM_SHUFFLE(2, 0, 2, 0));
+            d = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(d), _MM_SHUFFLE(3, 1, 2, 0)));
+            __m256 f = _mm256_andnot_ps(d, vs);
+            _mm256_storeu_ps(xr + c, _mm256_mul_ps(_mm256_loadu_ps(xr + c), f));
+            if (yr) _mm256_storeu_ps(yr + c, f);
+        }
+        for (; c < cols; c++) {
+            float f = qkv_dropout_factor(R[r] + C[c], thr, scale);
+            xr[c] *= f;
+            if (yr) yr[c] = f;
+        }
+    }
+}
+
 QKV_ATTN_DEFINE_INIT(avx2)

@@ -278,4 +278,35 @@ static int all_finite_avx512(const float *x, size_t n) {
     return bad == 0;
 }
 
+/* splitmix64_mix of 8 lanes (vpmullq: AVX-512DQ). */
+static inline __m512i mix64(__m512i z) {
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)),
+                           _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ull));
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)),
+                           _mm512_set1_epi64((long long)0x94D049BB133111EBull));
+    return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+}
+
+/* 16 columns at a time, tails masked (masked-off lanes are neither read nor
+ * written). (z >> 11) >= thr is z >= thr 2^11: thr < 2^53, no overflow. */
+static void dropout_avx512(float *x, float *y, size_t ld, size_t rows, size_t cols, const uint64_t *R,
+                           const uint64_t *C, uint64_t thr, float scale) {
+    const __m512i vt = _mm512_set1_epi64((long long)(thr << 11));
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (size_t r = 0; r < rows; r++) {
+        const __m512i vr = _mm512_set1_epi64((long long)R[r]);
+        float *xr = x + r * ld, *yr = y ? y + r * ld : NULL;
+        for (size_t c = 0; c < cols; c += 16) {
+            const __mmask16 t = tail_mask(cols - c);
+            __m512i c0 = _mm512_maskz_loadu_epi64((__mmask8)t, C + c);
+            __m512i c1 = _mm512_maskz_loadu_epi64((__mmask8)(t >> 8), t >> 8 ? C + c + 8 : C);
+            __mmask8 k0 = _mm512_cmpge_epu64_mask(mix64(_mm512_add_epi64(vr, c0)), vt);
+            __mmask8 k1 = _mm512_cmpge_epu64_mask(mix64(_mm512_add_epi64(vr, c1)), vt);
+            __m512 f = _mm512_maskz_mov_ps((__mmask16)(k0 | (unsigned)k1 << 8), vs);
+            _mm512_mask_storeu_ps(xr + c, t, _mm512_mul_ps(_mm512_maskz_loadu_ps(t, xr + c), f));
+            if (yr) _mm512_mask_storeu_ps(yr + c, t, f);
+        }
+    }
+}
+
 QKV_ATTN_DEFINE_INIT(avx512)

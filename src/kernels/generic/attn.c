@@ -125,4 +125,14 @@ static int all_finite_generic(const float *x, size_t n) {
     return !bad;
 }
 
+static void dropout_generic(float *x, float *y, size_t ld, size_t rows, size_t cols, const uint64_t *R,
+                            const uint64_t *C, uint64_t thr, float scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            float f = qkv_dropout_factor(R[r] + C[c], thr, scale);
+            x[r * ld + c] *= f;
+            if (y) y[r * ld + c] = f;
+        }
+}
+
 QKV_ATTN_DEFINE_INIT(generic)
