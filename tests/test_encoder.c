@@ -149,7 +149,15 @@ static void check_model(const char *dir, const char *act) {
                                               sizeof why), QKV_OK);
     }
     check_rows("token states, one by one", y, states, roff, g_count, 16);
-    CHECK(memcmp(x, y, (size_t)rows * 16 * sizeof *x) == 0, "packed and one by one differ");
+    /* A short input's projections sum in another order than a long one's
+     * (qkv_gemm_few_rows), so packed and one by one agree to float rounding. */
+    double dmax = 0, xmax = 0;
+    for (int64_t i = 0; i < rows * 16; i++) {
+        double d = fabs((double)x[i] - y[i]);
+        if (!(d <= dmax)) dmax = d;
+        if (fabs(x[i]) > xmax) xmax = fabs(x[i]);
+    }
+    CHECK(dmax <= 1e-6 * xmax, "packed and one by one differ by %.3g (max |x| %.3g)", dmax, xmax);
 
     /* Pooling and normalisation. */
     static const char *const pools[3] = {"mean", "cls", "max"};
@@ -466,12 +474,16 @@ static void check_chunks_and_pooling(void) {
                  QKV_ERR_BAD_SIZE);
     CHECK(tokens > 4096, "%lld tokens: one chunk only", (long long)tokens);
     CHECK_STATUS(qkv_encoder_embed(enc, texts, NULL, N, QKV_POOLING_MAX, 1, all, why, sizeof why), QKV_OK);
-    int same = 1;
+    double worst = 0;
     for (int i = 0; i < g_count; i++) {
         qkv_encoder_embed(enc, &g_text[i], NULL, 1, QKV_POOLING_MAX, 1, one, why, sizeof why);
-        for (int r = i; r < N; r += g_count) same &= memcmp(one, all + r * 16, sizeof one) == 0;
+        for (int r = i; r < N; r += g_count)
+            for (int c = 0; c < 16; c++) {
+                double d = fabs((double)one[c] - all[r * 16 + c]);
+                if (!(d <= worst)) worst = d;
+            }
     }
-    CHECK(same, "a batch of several chunks differs from one by one");
+    CHECK(worst <= 1e-6, "a batch of several chunks differs from one by one by %.3g (unit vectors)", worst);
     qkv_encoder_free(enc);
     free(texts);
     free(all);
