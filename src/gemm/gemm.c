@@ -310,7 +310,10 @@ qkv_status qkv_gemm_few_rows_with(const qkv_gemm_kernel *k, int64_t M, int64_t N
     /* units of 64 output columns: each element has one owner, in the same order for any thread count */
     few_job j = {k, x, w, b, y, M, N, K, ldx, ldw, ldy, 64};
     int64_t units = (N + j.cols - 1) / j.cols;
-    int t = qkv_gemm_threads_for(M, N, K, threads);
+    /* The weights' reading is the cost: every core streams a share once
+     * they are too big for a core's cache (256 KB and up), however few the
+     * rows (the products alone would call for one thread). */
+    int t = N * K >= 65536 ? qkv_threads_resolve(threads) : qkv_gemm_threads_for(M, N, K, threads);
     if (t > units) t = (int)units;
     if (t <= 1)
         for (int64_t u = 0; u < units; u++) few_unit(&j, u, 0);

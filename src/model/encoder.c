@@ -148,7 +148,7 @@ static void ln_rows(void *ctx, int64_t r0, int64_t r1) {
 
 static void act_rows(void *ctx, int64_t r0, int64_t r1) {
     const row_job *j = ctx;
-    for (int64_t r = r0; r < r1; r++) j->k->bias_act(j->x + r * j->width, NULL, (size_t)j->width, j->act);
+    for (int64_t r = r0; r < r1; r++) j->k->bias_act(j->x + r * j->width, j->b, (size_t)j->width, j->act);
 }
 
 static void layer_norm(qkv_encoder *e, float *x, const float *res, const float *g, const float *b, int64_t rows) {
@@ -225,10 +225,20 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
         phase_end(e, ENC_PH_OUT, &t0);
         layer_norm(e, e->x, e->tmp, L->ln1_g, L->ln1_b, rows); /* x = LN(x + attn) */
         phase_end(e, ENC_PH_LN, &t0);
-        if ((s = project(e, L, ENC_W_I, e->x, rows, e->inter)) != QKV_OK) return s;
+        /* float32 products of many rows add their bias in the activation's
+         * pass (one pass over the widest activations instead of two); the
+         * other paths add it in their tiles */
+        const float *act_bias = NULL;
+        if (e->info.precision == QKV_ENCODER_FP32 && rows > QKV_GEMM_FEW_ROWS) {
+            s = nn_linear(e->x, rows, e->info.hidden, L->wi, NULL, I, e->inter, th);
+            act_bias = L->bi;
+        } else {
+            s = project(e, L, ENC_W_I, e->x, rows, e->inter);
+        }
+        if (s != QKV_OK) return s;
         static const int ACT[] = {[ENC_ACT_GELU] = QKV_NN_ACT_GELU, [ENC_ACT_GELU_NEW] = QKV_NN_ACT_GELU_TANH,
                                   [ENC_ACT_RELU] = QKV_NN_ACT_RELU};
-        row_job j = {qkv_nn_kernels_active(), e->inter, NULL, NULL, NULL, I, 0, ACT[e->info.hidden_act]};
+        row_job j = {qkv_nn_kernels_active(), e->inter, NULL, NULL, act_bias, I, 0, ACT[e->info.hidden_act]};
         qkv_par_range(th, rows, 4 * I, act_rows, &j);
         if ((s = project(e, L, ENC_W_O2, e->inter, rows, e->tmp)) != QKV_OK) return s;
         phase_end(e, ENC_PH_MLP, &t0);
