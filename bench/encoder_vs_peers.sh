@@ -6,7 +6,7 @@
 #   C  one 10-token sentence per call, 200 calls (latency)
 # each at 2 threads, then at 1; every tool loads the model once, warms up,
 # and reports the median of its timed calls. PRECISIONS (default "fp32")
-# lists the qkv precisions to run.
+# lists the qkv precisions to run, THREADS (default "2 1") the thread counts.
 #
 #   bench/encoder_vs_peers.sh VENV SCRATCH [BUILD_DIR]
 # after bench/encoder_peers_setup.sh VENV SCRATCH.
@@ -18,7 +18,7 @@ build=${3:-$here/build}
 model=$here/models/all-MiniLM-L6-v2
 py="$venv/bin/python $here/bench/encoder_peers.py run --model $model --onnx $scratch"
 export OMP_WAIT_POLICY=PASSIVE
-for t in 2 1; do
+for t in ${THREADS:-2 1}; do
     for w in a b c; do
         if [ $w = c ]; then mode="--latency --reps 200"; else mode="--reps 3"; fi
         for p in ${PRECISIONS:-fp32}; do
