@@ -361,16 +361,6 @@ static double max_rss_mib(void) {
     return (double)ru.ru_maxrss / 1024.0; /* Linux: kilobytes */
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median of x[0..n) (n >= 1), sorting x in place. */
-static double median_sort(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
 
 /* Allocated 64-byte aligned, as a framework's tensors are (PyTorch's CPU
  * allocator aligns to 64): a line-aligned output takes the forward's
@@ -744,9 +734,9 @@ static void job_time(const void *arg, job_result *r) {
         c[done] = dc;
         t[done++] = dt;
     }
-    r->cpu_median_s = median_sort(c, done);
+    r->cpu_median_s = bench_median(c, done);
     free(c);
-    r->median_s = median_sort(t, done);
+    r->median_s = bench_median(t, done);
     r->min_s = t[0];
     r->reps = done;
     r->peak_mib = max_rss_mib();
@@ -805,7 +795,7 @@ static void job_pair(const void *arg, job_result *r) {
         }
         if (round >= 0) ratio[round] = t[1] / t[0]; /* round -1: warm-up */
     }
-    r->ratio = median_sort(ratio, rounds);
+    r->ratio = bench_median(ratio, rounds);
     r->ratio_lo = ratio[rounds / 4];
     r->ratio_hi = ratio[(3 * rounds) / 4];
     r->reps = rounds;

@@ -66,15 +66,6 @@ static char **read_lines(const char *path, int64_t *count) {
     return lines;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 int main(int argc, char **argv) {
     const char *model = "models/all-MiniLM-L6-v2", *input = NULL, *label = "qkv";
@@ -146,7 +137,7 @@ int main(int argc, char **argv) {
     t_all = bench_now() - t_all;
     enc_set_profile(e, NULL);
     double peak = bench_peak_gflops(bench_isa_best(), threads, 0.2, 3, NULL);
-    double med = median(t, (int)ncalls);
+    double med = bench_median(t, (int)ncalls);
     if (latency) {
         printf("peer=%s mode=latency threads=%d calls=%lld median_ms=%.3f min_ms=%.3f max_ms=%.3f tokens_per_call=%.1f "
                "peak_gflops=%.1f\n",

@@ -86,15 +86,6 @@ static void load_openblas(void) {
     if (!ob_sgemm) printf("OpenBLAS: no cblas_sgemm symbol; its columns are skipped\n");
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static unsigned long long g_rng = 0x2545F4914F6CDD1Dull;
 static float frand(void) {
@@ -205,8 +196,8 @@ static result bench_one(int tb, long M, long N, long K, int threads, int reps) {
                 t_ours[rep] = t;
         }
     }
-    r.ours = flops / median(t_ours, reps) * 1e-9;
-    if (ob_sgemm) r.blas = flops / median(t_blas, reps) * 1e-9;
+    r.ours = flops / bench_median(t_ours, reps) * 1e-9;
+    if (ob_sgemm) r.blas = flops / bench_median(t_blas, reps) * 1e-9;
     printf("%6ld %5ld %4ld %s %3d  %8.1f  ", M, N, K, tb ? "NT" : "NN", threads, r.ours);
     if (r.blas >= 0)
         printf("%8.1f  %5.1f%%", r.blas, 100.0 * r.ours / r.blas);
@@ -303,7 +294,7 @@ static void bench_bf16_one(long M, long N, long K, int threads, int reps) {
             t[which][rep] = g_clock() - t0;
         }
     double flops = 2.0 * (double)M * (double)N * (double)K, g[3];
-    for (int w = 0; w < 3; w++) g[w] = flops / median(t[w], reps) * 1e-9;
+    for (int w = 0; w < 3; w++) g[w] = flops / bench_median(t[w], reps) * 1e-9;
     printf("%6ld %5ld %5ld %3d  %8.1f  %8.1f %5.2fx  %8.1f %5.2fx   %.1e\n", M, N, K, threads, g[0], g[1],
            g[1] / g[0], g[2], g[2] / g[0], err);
     fflush(stdout);

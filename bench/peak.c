@@ -286,3 +286,8 @@ double bench_peak_core_cpu_gflops(bench_isa isa, int threads, double seconds, in
     for (int r = 0; r < trials; r++) peak_trial(isa, threads, iters, &best);
     return best;
 }
+
+double bench_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}

@@ -47,6 +47,9 @@ double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials,
  * is not supported. */
 double bench_peak_core_cpu_gflops(bench_isa isa, int threads, double seconds, int trials);
 
+/* The median of v[0..n) (n >= 1), sorting v in place. */
+double bench_median(double *v, int n);
+
 /* Monotonic clock in seconds. */
 double bench_now(void);
 
