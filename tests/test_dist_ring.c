@@ -39,6 +39,7 @@ typedef struct shape {
     int packed;      /* 0 no; else packed sequences (B = 1): the offsets of packs[packed] */
     int pos;         /* position biases: 1 ALiBi, 2 T5 buckets (bidirectional without a
                         mask), 3 both; offsets must stay global across the blocks */
+    double dropout;  /* attention dropout: every entry's factor the one process's */
 } shape;
 
 /* Packed sequences: query and key offsets (S + 1 entries each, ok NULL =
@@ -174,6 +175,10 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
         d.rel_max_distance = 20;
         d.rel_bidirectional = sh->mask == QKV_MASK_NONE;
     }
+    if (sh->dropout > 0) {
+        d.dropout = sh->dropout;
+        d.dropout_seed = seed * 31 + 7;
+    }
     float dr1[8 * 12], dr2[8 * 12];
     /* One process: the reference of this test. */
     float *o1 = malloc((size_t)(B * nq * H * Dv) * sizeof(float)), *l1 = malloc((size_t)(B * H * nq) * sizeof(float));
@@ -260,13 +265,13 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1 && edb <= 1 && edr <= 1;
     CHECK(ok,
           "rank %d/%d %s B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld mask=%d(%lld,%lld) kl=%d score=%d "
-          "norm=%d/%d bias=%d packed=%d pos=%d seed=%llu: "
+          "norm=%d/%d bias=%d packed=%d pos=%d dropout=%g seed=%llu: "
           "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g dbias %.3g "
           "d_rel_table %.3g",
           g_rank, g_size, layout == QKV_DIST_ZIGZAG ? "zigzag" : "contiguous", (long long)B, (long long)nq,
           (long long)nk, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (int)sh->mask,
           (long long)sh->wl, (long long)sh->wr, sh->key_lengths, (int)sh->score, (int)sh->norm, sh->relu_div,
-          sh->bias, sh->packed, sh->pos, (unsigned long long)seed, eo, el, eq, ek, ev, ek2, edb, edr);
+          sh->bias, sh->packed, sh->pos, sh->dropout, (unsigned long long)seed, eo, el, eq, ek, ev, ek2, edb, edr);
     (void)sync_ok(ok);
     free(q); free(k); free(v); free(dout); free(o1); free(l1); free(dq1); free(dk1); free(dv1);
     free(ql_q); free(ql_k); free(ql_v); free(ql_g); free(o2); free(l2); free(dq2); free(dk2); free(dv2);
@@ -312,19 +317,14 @@ static void test_errors(void) {
     u.dtype = QKV_F64;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
-    /* Still unsupported: 2-D relative positions, dropout, the additive
-     * score (docs/DISTRIBUTED.md). */
+    /* Still unsupported: 2-D relative positions and the additive score
+     * (docs/DISTRIBUTED.md). */
     u = d;
     u.rel_table = buf;
     u.rel_buckets = 9;
     u.rel_max_distance = 1;
     u.rel2d_width = 4;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
-                 QKV_ERR_UNSUPPORTED);
-    u = d;
-    u.dropout = 0.1;
-    CHECK_STATUS(qkv_ring_attention_backward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, NULL, NULL, buf,
-                                             dq, dk, dv),
                  QKV_ERR_UNSUPPORTED);
     /* Packed sequences: the core's validation, on every rank. */
     int64_t offs[3] = {0, 3, 7};
@@ -338,9 +338,9 @@ static void test_errors(void) {
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_SEQ_OFFSETS);
     u.batch = 1;
-    u.dropout = 0.1;
+    u.dropout = 1.5; /* the core's validation of the dropout probability */
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
-                 QKV_ERR_UNSUPPORTED);
+                 QKV_ERR_BAD_PARAMETER);
     u = d;
     u.score = QKV_SCORE_ADDITIVE;
     u.additive_dim = 2;
@@ -881,51 +881,58 @@ int main(int argc, char **argv) {
     test_partition();
     static const shape shapes[] = {
         /* B  nq  nk  H Hkv D  Dv  mask              kl score                softcap */
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},    /* GQA, uneven */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0}, /* MQA, > one tile */
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},     /* key lengths, a dead row */
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},              /* n_q != n_k */
-        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},       /* n < 2p: empty pieces */
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},       /* cosine, softcap */
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},    /* GQA, uneven */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0}, /* MQA, > one tile */
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},     /* key lengths, a dead row */
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},              /* n_q != n_k */
+        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},       /* n < 2p: empty pieces */
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},       /* cosine, softcap */
         /* masks, normalisers and biases beyond plain causal: the same as one process */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0, 0, 0},
-        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0, 0, 0},
-        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0},
-        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 0},
-        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2, 0, 0},
-        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0, 0, 0, 0},
+        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0, 0, 0, 0},
+        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0, 0},
+        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 0, 0},
+        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2, 0, 0, 0},
+        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 0, 0, 0},
         /* packed sequences (packs[] above) */
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0},
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0},
-        {1, 37, 37, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 1, 0},
-        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0},
-        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL_WINDOW, 1, QKV_SCORE_COSINE, 4.0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0},
-        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 1, 2, 0},
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 3, 0},
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 1, 1, QKV_NORM_RELU, 1, 0, 3, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 4, 0},
-        {1, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 1, 0},
-        {1, 37, 37, 4, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 4, QKV_NORM_SOFTMAX, 0, 1, 1, 0},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0},
+        {1, 37, 37, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0, 0},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL_WINDOW, 1, QKV_SCORE_COSINE, 4.0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0, 0},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 1, 2, 0, 0},
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 3, 0, 0},
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 1, 1, QKV_NORM_RELU, 1, 0, 3, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 4, 0, 0},
+        {1, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 1, 0, 0},
+        {1, 37, 37, 4, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 4, QKV_NORM_SOFTMAX, 0, 1, 1, 0, 0},
         /* ALiBi and T5 buckets: offsets global across blocks, layouts and packed sequences */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 1},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 2},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 3},
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 6, 3, QKV_NORM_SOFTMAX, 0, 0, 0, 3},
-        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 2},
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 3},
-        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 2},
-        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 0, 2, 1},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 1, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 2, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 6, 3, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0},
+        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 2, 0},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 3, 0},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 2, 0},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 0, 2, 1, 0},
+        /* attention dropout: the hash of the whole problem's (i, j) in every block */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0.2},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0.3},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0.1},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 1, 1, 0, 0.2},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 1, 0.25},
+        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 0, 0, 0, 0.2},
     };
     uint64_t seed = 1000;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

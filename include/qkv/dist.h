@@ -69,9 +69,10 @@ QKV_API qkv_status qkv_dist_partition(int64_t n, int ranks, int rank, qkv_dist_l
  * q and k are its positions of the packed streams, as qkv_dist_partition
  * cuts them: a sequence may straddle ranks); ALiBi and T5's 1-D relative
  * tables (the same slopes / table on every rank), offsets global as in one
- * process.
+ * process; attention dropout (the same seed on every rank), dropping the
+ * entries one process drops.
  * QKV_ERR_UNSUPPORTED: the additive score, 2-D relative positions,
- * dropout, F64 and half precision. Errors: those of
+ * F64 and half precision. Errors: those of
  * qkv_attention_forward, QKV_ERR_UNSUPPORTED (also MPI not initialised),
  * QKV_ERR_IO (communication failed). */
 QKV_API qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout layout,

@@ -2,7 +2,10 @@
  * entry (b, h, i, j) is four splitmix64 steps (core/internal.h); the first
  * three depend on the query row only, so each tile hashes its rows' keys
  * once and the kernel does the last step per entry, vectorised over a row:
- * z = mix(R[r] + C[c]) with R + C = (the row's key) + j GAMMA + STEP_ADD. */
+ * z = mix(R[r] + C[c]) with R + C = (the row's key) + j GAMMA + STEP_ADD.
+ * The hashed i and j are the plan's rows plus its origins (q_origin,
+ * k_origin: 0 but in a ring block, whose entries keep the whole problem's
+ * factors). */
 #include "attn/fast_dropout.h"
 
 /* Columns per kernel call: any tile's width in one (FWD_LDS = 192). */
@@ -31,10 +34,10 @@ void fa_dropout_rows(const fa_ctx *c, int64_t b, int64_t h, int64_t i0, int nr, 
     const uint64_t thr = qkv_dropout_threshold(c->p->d.dropout);
     const float scale = drop_scale(c);
     uint64_t R[FA_BQ], C[DROP_COLS];
-    query_keys(head_key(c, b, h), i0, nr, QKV_DROPOUT_STEP_ADD, R);
+    query_keys(head_key(c, b, h), i0 + c->p->q_origin, nr, QKV_DROPOUT_STEP_ADD, R);
     for (int c0 = 0; c0 < ncols; c0 += DROP_COLS) {
         const int c1 = ncols - c0 < DROP_COLS ? ncols : c0 + DROP_COLS;
-        key_terms(kt + c0, c1 - c0, 0, C);
+        key_terms(kt + c->p->k_origin + c0, c1 - c0, 0, C);
         /* Runs of rows with the same columns in one call. */
         for (int r = 0; r < nr;) {
             int x = a ? a[r] : 0, y = a ? e[r] : ncols, r1 = a ? r + 1 : nr;
@@ -52,8 +55,8 @@ void fa_dropout_rows(const fa_ctx *c, int64_t b, int64_t h, int64_t i0, int nr, 
 void fa_dropout_cols(const fa_ctx *c, int64_t b, int64_t h, int64_t i0, int nqc, int64_t j0, int nkr, float *dp,
                      float *z, size_t ld) {
     uint64_t R[FA_BK], C[FA_BQ];
-    key_terms(j0, nkr, QKV_DROPOUT_STEP_ADD, R);
-    query_keys(head_key(c, b, h), i0, nqc, 0, C);
+    key_terms(j0 + c->p->k_origin, nkr, QKV_DROPOUT_STEP_ADD, R);
+    query_keys(head_key(c, b, h), i0 + c->p->q_origin, nqc, 0, C);
     c->K->dropout(dp, z, ld, (size_t)nkr, (size_t)nqc, R, C, qkv_dropout_threshold(c->p->d.dropout), drop_scale(c));
 }
 

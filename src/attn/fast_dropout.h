@@ -4,7 +4,8 @@
  * forward applies them to P after the online-softmax step (the running max
  * and sum are those of the weights before dropout, as the lse) and before
  * the PV product; the backward scales dP = dO V^T by them before dS = P
- * (dP - D) and P after, for dV. */
+ * (dP - D) and P after, for dV. Query i and key j of the call hash as the
+ * plan's i + q_origin and j + k_origin (a ring block's global rows). */
 #ifndef QKV_ATTN_FAST_DROPOUT_H
 #define QKV_ATTN_FAST_DROPOUT_H
 

@@ -114,6 +114,9 @@ typedef struct qkv_plan {
     int packed;           /* seq_offsets in use */
     int64_t pos_shift;    /* added to every aligned query position (a block's shift, see
                              qkv_plan_block): ALiBi and relative offsets stay global */
+    int64_t q_origin, k_origin; /* the whole problem's rows of this plan's first query and
+                             key (0 but in a block, see qkv_plan_block): the dropout
+                             hash's i and j stay global */
     int64_t n_q_elems, n_k_elems, n_v_elems, n_o_elems; /* element counts */
     int64_t n_attn_elems, n_lse_elems, n_bias_elems, n_add_w_elems, n_add_v_elems, n_rel_elems;
 } qkv_plan;
@@ -131,10 +134,14 @@ qkv_status qkv_plan_make(const qkv_attn_desc *desc, qkv_plan *plan);
  * block's packed sequences (both offset arrays given, validated by the
  * caller); bias_kind and bias: the block's own bias. The block's plan
  * adds shift to pos_shift, so its query positions (and the ALiBi and
- * relative offsets from them) are the whole problem's. Nothing else of the
- * whole plan changes. */
+ * relative offsets from them) are the whole problem's. q_origin, k_origin:
+ * the whole problem's rows of the block's first query and key (packed
+ * rows when packed), added to the plan's, so the dropout factors of the
+ * block's entries are the whole problem's (qkv_attn_dropout_keep). Nothing
+ * else of the whole plan changes. */
 typedef struct qkv_plan_block_desc {
     int64_t n_q, n_k, shift;
+    int64_t q_origin, k_origin;
     const int64_t *key_lengths;
     int64_t num_seqs;
     const int64_t *seq_offsets_q, *seq_offsets_k;
@@ -172,8 +179,9 @@ int64_t qkv_plan_rel_bucket(const qkv_plan *p, int64_t pos, int64_t j);
 /* Attention dropout: the factor of entry (b, h, i, j) - 0 (dropped) or
  * 1 / (1 - p) - from the counter-based hash; 1 when dropout is off. The
  * hash: z = dropout_seed ^ QKV_DROPOUT_SEED_XOR, then z <- qkv_dropout_step(z, c)
- * for c = b, h, i, j in turn (h the query head, i and j the rows of q and
- * k, packed sequences included); the entry is kept iff (z >> 11) >=
+ * for c = b, h, i + q_origin, j + k_origin in turn (h the query head, i
+ * and j the rows of q and k, packed sequences included, moved to the whole
+ * problem's rows in a block's plan); the entry is kept iff (z >> 11) >=
  * qkv_dropout_threshold(p), i.e. iff the uniform (z >> 11) 2^-53 >= p. The
  * fast path (attn/fast_dropout.c) hashes (b, h, i) once per row and only
  * the last step per entry. */

@@ -163,6 +163,8 @@ qkv_status qkv_plan_block(const qkv_plan *whole, const qkv_plan_block_desc *blk,
     out->left = shift_side(whole->left, -blk->shift);
     out->right = shift_side(whole->right, blk->shift);
     out->pos_shift = whole->pos_shift + blk->shift;
+    out->q_origin = whole->q_origin + blk->q_origin;
+    out->k_origin = whole->k_origin + blk->k_origin;
     return plan_counts(d, out);
 }
 
@@ -270,7 +272,7 @@ uint64_t qkv_dropout_threshold(double p) {
 double qkv_attn_dropout_keep(const qkv_plan *p, int64_t b, int64_t h, int64_t i, int64_t j) {
     /* splitmix64 finalisers over the position: independent bits per entry. */
     uint64_t z = p->d.dropout_seed ^ QKV_DROPOUT_SEED_XOR;
-    const int64_t c[4] = {b, h, i, j};
+    const int64_t c[4] = {b, h, i + p->q_origin, j + p->k_origin};
     for (int t = 0; t < 4; t++) z = qkv_dropout_step(z, c[t]);
     return (z >> 11) < qkv_dropout_threshold(p->d.dropout) ? 0.0 : 1.0 / (1.0 - p->d.dropout);
 }

@@ -16,6 +16,14 @@
  * D_i = rowsum(dO_i * O_i) the global one (the reference path recomputes
  * its own local normaliser, so the backward forces the fast path).
  *
+ * Attention dropout: the factor of entry (b, h, i, j) is a hash of the
+ * whole problem's (i, j), which each block's plan carries as its query and
+ * key origins (qkv_plan_block), so every block drops what one process
+ * drops. The merge stays exact: a block's o_b is its weights (normalised
+ * by its own sum, before dropout, as lse_b) times the factors times V, and
+ * the factors are linear in the weights; the backward's D_i from the
+ * global dropped O is the one process's.
+ *
  * Memory per rank: O(n/p) rows (its queries, two key/value buffers, the
  * accumulators); a rank never holds the whole sequence's keys and values.
  *
@@ -300,7 +308,9 @@ static int sub_next(ring *g, const chunk *qc, const chunk *kc, sub_iter *it, sub
 }
 
 /* The plan of one sub-block, from the whole problem's: its sizes, the
- * window shifted by sb->c, its key lengths or packed sequences, its bias.
+ * window shifted by sb->c, its global query and key origins (so that its
+ * dropout factors are the whole problem's), its key lengths or packed
+ * sequences, its bias.
  * bias_loc: this rank's bias rows [bias_h, nq_loc, n_k] (copied into g->bb
  * for the block). RELU is divided once, by the global count (relu_scale). */
 static qkv_status sub_plan(ring *g, const chunk *qc, const chunk *kc, const sub *sb, const float *bias_loc,
@@ -310,6 +320,8 @@ static qkv_status sub_plan(ring *g, const chunk *qc, const chunk *kc, const sub 
     bd.n_q = sb->lq;
     bd.n_k = sb->lk;
     bd.shift = sb->c;
+    bd.q_origin = qc->start + sb->qa; /* the global rows of the sub-block: dropout's (i, j) */
+    bd.k_origin = kc->start + sb->ka;
     if (g->packed) {
         bd.num_seqs = sb->ns;
         bd.seq_offsets_q = g->goq;
@@ -387,8 +399,7 @@ static qkv_status ring_check(const qkv_attn_desc *desc, int backward, qkv_plan *
     d.bias = NULL;
     qkv_status s = qkv_plan_make(&d, plan);
     if (s != QKV_OK) return s;
-    if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || (d.rel_table && d.rel2d_width > 0) ||
-        d.dropout != 0.0)
+    if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || (d.rel_table && d.rel2d_width > 0))
         return QKV_ERR_UNSUPPORTED;
     if (backward && d.impl == QKV_IMPL_REFERENCE) return QKV_ERR_UNSUPPORTED;
     return QKV_OK;
