@@ -701,16 +701,17 @@ static void test_bf16_allocator(void) {
 }
 
 /* qkv_gemm_few_rows with a kernel table: y = x W^T + b for M up to
- * QKV_GEMM_FEW_ROWS (the few_rows kernel) and beyond (the packed path),
+ * QKV_GEMM_FEW_ROWS (the few_rows kernel, K in blocks past QKV_GEMM_FEW_KC)
+ * and beyond (the packed path),
  * against a double product within the float sum bound (2 (K + 2) u sum
  * |terms|), the same bits on 1, 2 and 3 threads, bad arguments. */
 static void test_few_rows(const qkv_gemm_kernel *k, uint64_t seed) {
-    static const int64_t MS[] = {1, 2, 5, 6, 7, 10, 16, 17}, NS[] = {1, 3, 4, 5, 63, 65, 130}, KS[] = {1, 7, 16, 17, 384};
+    static const int64_t MS[] = {1, 2, 5, 6, 7, 10, 16, 17}, NS[] = {1, 3, 4, 5, 63, 65, 130}, KS[] = {1, 7, 16, 17, 384, 385, 1000};
     tu_rng r;
     tu_rng_seed(&r, seed);
     for (size_t a = 0; a < 8; a++)
         for (size_t b = 0; b < 7; b++)
-            for (size_t c = 0; c < 5; c++) {
+            for (size_t c = 0; c < 7; c++) {
                 int64_t M = MS[a], N = NS[b], K = KS[c], ldx = K + 1, ldw = K + 3, ldy = N + 2;
                 float *x = malloc((size_t)(M * ldx) * sizeof *x), *w = malloc((size_t)(N * ldw) * sizeof *w);
                 float *bias = malloc((size_t)N * sizeof *bias), *y = malloc((size_t)(M * ldy) * sizeof *y);

@@ -479,23 +479,28 @@ static void test_few_rows_kernel(const qkv_gemm_kernel *K, const qkv_gemm_kernel
         for (size_t i = 0; i < QKV_GEMM_FEW_M * lda; i++) a[i] = rnd(1.0);
         for (size_t i = 0; i < QKV_GEMM_FEW_N * ldb; i++) b[i] = rnd(1.0);
         for (int j = 0; j < QKV_GEMM_FEW_N; j++) bias[j] = rnd(1.0);
-        for (int m = 1; m <= QKV_GEMM_FEW_M; m++)
-            for (int n = 1; n <= QKV_GEMM_FEW_N; n++) {
-                gbuf gc;
-                float *c = fnew(&gc, (size_t)m * ldc, 1), d[QKV_GEMM_FEW_M * (QKV_GEMM_FEW_N + 2)];
-                const float *bb = (m + n) % 2 ? bias : NULL;
-                K->few_rows((int64_t)k, a, (int64_t)lda, b, (int64_t)ldb, c, (int64_t)ldc, bb, m, n);
-                G->few_rows((int64_t)k, a, (int64_t)lda, b, (int64_t)ldb, d, (int64_t)ldc, bb, m, n);
-                int ok = 1;
-                for (int i = 0; i < m; i++)
-                    for (int j = 0; j < n; j++) {
-                        double mag = bb ? fabs(bb[j]) : 0;
-                        for (size_t p = 0; p < k; p++) mag += fabs((double)a[i * lda + p] * b[j * ldb + p]);
-                        ok &= fabs(c[i * ldc + j] - d[i * ldc + j]) <= 2.0 * (double)(k + 2) * U * mag;
-                    }
-                CHECK(ok && gb_ok(&gc), "%s few_rows k=%zu m=%d n=%d: within the sum bound, guards", g_isa, k, m, n);
-                gb_free(&gc);
-            }
+        for (int add = 0; add < 2; add++)
+            for (int m = 1; m <= QKV_GEMM_FEW_M; m++)
+                for (int n = 1; n <= QKV_GEMM_FEW_N; n++) {
+                    gbuf gc;
+                    float *c = fnew(&gc, (size_t)m * ldc, 1), d[QKV_GEMM_FEW_M * (QKV_GEMM_FEW_N + 2)];
+                    const float *bb = (m + n) % 2 ? bias : NULL;
+                    if (add) /* c += the sums: the same start in c and d */
+                        for (int i = 0; i < m; i++)
+                            for (int j = 0; j < n; j++) c[i * ldc + j] = d[i * ldc + j] = rnd(1.0);
+                    K->few_rows((int64_t)k, a, (int64_t)lda, b, (int64_t)ldb, c, (int64_t)ldc, bb, add, m, n);
+                    G->few_rows((int64_t)k, a, (int64_t)lda, b, (int64_t)ldb, d, (int64_t)ldc, bb, add, m, n);
+                    int ok = 1;
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < n; j++) {
+                            double mag = (bb ? fabs(bb[j]) : 0) + (add ? fabs(d[i * ldc + j]) : 0);
+                            for (size_t p = 0; p < k; p++) mag += fabs((double)a[i * lda + p] * b[j * ldb + p]);
+                            ok &= fabs(c[i * ldc + j] - d[i * ldc + j]) <= 2.0 * (double)(k + 3) * U * mag;
+                        }
+                    CHECK(ok && gb_ok(&gc), "%s few_rows k=%zu m=%d n=%d add=%d: within the sum bound, guards", g_isa,
+                          k, m, n, add);
+                    gb_free(&gc);
+                }
         free(a);
         free(b);
     }

@@ -280,12 +280,17 @@ static void few_unit(void *ctx, int64_t unit, int t) {
     (void)t;
     const few_job *j = ctx;
     int64_t j0 = unit * j->cols, j1 = j0 + j->cols < j->N ? j0 + j->cols : j->N;
-    for (int64_t jj = j0; jj < j1; jj += QKV_GEMM_FEW_N) {
-        int n = (int)(j1 - jj < QKV_GEMM_FEW_N ? j1 - jj : QKV_GEMM_FEW_N);
-        for (int64_t i = 0; i < j->M; i += QKV_GEMM_FEW_M) {
-            int m = (int)(j->M - i < QKV_GEMM_FEW_M ? j->M - i : QKV_GEMM_FEW_M);
-            j->k->few_rows(j->K, j->x + i * j->ldx, j->ldx, j->w + jj * j->ldw, j->ldw, j->y + i * j->ldy + jj, j->ldy,
-                           j->b ? j->b + jj : NULL, m, n);
+    /* K in blocks of QKV_GEMM_FEW_KC: the rows' block of x stays in L1 while
+     * the unit's weights stream past it (x of K = 1536 is 60 KB at 10 rows) */
+    for (int64_t k0 = 0; k0 < j->K; k0 += QKV_GEMM_FEW_KC) {
+        const int64_t kc = j->K - k0 < QKV_GEMM_FEW_KC ? j->K - k0 : QKV_GEMM_FEW_KC;
+        for (int64_t jj = j0; jj < j1; jj += QKV_GEMM_FEW_N) {
+            int n = (int)(j1 - jj < QKV_GEMM_FEW_N ? j1 - jj : QKV_GEMM_FEW_N);
+            for (int64_t i = 0; i < j->M; i += QKV_GEMM_FEW_M) {
+                int m = (int)(j->M - i < QKV_GEMM_FEW_M ? j->M - i : QKV_GEMM_FEW_M);
+                j->k->few_rows(kc, j->x + i * j->ldx + k0, j->ldx, j->w + jj * j->ldw + k0, j->ldw,
+                               j->y + i * j->ldy + jj, j->ldy, k0 == 0 && j->b ? j->b + jj : NULL, k0 > 0, m, n);
+            }
         }
     }
 }

@@ -40,16 +40,19 @@ typedef struct qkv_gemm_kernel {
      * few rows of A read straight from B stored [N, K], as a linear layer
      * with a short input needs it (no panel packed: every weight is read
      * once, from memory, and used for all the rows): for i < m (1 ..
-     * QKV_GEMM_FEW_M), j < n (1 .. QKV_GEMM_FEW_N), c[i*ldc + j] = sum_{p <
-     * K} a[i*lda + p] b[j*ldb + p] (+ bias[j] when bias != NULL), the sum in
-     * float in the kernel's own order (within the float sum bound of any
-     * other). Reads exactly those rows of a and b. */
+     * QKV_GEMM_FEW_M), j < n (1 .. QKV_GEMM_FEW_N), c[i*ldc + j] = (add ?
+     * c[i*ldc + j] : 0) + sum_{p < K} a[i*lda + p] b[j*ldb + p] (+ bias[j]
+     * when bias != NULL), the sum in float in the kernel's own order (within
+     * the float sum bound of any other); add lets a caller split K into
+     * blocks. Loads exactly those rows of a and b (a kernel may prefetch
+     * the next QKV_GEMM_FEW_N rows of b: a hint, never a fault). */
     void (*few_rows)(int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
-                     const float *bias, int m, int n);
+                     const float *bias, int add, int m, int n);
 } qkv_gemm_kernel;
 
 #define QKV_GEMM_FEW_M 6 /* rows of A per few_rows call */
 #define QKV_GEMM_FEW_N 4 /* rows of B per few_rows call */
+#define QKV_GEMM_FEW_KC 384 /* K per few_rows call: a 16-row block of A (24 KB) stays in L1 */
 
 /* The generic table; an ISA's init replaces it whole (the kernel, its
  * register tile and blocking go together). */

@@ -37,12 +37,13 @@ static void ukr_generic(int64_t kc, const float *ap, const float *bp, float *c, 
 }
 
 static void few_rows_generic(int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
-                             int64_t ldc, const float *bias, int m, int n) {
+                             int64_t ldc, const float *bias, int add, int m, int n) {
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
             float s = 0.0f;
             for (int64_t p = 0; p < K; p++) s += a[i * lda + p] * b[j * ldb + p];
-            c[i * ldc + j] = bias ? s + bias[j] : s;
+            if (bias) s += bias[j];
+            c[i * ldc + j] = add ? c[i * ldc + j] + s : s;
         }
 }
 
