@@ -44,6 +44,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/cpu.h"   /* internal: qkv_cpu_has_avx512bf16 / _avx512vnni */
 #include "gemm/gemm.h" /* internal: the kernel table, for --sweep */
 #include "peak.h"
 #include "qkv.h"
@@ -260,6 +261,21 @@ static int sweep(void) {
     return 0;
 }
 
+/* The bf16 and int8 dot-product instructions against the FMA, 1 thread:
+ * the most a bf16 or int8 product can gain over fp32 on this CPU. */
+static void dot_peaks(void) {
+    double fma = bench_isa_supported(BENCH_ISA_AVX512) ? bench_peak_gflops(BENCH_ISA_AVX512, 1, 0.2, 5, NULL) : 0;
+    if (fma <= 0) return;
+    if (qkv_cpu_has_avx512bf16()) {
+        double g = bench_dot_peak(BENCH_DOT_BF16, 0.2, 5);
+        printf("bf16 dot products (vdpbf16ps, 1 thread): %.1f GFLOP/s, %.2fx the fp32 FMA\n", g, g / fma);
+    }
+    if (qkv_cpu_has_avx512vnni()) {
+        double g = bench_dot_peak(BENCH_DOT_VNNI, 0.2, 5);
+        printf("int8 dot products (vpdpbusd, 1 thread): %.1f GOP/s, %.2fx the fp32 FMA\n", g, g / fma);
+    }
+}
+
 static void bench_bf16_one(long M, long N, long K, int threads, int reps) {
     float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
     float *C = malloc(sizeof(float) * (size_t)(M * N));
@@ -310,6 +326,7 @@ static int bench_bf16(int threads, int reps) {
     if (threads <= 0) threads = 2;
     printf("qkv %s, bf16 kernel %s, reps %d (medians of %s)\n", qkv_version(), qkv_gemm_bf16_kernel_active()->name,
            reps, g_clock == cpu_now ? "process CPU time" : "wall time");
+    dot_peaks();
     printf("%6s %5s %5s %3s  %8s  %8s %6s  %8s %6s   %s\n", "M", "N", "K", "thr", "sgemm", "bf16", "ratio",
            "packed", "ratio", "bf16 max rel. err");
     static const long SQ[] = {512, 1024, 2048};
@@ -360,6 +377,7 @@ int main(int argc, char **argv) {
             printf("FP32 FMA peak (%s, %d thread%s): best %.1f, median %.1f GFLOP/s\n",
                    bench_isa_name(isa), t, t > 1 ? "s" : "", best, med);
         }
+        dot_peaks();
     }
     printf("%6s %5s %4s %s %3s  %8s  %8s  %6s   %s\n", "M", "N", "K", "op", "thr",
            "qkv", "OpenBLAS", "ratio", "max rel. err qkv / OpenBLAS");

@@ -115,6 +115,61 @@ __attribute__((target("avx2,fma"))) static void fma_loop_avx2(uint64_t iters) {
 }
 #endif
 
+/* 16 chains of vdpbf16ps / vpdpbusd: c += pairs of a x b. The bf16 pairs
+ * are tiny (1e-6 and 1), so no chain overflows in any run length; integer
+ * chains wrap, which the hardware defines. */
+#if defined(__GNUC__) && (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 11))
+#define BENCH_DOT 1
+#define DOT16(OP)                                                                                           \
+    c0 = OP(c0, a, b), c1 = OP(c1, a, b), c2 = OP(c2, a, b), c3 = OP(c3, a, b), c4 = OP(c4, a, b),           \
+    c5 = OP(c5, a, b), c6 = OP(c6, a, b), c7 = OP(c7, a, b), c8 = OP(c8, a, b), c9 = OP(c9, a, b),           \
+    c10 = OP(c10, a, b), c11 = OP(c11, a, b), c12 = OP(c12, a, b), c13 = OP(c13, a, b), c14 = OP(c14, a, b), \
+    c15 = OP(c15, a, b)
+__attribute__((target("avx512f,avx512bf16"))) static void dot_loop_bf16(uint64_t iters) {
+    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3586 /* ~1e-6 */), b = (__m512bh)_mm512_set1_epi16(0x3F80);
+    /* different starts, or a compiler merges the chains into one */
+    const __m512 d = _mm512_set1_ps(peak_seed);
+    __m512 c0 = d, c1 = _mm512_add_ps(c0, d), c2 = _mm512_add_ps(c1, d), c3 = _mm512_add_ps(c2, d),
+           c4 = _mm512_add_ps(c3, d), c5 = _mm512_add_ps(c4, d), c6 = _mm512_add_ps(c5, d),
+           c7 = _mm512_add_ps(c6, d), c8 = _mm512_add_ps(c7, d), c9 = _mm512_add_ps(c8, d),
+           c10 = _mm512_add_ps(c9, d), c11 = _mm512_add_ps(c10, d), c12 = _mm512_add_ps(c11, d),
+           c13 = _mm512_add_ps(c12, d), c14 = _mm512_add_ps(c13, d), c15 = _mm512_add_ps(c14, d);
+    for (uint64_t i = 0; i < iters; i++) DOT16(_mm512_dpbf16_ps);
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                             _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                                       _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+    float out[16];
+    _mm512_storeu_ps(out, s);
+    bench_sink = out[0];
+}
+__attribute__((target("avx512f,avx512vnni"))) static void dot_loop_vnni(uint64_t iters) {
+    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+    const __m512i d = _mm512_set1_epi32((int)(peak_seed * 10) + 1);
+    __m512i c0 = d, c1 = _mm512_add_epi32(c0, d), c2 = _mm512_add_epi32(c1, d), c3 = _mm512_add_epi32(c2, d),
+            c4 = _mm512_add_epi32(c3, d), c5 = _mm512_add_epi32(c4, d), c6 = _mm512_add_epi32(c5, d),
+            c7 = _mm512_add_epi32(c6, d), c8 = _mm512_add_epi32(c7, d), c9 = _mm512_add_epi32(c8, d),
+            c10 = _mm512_add_epi32(c9, d), c11 = _mm512_add_epi32(c10, d), c12 = _mm512_add_epi32(c11, d),
+            c13 = _mm512_add_epi32(c12, d), c14 = _mm512_add_epi32(c13, d), c15 = _mm512_add_epi32(c14, d);
+    /* asm: gcc 12 copies each accumulator around the intrinsic (two moves
+     * per vpdpbusd), which would time the moves */
+#define VNNI(c) __asm__("vpdpbusd %1, %2, %0" : "+v"(c) : "v"(b), "v"(a))
+    for (uint64_t i = 0; i < iters; i++) {
+        VNNI(c0); VNNI(c1); VNNI(c2); VNNI(c3); VNNI(c4); VNNI(c5); VNNI(c6); VNNI(c7);
+        VNNI(c8); VNNI(c9); VNNI(c10); VNNI(c11); VNNI(c12); VNNI(c13); VNNI(c14); VNNI(c15);
+    }
+#undef VNNI
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)),
+                                             _mm512_add_epi32(_mm512_add_epi32(c12, c13), _mm512_add_epi32(c14, c15))));
+    int out[16];
+    _mm512_storeu_si512(out, s);
+    bench_sink = (float)out[0];
+}
+#undef DOT16
+#endif
+
 /* Portable: 32 independent scalar chains the compiler may vectorise. Without
  * FMA contraction (-std=c11 turns it off) this is a multiply and an add, still
  * counted as 2 flops. */
@@ -290,4 +345,33 @@ double bench_peak_core_cpu_gflops(bench_isa isa, int threads, double seconds, in
 double bench_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double bench_dot_peak(bench_dot kind, double seconds, int trials) {
+#if defined(BENCH_X86) && defined(BENCH_DOT)
+    if (seconds < 0.01) seconds = 0.01;
+    if (trials < 1) trials = 1;
+    const double ops = 16.0 * (kind == BENCH_DOT_BF16 ? 64.0 : 128.0);
+    uint64_t iters = 1u << 16;
+    double best = 0.0;
+    for (int t = 0; t < trials; t++) {
+        double dt;
+        for (;;) { /* grow the run to about `seconds` */
+            double t0 = bench_now();
+            if (kind == BENCH_DOT_BF16) dot_loop_bf16(iters);
+            else dot_loop_vnni(iters);
+            dt = bench_now() - t0;
+            if (dt >= seconds || iters > (UINT64_C(1) << 40)) break;
+            iters *= 2;
+        }
+        double r = ops * (double)iters / dt * 1e-9;
+        if (r > best) best = r;
+    }
+    return best;
+#else
+    (void)kind;
+    (void)seconds;
+    (void)trials;
+    return 0.0;
+#endif
 }

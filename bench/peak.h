@@ -47,6 +47,18 @@ double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials,
  * is not supported. */
 double bench_peak_core_cpu_gflops(bench_isa isa, int threads, double seconds, int trials);
 
+/* The dot-product instructions beside the FMA: the work per second of one
+ * thread running 16 independent zmm chains of AVX512-BF16 vdpbf16ps (32
+ * bf16 pairs: 64 FLOPs per instruction) or AVX512-VNNI vpdpbusd (64 u8 x s8
+ * pairs: 128 integer OPs), best of `trials` runs of about `seconds`. How
+ * much faster a bf16 or int8 path can be than fp32 on this CPU is this over
+ * bench_peak_gflops(BENCH_ISA_AVX512, 1, ...): 2x and 4x on Zen 4, but 0.5x
+ * (bf16) on some Intel Xeons. The caller checks that the CPU has the
+ * instructions (the loops are compiled with target attributes); 0 where the
+ * compiler cannot build them. */
+typedef enum bench_dot { BENCH_DOT_BF16 = 0, BENCH_DOT_VNNI = 1 } bench_dot;
+double bench_dot_peak(bench_dot kind, double seconds, int trials);
+
 /* The median of v[0..n) (n >= 1), sorting v in place. */
 double bench_median(double *v, int n);
 
