@@ -45,6 +45,19 @@ static volatile float bench_sink;
 static volatile float peak_a = 0.999999f, peak_b = 1e-6f, peak_seed = 0.1f;
 
 #ifdef BENCH_X86
+/* The 16 chains of the zmm loops: distinct starts d, 2d, ..., 16d (equal
+ * starts would let a compiler merge chains into one), and their sum at the
+ * end, written to bench_sink so the compiler must compute them. */
+#define CHAINS16(T, ADD, d)                                                                         \
+    T c0 = d, c1 = ADD(c0, d), c2 = ADD(c1, d), c3 = ADD(c2, d), c4 = ADD(c3, d), c5 = ADD(c4, d),   \
+      c6 = ADD(c5, d), c7 = ADD(c6, d), c8 = ADD(c7, d), c9 = ADD(c8, d), c10 = ADD(c9, d),         \
+      c11 = ADD(c10, d), c12 = ADD(c11, d), c13 = ADD(c12, d), c14 = ADD(c13, d), c15 = ADD(c14, d)
+#define SUM16(ADD)                                                                                  \
+    ADD(ADD(ADD(ADD(c0, c1), ADD(c2, c3)), ADD(ADD(c4, c5), ADD(c6, c7))),                          \
+        ADD(ADD(ADD(c8, c9), ADD(c10, c11)), ADD(ADD(c12, c13), ADD(c14, c15))))
+#define EACH16(OP) OP(c0); OP(c1); OP(c2); OP(c3); OP(c4); OP(c5); OP(c6); OP(c7); \
+    OP(c8); OP(c9); OP(c10); OP(c11); OP(c12); OP(c13); OP(c14); OP(c15)
+
 /* 16 independent zmm chains: Zen 4 and Intel cores have an FMA latency of 4
  * and at most 2 FMA ports, so 8 chains already fill them; 16 leave margin and
  * still fit the 32 registers with the two constants. Flops per iteration:
@@ -52,35 +65,14 @@ static volatile float peak_a = 0.999999f, peak_b = 1e-6f, peak_seed = 0.1f;
 __attribute__((target("avx512f"))) static void fma_loop_avx512(uint64_t iters) {
     const __m512 a = _mm512_set1_ps(peak_a), b = _mm512_set1_ps(peak_b);
     const __m512 d = _mm512_set1_ps(peak_seed);
-    __m512 c0 = d, c1 = _mm512_add_ps(c0, d), c2 = _mm512_add_ps(c1, d), c3 = _mm512_add_ps(c2, d),
-           c4 = _mm512_add_ps(c3, d), c5 = _mm512_add_ps(c4, d), c6 = _mm512_add_ps(c5, d),
-           c7 = _mm512_add_ps(c6, d), c8 = _mm512_add_ps(c7, d), c9 = _mm512_add_ps(c8, d),
-           c10 = _mm512_add_ps(c9, d), c11 = _mm512_add_ps(c10, d), c12 = _mm512_add_ps(c11, d),
-           c13 = _mm512_add_ps(c12, d), c14 = _mm512_add_ps(c13, d), c15 = _mm512_add_ps(c14, d);
+    CHAINS16(__m512, _mm512_add_ps, d);
+#define FMA(c) c = _mm512_fmadd_ps(c, a, b)
     for (uint64_t i = 0; i < iters; i++) {
-        c0 = _mm512_fmadd_ps(c0, a, b);
-        c1 = _mm512_fmadd_ps(c1, a, b);
-        c2 = _mm512_fmadd_ps(c2, a, b);
-        c3 = _mm512_fmadd_ps(c3, a, b);
-        c4 = _mm512_fmadd_ps(c4, a, b);
-        c5 = _mm512_fmadd_ps(c5, a, b);
-        c6 = _mm512_fmadd_ps(c6, a, b);
-        c7 = _mm512_fmadd_ps(c7, a, b);
-        c8 = _mm512_fmadd_ps(c8, a, b);
-        c9 = _mm512_fmadd_ps(c9, a, b);
-        c10 = _mm512_fmadd_ps(c10, a, b);
-        c11 = _mm512_fmadd_ps(c11, a, b);
-        c12 = _mm512_fmadd_ps(c12, a, b);
-        c13 = _mm512_fmadd_ps(c13, a, b);
-        c14 = _mm512_fmadd_ps(c14, a, b);
-        c15 = _mm512_fmadd_ps(c15, a, b);
+        EACH16(FMA);
     }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
-                             _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
-                                       _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+#undef FMA
     float out[16];
-    _mm512_storeu_ps(out, s);
+    _mm512_storeu_ps(out, SUM16(_mm512_add_ps));
     bench_sink = out[0];
 }
 
@@ -120,54 +112,34 @@ __attribute__((target("avx2,fma"))) static void fma_loop_avx2(uint64_t iters) {
  * chains wrap, which the hardware defines. */
 #if defined(__GNUC__) && (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 11))
 #define BENCH_DOT 1
-#define DOT16(OP)                                                                                           \
-    c0 = OP(c0, a, b), c1 = OP(c1, a, b), c2 = OP(c2, a, b), c3 = OP(c3, a, b), c4 = OP(c4, a, b),           \
-    c5 = OP(c5, a, b), c6 = OP(c6, a, b), c7 = OP(c7, a, b), c8 = OP(c8, a, b), c9 = OP(c9, a, b),           \
-    c10 = OP(c10, a, b), c11 = OP(c11, a, b), c12 = OP(c12, a, b), c13 = OP(c13, a, b), c14 = OP(c14, a, b), \
-    c15 = OP(c15, a, b)
 __attribute__((target("avx512f,avx512bf16"))) static void dot_loop_bf16(uint64_t iters) {
     const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3586 /* ~1e-6 */), b = (__m512bh)_mm512_set1_epi16(0x3F80);
-    /* different starts, or a compiler merges the chains into one */
     const __m512 d = _mm512_set1_ps(peak_seed);
-    __m512 c0 = d, c1 = _mm512_add_ps(c0, d), c2 = _mm512_add_ps(c1, d), c3 = _mm512_add_ps(c2, d),
-           c4 = _mm512_add_ps(c3, d), c5 = _mm512_add_ps(c4, d), c6 = _mm512_add_ps(c5, d),
-           c7 = _mm512_add_ps(c6, d), c8 = _mm512_add_ps(c7, d), c9 = _mm512_add_ps(c8, d),
-           c10 = _mm512_add_ps(c9, d), c11 = _mm512_add_ps(c10, d), c12 = _mm512_add_ps(c11, d),
-           c13 = _mm512_add_ps(c12, d), c14 = _mm512_add_ps(c13, d), c15 = _mm512_add_ps(c14, d);
-    for (uint64_t i = 0; i < iters; i++) DOT16(_mm512_dpbf16_ps);
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
-                             _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
-                                       _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+    CHAINS16(__m512, _mm512_add_ps, d);
+#define BF16(c) c = _mm512_dpbf16_ps(c, a, b)
+    for (uint64_t i = 0; i < iters; i++) {
+        EACH16(BF16);
+    }
+#undef BF16
     float out[16];
-    _mm512_storeu_ps(out, s);
+    _mm512_storeu_ps(out, SUM16(_mm512_add_ps));
     bench_sink = out[0];
 }
 __attribute__((target("avx512f,avx512vnni"))) static void dot_loop_vnni(uint64_t iters) {
     const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
     const __m512i d = _mm512_set1_epi32((int)(peak_seed * 10) + 1);
-    __m512i c0 = d, c1 = _mm512_add_epi32(c0, d), c2 = _mm512_add_epi32(c1, d), c3 = _mm512_add_epi32(c2, d),
-            c4 = _mm512_add_epi32(c3, d), c5 = _mm512_add_epi32(c4, d), c6 = _mm512_add_epi32(c5, d),
-            c7 = _mm512_add_epi32(c6, d), c8 = _mm512_add_epi32(c7, d), c9 = _mm512_add_epi32(c8, d),
-            c10 = _mm512_add_epi32(c9, d), c11 = _mm512_add_epi32(c10, d), c12 = _mm512_add_epi32(c11, d),
-            c13 = _mm512_add_epi32(c12, d), c14 = _mm512_add_epi32(c13, d), c15 = _mm512_add_epi32(c14, d);
+    CHAINS16(__m512i, _mm512_add_epi32, d);
     /* asm: gcc 12 copies each accumulator around the intrinsic (two moves
      * per vpdpbusd), which would time the moves */
 #define VNNI(c) __asm__("vpdpbusd %1, %2, %0" : "+v"(c) : "v"(b), "v"(a))
     for (uint64_t i = 0; i < iters; i++) {
-        VNNI(c0); VNNI(c1); VNNI(c2); VNNI(c3); VNNI(c4); VNNI(c5); VNNI(c6); VNNI(c7);
-        VNNI(c8); VNNI(c9); VNNI(c10); VNNI(c11); VNNI(c12); VNNI(c13); VNNI(c14); VNNI(c15);
+        EACH16(VNNI);
     }
 #undef VNNI
-    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
-                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
-    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)),
-                                             _mm512_add_epi32(_mm512_add_epi32(c12, c13), _mm512_add_epi32(c14, c15))));
     int out[16];
-    _mm512_storeu_si512(out, s);
+    _mm512_storeu_si512(out, SUM16(_mm512_add_epi32));
     bench_sink = (float)out[0];
 }
-#undef DOT16
 #endif
 
 /* Portable: 32 independent scalar chains the compiler may vectorise. Without
@@ -193,19 +165,15 @@ static double flops_per_iter(bench_isa isa) {
     }
 }
 
-static void run_loop(bench_isa isa, uint64_t iters) {
+typedef void (*loop_fn)(uint64_t iters);
+
+static loop_fn fma_loop(bench_isa isa) {
 #ifdef BENCH_X86
-    if (isa == BENCH_ISA_AVX512) {
-        fma_loop_avx512(iters);
-        return;
-    }
-    if (isa == BENCH_ISA_AVX2) {
-        fma_loop_avx2(iters);
-        return;
-    }
+    if (isa == BENCH_ISA_AVX512) return fma_loop_avx512;
+    if (isa == BENCH_ISA_AVX2) return fma_loop_avx2;
 #endif
     (void)isa;
-    fma_loop_generic(iters);
+    return fma_loop_generic;
 }
 
 int bench_isa_supported(bench_isa isa) {
@@ -254,7 +222,7 @@ static void *peak_worker_main(void *arg) {
     if (go < 0) return NULL;
     w->c0 = thread_cpu_now();
     w->t0 = bench_now();
-    run_loop(w->isa, w->iters);
+    fma_loop(w->isa)(w->iters);
     w->t1 = bench_now();
     w->c1 = thread_cpu_now();
     return NULL;
@@ -305,12 +273,12 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* Iterations of the loop for about `seconds` on one thread. */
-static uint64_t calibrate(bench_isa isa, double seconds) {
+static uint64_t calibrate(loop_fn loop, double seconds) {
     if (seconds < 0.01) seconds = 0.01;
     uint64_t iters = 1u << 16;
     for (;;) {
         double t0 = bench_now();
-        run_loop(isa, iters);
+        loop(iters);
         double dt = bench_now() - t0;
         if (dt > 0.02 || iters > (UINT64_C(1) << 40)) return (uint64_t)((double)iters * seconds / dt) + 1;
         iters *= 4;
@@ -320,7 +288,7 @@ static uint64_t calibrate(bench_isa isa, double seconds) {
 double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials, double *median) {
     if (median) *median = 0.0;
     if (!bench_isa_supported(isa) || threads < 1 || trials < 1) return 0.0;
-    uint64_t iters = calibrate(isa, seconds); /* also the warm-up */
+    uint64_t iters = calibrate(fma_loop(isa), seconds); /* also the warm-up */
     double *g = calloc((size_t)trials, sizeof *g);
     if (!g) return 0.0;
     double best = 0.0;
@@ -336,7 +304,7 @@ double bench_peak_gflops(bench_isa isa, int threads, double seconds, int trials,
 
 double bench_peak_core_cpu_gflops(bench_isa isa, int threads, double seconds, int trials) {
     if (!bench_isa_supported(isa) || threads < 1 || trials < 1) return 0.0;
-    uint64_t iters = calibrate(isa, seconds);
+    uint64_t iters = calibrate(fma_loop(isa), seconds);
     double best = 0.0;
     for (int r = 0; r < trials; r++) peak_trial(isa, threads, iters, &best);
     return best;
@@ -349,22 +317,14 @@ double bench_median(double *v, int n) {
 
 double bench_dot_peak(bench_dot kind, double seconds, int trials) {
 #if defined(BENCH_X86) && defined(BENCH_DOT)
-    if (seconds < 0.01) seconds = 0.01;
-    if (trials < 1) trials = 1;
+    const loop_fn loop = kind == BENCH_DOT_BF16 ? dot_loop_bf16 : dot_loop_vnni;
     const double ops = 16.0 * (kind == BENCH_DOT_BF16 ? 64.0 : 128.0);
-    uint64_t iters = 1u << 16;
+    const uint64_t iters = calibrate(loop, seconds); /* also the warm-up */
     double best = 0.0;
     for (int t = 0; t < trials; t++) {
-        double dt;
-        for (;;) { /* grow the run to about `seconds` */
-            double t0 = bench_now();
-            if (kind == BENCH_DOT_BF16) dot_loop_bf16(iters);
-            else dot_loop_vnni(iters);
-            dt = bench_now() - t0;
-            if (dt >= seconds || iters > (UINT64_C(1) << 40)) break;
-            iters *= 2;
-        }
-        double r = ops * (double)iters / dt * 1e-9;
+        double t0 = bench_now();
+        loop(iters);
+        double r = ops * (double)iters / (bench_now() - t0) * 1e-9;
         if (r > best) best = r;
     }
     return best;

@@ -99,7 +99,7 @@ static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
 static inline __attribute__((always_inline)) void few_body(const int M, int64_t K, const float *a, int64_t lda,
                                                            const float *b, int64_t ldb, float *c, int64_t ldc,
                                                            const float *bias, int add, int n) {
-    const float *b0 = b, *b1 = b + (n > 1 ? 1 : 0) * ldb, *b2 = b + (n > 2 ? 2 : n - 1) * ldb,
+    const float *b0 = b, *b1 = b + (n > 1 ? 1 : n - 1) * ldb, *b2 = b + (n > 2 ? 2 : n - 1) * ldb,
                 *b3 = b + (n > 3 ? 3 : n - 1) * ldb;
 #define Z(i) __m512 s##i##0 = _mm512_setzero_ps(), s##i##1 = s##i##0, s##i##2 = s##i##0, s##i##3 = s##i##0;
     Z(0) Z(1) Z(2) Z(3) Z(4) Z(5)
