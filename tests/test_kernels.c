@@ -723,6 +723,63 @@ static void test_half_packs(const qkv_half_kernels *K, const qkv_half_kernels *G
         }
 }
 
+/* bf16 values of two packings of P: both 0, or within one bf16 step (the
+ * unrounded values agree to EXP_REL, so their roundings are at most one
+ * step apart). */
+static int pair_near(uint32_t a, uint32_t b) {
+    for (int h = 0; h < 2; h++) {
+        float x = qkv_bf16_to_f32((uint16_t)(h ? a >> 16 : a & 0xffffu));
+        float y = qkv_bf16_to_f32((uint16_t)(h ? b >> 16 : b & 0xffffu));
+        if ((x == 0.0f) != (y == 0.0f) || !(fabsf(x - y) <= 0x1p-7f * fabsf(y))) return 0;
+    }
+    return 1;
+}
+
+static void test_half_softmax_pack(const qkv_half_kernels *K, const qkv_half_kernels *G) {
+    static const size_t rowc[] = {1, 2, 7, 8, 15, 16, 17};
+    for (size_t ci = 0; ci < NSIZES; ci++)
+        for (size_t ri = 0; ri < 7; ri++)
+            for (int online = 0; online <= 1; online++) {
+                const size_t cols = SIZES[ci], rows = rowc[ri], lds = cols + 1, np = (cols + 1) / 2, ldp = np + 2;
+                const size_t dvp = 16 * (1 + ri % 3), ldo = dvp + 3;
+                const float cm = 1.4426950f * 0.125f;
+                gbuf gs, gc, g1, g2, h1, h2;
+                float *sv = fnew(&gs, rows * lds, 1), *sc = fnew(&gc, rows * lds, 1);
+                float *o1 = fnew(&h1, rows * ldo, 1), *o2 = fnew(&h2, rows * ldo, 1);
+                uint32_t *p1 = gb_new(&g1, rows * ldp * 4, 4), *p2 = gb_new(&g2, rows * ldp * 4, 4);
+                memset(p1, 0x5A, rows * ldp * 4);
+                memset(p2, 0x5A, rows * ldp * 4);
+                float m1[17], m2[17], l1[17], l2[17];
+                for (size_t r = 0; r < rows; r++) {
+                    for (size_t c = 0; c < lds; c++) {
+                        float x = rnd(30.0);
+                        if (r % 5 == 3 || tu_rng_uniform(&g_rng) < 0.2) x = -INFINITY; /* masked; some rows all */
+                        if (c == 1 && r % 7 == 2) x = -2000.0f;                          /* below 2^-126 */
+                        sv[r * lds + c] = sc[r * lds + c] = x;
+                    }
+                    m1[r] = m2[r] = online && r % 3 ? rnd(30.0) : -INFINITY;
+                    l1[r] = l2[r] = m1[r] == -INFINITY ? 0.0f : 1.0f + (float)tu_rng_uniform(&g_rng);
+                    for (size_t c = 0; c < ldo; c++) o1[r * ldo + c] = o2[r * ldo + c] = rnd(1.0);
+                }
+                K->softmax_pack(sv, lds, rows, cols, cm, m1, l1, o1, ldo, dvp, p1, ldp);
+                G->softmax_pack(sv, lds, rows, cols, cm, m2, l2, o2, ldo, dvp, p2, ldp);
+                int bad = !gb_ok(&gs) || !gb_ok(&g1) || !gb_ok(&h1) || memcmp(sv, sc, rows * lds * 4) != 0;
+                for (size_t r = 0; r < rows; r++) {
+                    bad |= !same_bits(m1[r], m2[r]);
+                    bad |= !near(l1[r], l2[r], (EXP_REL + 2.0 * (cols + 3) * U) * fabsf(l2[r]));
+                    for (size_t c = 0; c < ldo; c++)
+                        bad |= c < dvp ? !near(o1[r * ldo + c], o2[r * ldo + c], (EXP_REL + U) * fabsf(o2[r * ldo + c]))
+                                       : !same_bits(o1[r * ldo + c], o2[r * ldo + c]);
+                    for (size_t u = 0; u < ldp; u++)
+                        bad |= u < np ? !pair_near(p1[r * ldp + u], p2[r * ldp + u])
+                                      : p1[r * ldp + u] != 0x5A5A5A5Au;
+                    if (cols % 2) bad |= (p1[r * ldp + np - 1] >> 16) != 0; /* the column past an odd cols */
+                }
+                CHECK(!bad, "bf16 softmax_pack [%s] rows %zu cols %zu online %d", g_isa, rows, cols, online);
+                gb_free(&gs); gb_free(&gc); gb_free(&g1); gb_free(&g2); gb_free(&h1); gb_free(&h2);
+            }
+}
+
 static void test_half_bwd_softmax(const qkv_half_kernels *K, const qkv_half_kernels *G) {
     for (size_t ci = 0; ci < NSIZES; ci++)
         for (size_t rows = 1; rows <= 17; rows += 8) {
@@ -974,6 +1031,7 @@ int main(void) {
             test_half_qk(&s->half, &gen->half);
             test_half_pv(&s->half, &gen->half);
             test_half_packs(&s->half, &gen->half);
+            test_half_softmax_pack(&s->half, &gen->half);
             test_half_bwd_softmax(&s->half, &gen->half);
             printf("%s bf16 kernels: %s\n", s->half.name, tu_failed == b2 ? "ok" : "FAILED");
         }

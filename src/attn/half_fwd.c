@@ -7,8 +7,8 @@
  * column in one word). Per block of 64 query rows of one (b, h): for each
  * tile of 128 keys some row sees, S = Q K^T by bf16 dot products with float
  * accumulation; keys outside each row's range set to -inf; one online-softmax
- * step of the float kernel table (running max from -inf, rescale alpha);
- * P rounded to bf16 (nearest even) and O = alpha O + P V by bf16 dot products
+ * step (running max from -inf, rescale alpha, P rounded to bf16, nearest
+ * even, in one kernel) and O = alpha O + P V by bf16 dot products
  * into a float accumulator. The output is rounded to bf16 once at the end;
  * lse is float. So the error is that of a plain bf16 implementation with
  * float accumulation (docs/HALF.md), without its n x n buffer.
@@ -47,7 +47,6 @@ void qkv_half_force_portable(int on) { atomic_store(&g_portable_only, on ? 1 : 0
 
 typedef struct hf_ctx {
     const qkv_plan *p;
-    const qkv_kernels *K;
     const qkv_half_kernels *HK;
     int64_t B, nq, nk, H, Hkv, G, D, Dv;
     int64_t dp2;      /* pairs of dimensions: ceil(D / 2) */
@@ -66,7 +65,7 @@ typedef struct hf_ctx {
 
 typedef struct hf_ws {
     uint32_t *qp, *pp;
-    float *s, *o, *m, *l, *alpha;
+    float *s, *o, *m, *l;
     int64_t *lo, *hi;
     int *a, *e;
 } hf_ws;
@@ -79,7 +78,6 @@ static size_t ws_layout(const hf_ctx *c, unsigned char *base, hf_ws *w) {
     QKV_CARVE(o, float, HF_BQ * c->dvp);
     QKV_CARVE(m, float, HF_BQ);
     QKV_CARVE(l, float, HF_BQ);
-    QKV_CARVE(alpha, float, HF_BQ);
     QKV_CARVE(lo, int64_t, HF_BQ);
     QKV_CARVE(hi, int64_t, HF_BQ);
     QKV_CARVE(a, int, HF_BQ);
@@ -122,7 +120,6 @@ static void fwd_unit(void *vc, int64_t u, int t) {
     hf_ctx *c = vc;
     hf_ws w;
     ws_layout(c, c->ws + (size_t)t * c->ws_stride, &w);
-    const qkv_kernels *K = c->K;
     const qkv_half_kernels *HK = c->HK;
     const int64_t qb = u % c->nqb, bh = u / c->nqb, h = bh % c->H, b = bh / c->H;
     const int64_t i0 = qb * HF_BQ, D = c->D, Dv = c->Dv, dp2 = c->dp2, dvp = c->dvp, kv = h / c->G;
@@ -134,8 +131,11 @@ static void fwd_unit(void *vc, int64_t u, int t) {
         uint32_t *dst = w.qp + (size_t)r * dp2;
         if (r < nr) {
             const uint16_t *src = c->q + ((b * c->nq + i0 + r) * c->H + h) * D;
-            for (int64_t tt = 0; tt < dp2; tt++)
-                dst[tt] = pair(src[2 * tt], 2 * tt + 1 < D ? src[2 * tt + 1] : 0);
+            if (D % 2 == 0) /* the pairs are the row's bf16 in memory order (little-endian) */
+                memcpy(dst, src, (size_t)D * sizeof(uint16_t));
+            else
+                for (int64_t tt = 0; tt < dp2; tt++)
+                    dst[tt] = pair(src[2 * tt], 2 * tt + 1 < D ? src[2 * tt + 1] : 0);
             qkv_plan_key_range(c->p, b, i0 + r, &w.lo[r], &w.hi[r]);
             if (w.lo[r] < w.hi[r]) {
                 if (w.lo[r] < blo) blo = w.lo[r];
@@ -155,24 +155,19 @@ static void fwd_unit(void *vc, int64_t u, int t) {
         const int ncols = (int)(bhi - kt < HF_BK ? bhi - kt : HF_BK);
         const size_t np = (size_t)(ncols + 31) / 32;
         HK->qk(w.qp, (size_t)dp2, kpb + (kt / 32) * dp2 * 32, (size_t)dp2, (size_t)rows, np, w.s, HF_BK);
-        for (int r = 0; r < rows; r++) {
+        for (int r = 0; r < nr; r++) {
             float *sr = w.s + (size_t)r * HF_BK;
             int64_t x = w.lo[r] - kt, y = w.hi[r] - kt;
             if (x < 0) x = 0;
             if (y > ncols) y = ncols;
-            if (r >= nr || y < x) x = y = 0;
+            if (y < x) x = y = 0;
             w.a[r] = (int)x;
             w.e[r] = (int)y;
             for (int j = 0; j < (int)x; j++) sr[j] = -INFINITY;
             for (int j = (int)y; j < ncols; j++) sr[j] = -INFINITY;
         }
-        K->softmax(w.s, HF_BK, (size_t)rows, (size_t)ncols, c->sc, w.m, w.l, w.alpha);
-        HK->pack_p(w.pp, ldp, w.s, HF_BK, (size_t)nr, (size_t)(ncols + 1) / 2);
-        for (int r = 0; r < nr; r++) {
-            float al = w.alpha[r], *orow = w.o + (size_t)r * dvp;
-            if (al != 1.0f)
-                for (int64_t cc = 0; cc < Dv; cc++) orow[cc] *= al;
-        }
+        HK->softmax_pack(w.s, HF_BK, (size_t)nr, (size_t)ncols, c->sc, w.m, w.l, w.o, (size_t)dvp, (size_t)dvp,
+                         w.pp, ldp);
         for (int g = 0; g < nr; g += 4) {
             const int gn = nr - g < 4 ? nr - g : 4;
             int A = 0, E = HF_BK;
@@ -189,10 +184,11 @@ static void fwd_unit(void *vc, int64_t u, int t) {
             /* each row's visible keys outside the common pairs, one at a time */
             for (int r = g; r < g + gn; r++) {
                 float *orow = w.o + (size_t)r * dvp;
-                const float *sr = w.s + (size_t)r * HF_BK;
+                const uint32_t *pr2 = w.pp + (size_t)r * ldp;
                 for (int j = w.a[r]; j < w.e[r]; j++) {
-                    if (j >= 2 * ua && j < 2 * ub) continue;
-                    float pr = qkv_bf16_to_f32(qkv_f32_to_bf16(sr[j]));
+                    if (j == 2 * ua && ub > ua) j = 2 * ub; /* past the common pairs */
+                    if (j >= w.e[r]) break;
+                    float pr = qkv_bf16_to_f32((uint16_t)(j & 1 ? pr2[j / 2] >> 16 : pr2[j / 2] & 0xffffu));
                     if (pr == 0.0f) continue;
                     for (int64_t cc = 0; cc < Dv; cc++) orow[cc] += pr * v_at(vpb, dvp, kt + j, cc);
                 }
@@ -221,7 +217,6 @@ qkv_status qkv_half_fast_forward(const qkv_plan *p, const uint16_t *q, const uin
     hf_ctx c;
     memset(&c, 0, sizeof c);
     c.p = p;
-    c.K = qkv_kernels_active();
     c.HK = qkv_half_kernels_active();
     c.B = d->batch; c.nq = d->n_q; c.nk = d->n_k; c.H = d->heads; c.Hkv = d->heads_kv;
     c.G = p->group; c.D = d->dim; c.Dv = d->dim_v;

@@ -35,6 +35,17 @@ typedef struct qkv_half_kernels {
     /* pp[r*ldp + u] = bf16 pairs of p[r*lds + 2u], p[r*lds + 2u+1] (nearest
      * even) for r < rows, u < npairs (reads 2*npairs floats per row). */
     void (*pack_p)(uint32_t *pp, size_t ldp, const float *p, size_t lds, size_t rows, size_t npairs);
+    /* The forward's online-softmax step, P going out as bf16 pairs only. For
+     * r < rows, over the cols logits of s's row r (s is only read): as the
+     * float table's softmax, mt = max_c s, mn = max(m[r], mt), alpha =
+     * 2^(c (m[r] - mn)) (1 when mn = -inf, where 0 stands for mn), e_c =
+     * 2^((s_c - mn) c) (0 for -inf; exactly 0 below 2^-126; relative error
+     * within kernels' EXP_REL of exp2), l[r] = alpha l[r] + sum_c e_c (of the
+     * unrounded e_c), m[r] = mn; o's row r (dvp floats, stride ldo) scaled
+     * by alpha; pp[r*ldp + u] = bf16 pairs (e_2u, e_2u+1), nearest even, for
+     * u < ceil(cols / 2), the column past an odd cols 0. */
+    void (*softmax_pack)(const float *s, size_t lds, size_t rows, size_t cols, float c, float *m, float *l,
+                         float *o, size_t ldo, size_t dvp, uint32_t *pp, size_t ldp);
 
     /* The backward's own kernels. */
 
@@ -67,7 +78,7 @@ void qkv_half_init_avx512bf16(qkv_half_kernels *k);
  * products): the other slots, in the struct's order, get <slot>_<isa>. */
 #define QKV_HALF_DEFINE_INIT(isa, is_native)                                                       \
     void qkv_half_init_##isa(qkv_half_kernels *k) {                                                \
-        *k = (qkv_half_kernels){#isa, is_native, qk_##isa, pv_##isa, pack_p_##isa, qk_acc_##isa, pv_acc_##isa, \
+        *k = (qkv_half_kernels){#isa, is_native, qk_##isa, pv_##isa, pack_p_##isa, softmax_pack_##isa, qk_acc_##isa, pv_acc_##isa, \
                                 bwd_softmax_##isa, pack_rowpairs_##isa};                           \
     }
 

@@ -64,6 +64,33 @@ static void pack_p_generic(uint32_t *pp, size_t ldp, const float *p, size_t lds,
         for (size_t u = 0; u < npairs; u++) pp[r * ldp + u] = pair_of(p[r * lds + 2 * u], p[r * lds + 2 * u + 1]);
 }
 
+static float exp2_flush(float x) { return x < -126.0f ? 0.0f : exp2f(x); } /* -inf: 0, NaN stays */
+
+static void softmax_pack_generic(const float *s, size_t lds, size_t rows, size_t cols, float cm, float *m,
+                                 float *l, float *o, size_t ldo, size_t dvp, uint32_t *pp, size_t ldp) {
+    for (size_t r = 0; r < rows; r++) {
+        const float *row = s + r * lds;
+        float mt = -INFINITY;
+        for (size_t c = 0; c < cols; c++) mt = row[c] > mt ? row[c] : mt;
+        float mn = m[r] > mt ? m[r] : mt, a = 1.0f, base = 0.0f;
+        if (mn != -INFINITY) {
+            base = mn;
+            a = exp2_flush((m[r] - mn) * cm);
+        }
+        float sum = 0.0f;
+        for (size_t u = 0; 2 * u < cols; u++) {
+            float e0 = exp2_flush((row[2 * u] - base) * cm);
+            float e1 = 2 * u + 1 < cols ? exp2_flush((row[2 * u + 1] - base) * cm) : 0.0f;
+            sum += e0;
+            sum += e1;
+            pp[r * ldp + u] = pair_of(e0, e1);
+        }
+        l[r] = l[r] * a + sum;
+        m[r] = mn;
+        for (size_t c = 0; c < dvp; c++) o[r * ldo + c] *= a;
+    }
+}
+
 static void bwd_softmax_generic(float *s, float *dp, size_t ld, size_t rows, size_t cols, float cm,
                                 const float *L2, const float *Dd) {
     for (size_t r = 0; r < rows; r++) {
