@@ -33,7 +33,7 @@
 #include "kernels/kernels.h"
 
 #define HF_BQ 64  /* query rows per block */
-#define HF_BK 128 /* keys per tile (4 panels of 32) */
+#define HF_BK 256 /* keys per tile (8 panels of 32) */
 #define HF_LOG2E 1.4426950408889634
 #define HF_LN2 0.6931471805599453
 
@@ -92,21 +92,36 @@ static void pack_unit(void *vc, int64_t u, int t) {
     hf_ctx *c = vc;
     const int64_t b = u / c->Hkv, kv = u % c->Hkv, D = c->D, Dv = c->Dv, dp2 = c->dp2;
     uint32_t *kp = c->kp + u * c->kp_stride, *vp = c->vp + u * c->vp_stride;
+    /* K: key j's pairs down column j % 32 of panel j / 32 (stride 32 words);
+     * with D even a row's pairs are its bf16 in memory order (little-endian,
+     * as every CPU with bf16 dot products) */
     for (int64_t j = 0; j < c->nkp; j++) {
-        int64_t p = j / 32, cc = j % 32;
+        uint32_t *col = kp + (j / 32) * dp2 * 32 + j % 32;
         const uint16_t *kr = j < c->nk ? c->k + ((b * c->nk + j) * c->Hkv + kv) * D : NULL;
-        for (int64_t tt = 0; tt < dp2; tt++) {
-            uint16_t x0 = kr ? kr[2 * tt] : 0, x1 = kr && 2 * tt + 1 < D ? kr[2 * tt + 1] : 0;
-            kp[(p * dp2 + tt) * 32 + cc] = pair(x0, x1);
-        }
+        if (!kr)
+            for (int64_t tt = 0; tt < dp2; tt++) col[tt * 32] = 0;
+        else if (D % 2 == 0)
+            for (int64_t tt = 0; tt < dp2; tt++) {
+                uint32_t w;
+                memcpy(&w, kr + 2 * tt, sizeof w);
+                col[tt * 32] = w;
+            }
+        else
+            for (int64_t tt = 0; tt < dp2; tt++) col[tt * 32] = pair(kr[2 * tt], 2 * tt + 1 < D ? kr[2 * tt + 1] : 0);
     }
+    /* V: keys 2 pu and 2 pu + 1 interleaved column by column */
     for (int64_t pu = 0; pu < c->nkp / 2; pu++) {
-        int64_t j0 = 2 * pu, j1 = j0 + 1;
+        const int64_t j0 = 2 * pu, j1 = j0 + 1;
         const uint16_t *v0 = j0 < c->nk ? c->v + ((b * c->nk + j0) * c->Hkv + kv) * Dv : NULL;
         const uint16_t *v1 = j1 < c->nk ? c->v + ((b * c->nk + j1) * c->Hkv + kv) * Dv : NULL;
         uint32_t *dst = vp + pu * c->dvp;
-        for (int64_t cc = 0; cc < c->dvp; cc++)
-            dst[cc] = cc < Dv ? pair(v0 ? v0[cc] : 0, v1 ? v1[cc] : 0) : 0;
+        if (v1)
+            for (int64_t cc = 0; cc < Dv; cc++) dst[cc] = (uint32_t)v0[cc] | ((uint32_t)v1[cc] << 16);
+        else if (v0)
+            for (int64_t cc = 0; cc < Dv; cc++) dst[cc] = v0[cc];
+        else
+            for (int64_t cc = 0; cc < Dv; cc++) dst[cc] = 0;
+        for (int64_t cc = Dv; cc < c->dvp; cc++) dst[cc] = 0;
     }
 }
 
