@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "qkv.h"
+#include "similarity.h"
 #include "test_util.h"
 
 #define HIDDEN 384
@@ -145,64 +146,6 @@ static void check_ids(const qkv_tokenizer *tok, int64_t max_len, const lines *te
 }
 
 /* Sentence vectors against embeddings.npy. */
-/* The ranks (1..n, ties averaged) of v[0..n). */
-static void ranks(const double *v, int n, double *r) {
-    for (int i = 0; i < n; i++) {
-        int below = 0, equal = 0;
-        for (int j = 0; j < n; j++) {
-            below += v[j] < v[i];
-            equal += v[j] == v[i];
-        }
-        r[i] = below + (equal + 1) / 2.0;
-    }
-}
-
-static double cosine_of(const float *x, const float *y) {
-    double dot = 0, xx = 0, yy = 0;
-    for (int c = 0; c < HIDDEN; c++) {
-        dot += (double)x[c] * y[c];
-        xx += (double)x[c] * x[c];
-        yy += (double)y[c] * y[c];
-    }
-    return dot / sqrt(xx * yy);
-}
-
-/* Similarities among the sentences: Spearman's rho of the pairs' cosines
- * under q against under r, how many sentences keep their nearest
- * neighbour, and how many of those whose reference nearest neighbour
- * leads by more than `margin` do not. */
-static void similarity_agreement(const float *q, const float *r, int n, double margin, double *rho, int *kept,
-                                 int *clear_lost) {
-    int np = n * (n - 1) / 2, k = 0;
-    double *a = malloc((size_t)np * sizeof *a), *b = malloc((size_t)np * sizeof *b);
-    double *ra = malloc((size_t)np * sizeof *ra), *rb = malloc((size_t)np * sizeof *rb);
-    *kept = *clear_lost = 0;
-    for (int i = 0; i < n; i++) {
-        int nq = -1, nr = -1;
-        double bq = -2, br = -2, br2 = -2;
-        for (int j = 0; j < n; j++) {
-            if (j == i) continue;
-            double cq = cosine_of(q + (size_t)i * HIDDEN, q + (size_t)j * HIDDEN);
-            double cr = cosine_of(r + (size_t)i * HIDDEN, r + (size_t)j * HIDDEN);
-            if (cq > bq) bq = cq, nq = j;
-            if (cr > br) br2 = br, br = cr, nr = j;
-            else if (cr > br2) br2 = cr;
-            if (j > i) a[k] = cq, b[k++] = cr;
-        }
-        *kept += nq == nr;
-        *clear_lost += nq != nr && br - br2 > margin;
-    }
-    ranks(a, np, ra);
-    ranks(b, np, rb);
-    double d2 = 0;
-    for (int i = 0; i < np; i++) d2 += (ra[i] - rb[i]) * (ra[i] - rb[i]);
-    *rho = 1 - 6 * d2 / ((double)np * ((double)np * np - 1));
-    free(a);
-    free(b);
-    free(ra);
-    free(rb);
-}
-
 /* A precision other than FP32 (named `name`) against the reference r [n,
  * HIDDEN]: every sentence's cosine >= min_cos, the similarities' ranking,
  * the nearest neighbours, 1 against 2 threads. */
@@ -226,20 +169,18 @@ static void check_precision(const char *dir, const lines *text, const float *r, 
     CHECK(qkv_encoder_embed(e1, texts, text->len, n, QKV_POOLING_FROM_MODEL, -1, q1, why, sizeof why) == QKV_OK,
           "%s embed: %s", name, why);
     CHECK(memcmp(q, q1, (size_t)n * HIDDEN * sizeof *q) == 0, "%s: the same bits on 1 and 2 threads", name);
-    double worst = 2;
-    int at = -1;
     for (int s = 0; s < n; s++) {
-        double c = cosine_of(q + (size_t)s * HIDDEN, r + (size_t)s * HIDDEN);
+        double c = sim_cosine(q + (size_t)s * HIDDEN, r + (size_t)s * HIDDEN, HIDDEN);
         CHECK(c >= min_cos, "%s sentence %d: cosine %.7f < %g", name, s + 1, c, min_cos);
-        if (!(c >= worst)) worst = c, at = s + 1;
     }
-    double rho;
-    int kept, lost;
-    similarity_agreement(q, r, n, 0.01, &rho, &kept, &lost);
-    CHECK(rho >= 0.99, "%s: Spearman %.5f of the %d pairwise similarities < 0.99", name, rho, n * (n - 1) / 2);
-    CHECK(lost == 0, "%s: %d sentences lose a nearest neighbour that leads by more than 0.01", name, lost);
-    printf("%s: worst cosine %.7f (sentence %d), Spearman %.5f over %d pairs, nearest neighbour kept for %d of %d\n",
-           name, worst, at, rho, n * (n - 1) / 2, kept, n);
+    sim_agreement g;
+    CHECK(sim_agree(q, r, n, HIDDEN, 0.01, 0, 0, &g) == 0, "%s: out of memory comparing the vectors", name);
+    CHECK(g.rho >= 0.99, "%s: Spearman %.5f of the %lld pairwise similarities < 0.99", name, g.rho,
+          (long long)g.pairs);
+    CHECK(g.clear_lost == 0, "%s: %d sentences lose a nearest neighbour that leads by more than 0.01", name,
+          g.clear_lost);
+    printf("%s: worst cosine %.7f (sentence %d), Spearman %.5f over %lld pairs, nearest neighbour kept for %d of %d\n",
+           name, g.worst_cosine, g.worst_at + 1, g.rho, (long long)g.pairs, g.kept, n);
 done:
     qkv_encoder_free(e1);
     qkv_encoder_free(e2);
