@@ -54,15 +54,15 @@ int main(int argc, char **argv) {
         return 1;
     }
     int64_t n = r.shape[0], dim = r.shape[1];
-    sim_agreement some, all;
-    if (sim_agree(q.data, r.data, n, dim, margin, pairs, 12345, &some) ||
-        sim_agree(q.data, r.data, n, dim, margin, 0, 0, &all)) {
+    sim_agreement all;
+    double some;
+    if (sim_agree(q.data, r.data, n, dim, margin, &all) || sim_rho(q.data, r.data, n, dim, pairs, 12345, &some)) {
         fprintf(stderr, "bench_agree: out of memory\n");
         return 1;
     }
     printf("label=%s sentences=%lld worst_cosine=%.5f worst_at=%d mean_cosine=%.6f spearman_%lld=%.5f "
            "spearman_all=%.5f nn_kept=%d nn_kept_pct=%.2f clear=%d clear_lost=%d\n",
-           label, (long long)n, all.worst_cosine, all.worst_at + 1, all.mean_cosine, pairs, some.rho, all.rho,
+           label, (long long)n, all.worst_cosine, all.worst_at + 1, all.mean_cosine, pairs, some, all.rho,
            all.kept, 100.0 * all.kept / (double)n, all.clear, all.clear_lost);
     qkv_array_free(&r);
     qkv_array_free(&q);

@@ -174,7 +174,7 @@ static void check_precision(const char *dir, const lines *text, const float *r, 
         CHECK(c >= min_cos, "%s sentence %d: cosine %.7f < %g", name, s + 1, c, min_cos);
     }
     sim_agreement g;
-    CHECK(sim_agree(q, r, n, HIDDEN, 0.01, 0, 0, &g) == 0, "%s: out of memory comparing the vectors", name);
+    CHECK(sim_agree(q, r, n, HIDDEN, 0.01, &g) == 0, "%s: out of memory comparing the vectors", name);
     CHECK(g.rho >= 0.99, "%s: Spearman %.5f of the %lld pairwise similarities < 0.99", name, g.rho,
           (long long)g.pairs);
     CHECK(g.clear_lost == 0, "%s: %d sentences lose a nearest neighbour that leads by more than 0.01", name,

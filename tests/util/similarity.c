@@ -63,9 +63,8 @@ static double dot_of(const double *a, const double *b, int64_t dim) {
     return d;
 }
 
-int sim_agree(const float *q, const float *r, int64_t n, int64_t dim, double margin, int64_t pairs, uint64_t seed,
-              sim_agreement *out) {
-    memset(out, 0, sizeof *out);
+int sim_rho(const float *q, const float *r, int64_t n, int64_t dim, int64_t pairs, uint64_t seed, double *rho) {
+    *rho = 0;
     if (!q || !r || n < 2 || dim < 1 || pairs < 0) return -1;
     int64_t np = pairs ? pairs : n * (n - 1) / 2;
     double *uq = unit_rows(q, n, dim), *ur = unit_rows(r, n, dim);
@@ -74,6 +73,40 @@ int sim_agree(const float *q, const float *r, int64_t n, int64_t dim, double mar
     keyed *k = malloc((size_t)np * sizeof *k);
     int rc = -1;
     if (!uq || !ur || !a || !b || !ra || !rb || !k) goto done;
+    uint64_t s = seed;
+    for (int64_t p = 0, i = 0, j = 1; p < np; p++) {
+        if (pairs) { /* any i != j */
+            i = (int64_t)(splitmix(&s) % (uint64_t)n);
+            j = (int64_t)(splitmix(&s) % (uint64_t)(n - 1));
+            j += j >= i;
+        }
+        a[p] = dot_of(uq + i * dim, uq + j * dim, dim);
+        b[p] = dot_of(ur + i * dim, ur + j * dim, dim);
+        if (!pairs && ++j == n) i++, j = i + 1; /* the next pair i < j in order */
+    }
+    ranks(a, np, k, ra);
+    ranks(b, np, k, rb);
+    double d2 = 0;
+    for (int64_t p = 0; p < np; p++) d2 += (ra[p] - rb[p]) * (ra[p] - rb[p]);
+    *rho = 1 - 6 * d2 / ((double)np * ((double)np * (double)np - 1));
+    rc = 0;
+done:
+    free(uq);
+    free(ur);
+    free(a);
+    free(b);
+    free(ra);
+    free(rb);
+    free(k);
+    return rc;
+}
+
+int sim_agree(const float *q, const float *r, int64_t n, int64_t dim, double margin, sim_agreement *out) {
+    memset(out, 0, sizeof *out);
+    if (!q || !r || n < 2 || dim < 1) return -1;
+    double *uq = unit_rows(q, n, dim), *ur = unit_rows(r, n, dim);
+    int rc = -1;
+    if (!uq || !ur) goto done;
     out->worst_cosine = 2;
     for (int64_t i = 0; i < n; i++) {
         double c = dot_of(uq + i * dim, ur + i * dim, dim);
@@ -94,37 +127,11 @@ int sim_agree(const float *q, const float *r, int64_t n, int64_t dim, double mar
             out->clear_lost += nq != nr;
         }
     }
-    if (pairs) {
-        uint64_t s = seed;
-        for (int64_t p = 0; p < np; p++) {
-            int64_t i = (int64_t)(splitmix(&s) % (uint64_t)n), j = (int64_t)(splitmix(&s) % (uint64_t)(n - 1));
-            if (j >= i) j++;
-            a[p] = dot_of(uq + i * dim, uq + j * dim, dim);
-            b[p] = dot_of(ur + i * dim, ur + j * dim, dim);
-        }
-    } else {
-        int64_t p = 0;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = i + 1; j < n; j++, p++) {
-                a[p] = dot_of(uq + i * dim, uq + j * dim, dim);
-                b[p] = dot_of(ur + i * dim, ur + j * dim, dim);
-            }
-    }
-    ranks(a, np, k, ra);
-    ranks(b, np, k, rb);
-    double d2 = 0;
-    for (int64_t p = 0; p < np; p++) d2 += (ra[p] - rb[p]) * (ra[p] - rb[p]);
-    out->rho = 1 - 6 * d2 / ((double)np * ((double)np * (double)np - 1));
-    out->pairs = np;
-    rc = 0;
+    out->pairs = n * (n - 1) / 2;
+    rc = sim_rho(q, r, n, dim, 0, 0, &out->rho);
 done:
     free(uq);
     free(ur);
-    free(a);
-    free(b);
-    free(ra);
-    free(rb);
-    free(k);
     if (rc) memset(out, 0, sizeof *out);
     return rc;
 }

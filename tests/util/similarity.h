@@ -21,11 +21,14 @@ typedef struct sim_agreement {
 double sim_cosine(const float *x, const float *y, int64_t dim);
 
 /* Agreement of q (under test) with r (the reference), both [n, dim] row
- * major, n >= 2. pairs == 0: rho over all n (n - 1) / 2 pairs; pairs > 0:
- * over that many pairs (i < j) drawn with `seed`. Nearest neighbours by
- * cosine over all other sentences. Ties of rank are averaged. Returns 0,
+ * major, n >= 2: the cosines, the nearest neighbours by cosine over all
+ * other sentences, rho over all n (n - 1) / 2 pairs (sim_rho). Returns 0,
  * or -1 when out of memory or the sizes are wrong (*out zeroed). */
-int sim_agree(const float *q, const float *r, int64_t n, int64_t dim, double margin, int64_t pairs, uint64_t seed,
-              sim_agreement *out);
+int sim_agree(const float *q, const float *r, int64_t n, int64_t dim, double margin, sim_agreement *out);
+
+/* Spearman's rho (ties of rank averaged) of the pairwise cosines under q
+ * against under r: pairs == 0 over all pairs i < j; pairs > 0 over that
+ * many pairs i != j drawn with `seed`. Returns 0, or -1 as sim_agree. */
+int sim_rho(const float *q, const float *r, int64_t n, int64_t dim, int64_t pairs, uint64_t seed, double *rho);
 
 #endif
