@@ -68,21 +68,28 @@ int sim_rho(const float *q, const float *r, int64_t n, int64_t dim, int64_t pair
     if (!q || !r || n < 2 || dim < 1 || pairs < 0) return -1;
     int64_t np = pairs ? pairs : n * (n - 1) / 2;
     double *uq = unit_rows(q, n, dim), *ur = unit_rows(r, n, dim);
-    double *a = malloc((size_t)np * sizeof *a), *b = malloc((size_t)np * sizeof *b);
+    /* calloc: every element is written below, but the compiler cannot see that np > 0 */
+    double *a = calloc((size_t)np, sizeof *a), *b = calloc((size_t)np, sizeof *b);
     double *ra = malloc((size_t)np * sizeof *ra), *rb = malloc((size_t)np * sizeof *rb);
     keyed *k = malloc((size_t)np * sizeof *k);
     int rc = -1;
     if (!uq || !ur || !a || !b || !ra || !rb || !k) goto done;
-    uint64_t s = seed;
-    for (int64_t p = 0, i = 0, j = 1; p < np; p++) {
-        if (pairs) { /* any i != j */
-            i = (int64_t)(splitmix(&s) % (uint64_t)n);
-            j = (int64_t)(splitmix(&s) % (uint64_t)(n - 1));
+    if (pairs) { /* sampled pairs, any i != j */
+        uint64_t s = seed;
+        for (int64_t p = 0; p < np; p++) {
+            int64_t i = (int64_t)(splitmix(&s) % (uint64_t)n);
+            int64_t j = (int64_t)(splitmix(&s) % (uint64_t)(n - 1));
             j += j >= i;
+            a[p] = dot_of(uq + i * dim, uq + j * dim, dim);
+            b[p] = dot_of(ur + i * dim, ur + j * dim, dim);
         }
-        a[p] = dot_of(uq + i * dim, uq + j * dim, dim);
-        b[p] = dot_of(ur + i * dim, ur + j * dim, dim);
-        if (!pairs && ++j == n) i++, j = i + 1; /* the next pair i < j in order */
+    } else { /* every pair i < j in order */
+        int64_t p = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = i + 1; j < n; j++, p++) {
+                a[p] = dot_of(uq + i * dim, uq + j * dim, dim);
+                b[p] = dot_of(ur + i * dim, ur + j * dim, dim);
+            }
     }
     ranks(a, np, k, ra);
     ranks(b, np, k, rb);
