@@ -872,6 +872,49 @@ static void test_nn_bias_act(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
     }
 }
 
+/* gelu_grad: bitwise the generic (qkv_nn_gelu_eval in plain C) on values
+ * over |x| <= 12, tails and special values, with and without the gradient;
+ * and the generic itself within kernels/nn.h's stated accuracy of GELU and
+ * GELU' in double: 2.5e-7 and 4e-7 times max(1, |x|). */
+static void test_nn_gelu_grad(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
+    static const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, NAN, INFINITY, -INFINITY, 100.0f, -100.0f};
+    const size_t ns = sizeof special / sizeof special[0];
+    for (size_t si = 0; si < NSIZES; si++)
+        for (int keep = 0; keep < 2; keep++) {
+            size_t n = SIZES[si] + ns;
+            gbuf ga, gp;
+            float *act = fnew(&ga, n, (int)si & 1), *pre = fnew(&gp, n, keep);
+            float *x = malloc(n * sizeof *x), *wa = malloc(n * sizeof *wa), *wp = malloc(n * sizeof *wp);
+            for (size_t i = 0; i < n; i++) x[i] = (float)((tu_rng_uniform(&g_rng) * 2 - 1) * (si & 1 ? 12.0 : 3.0));
+            for (size_t i = 0; i < ns; i++) x[n - 1 - i] = special[i];
+            memcpy(pre, x, n * sizeof *x);
+            memcpy(wp, x, n * sizeof *x);
+            G->gelu_grad(wa, wp, n, keep);
+            K->gelu_grad(act, pre, n, keep);
+            for (size_t i = 0; i < n; i++)
+                if (!same_bits(act[i], wa[i]) || !same_bits(pre[i], wp[i])) {
+                    CHECK(0, "%s gelu_grad keep=%d n=%zu [%zu] x=%.9g: %.9g %.9g, generic %.9g %.9g", g_isa, keep, n, i,
+                          x[i], act[i], pre[i], wa[i], wp[i]);
+                    break;
+                }
+            if (keep)
+                for (size_t i = 0; i + ns < n; i++) {
+                    double d = x[i], cdf = 0.5 * erfc(-d * 0.70710678118654752440);
+                    double dg = cdf + d * exp(-0.5 * d * d) * 0.39894228040143267794, sc = fabs(d) > 1 ? fabs(d) : 1;
+                    if (fabs(wa[i] - d * cdf) > 2.5e-7 * sc || fabs(wp[i] - dg) > 4e-7 * sc) {
+                        CHECK(0, "generic gelu_grad x=%.9g: %.9g %.9g, double %.9g %.9g", x[i], wa[i], wp[i], d * cdf, dg);
+                        break;
+                    }
+                }
+            CHECK(gb_ok(&ga) && gb_ok(&gp), "%s gelu_grad n=%zu: nothing outside the row", g_isa, n);
+            gb_free(&ga);
+            gb_free(&gp);
+            free(x);
+            free(wa);
+            free(wp);
+        }
+}
+
 /* add_layernorm on rows of random scale and offset (the mean far from 0
  * tests the centring), with and without a residual. */
 static void test_nn_layernorm(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
@@ -1017,6 +1060,7 @@ int main(void) {
         test_kv(&s->kv, &gen->kv);
         test_nn_bias_act(&s->nn, &gen->nn);
         test_nn_layernorm(&s->nn, &gen->nn);
+        test_nn_gelu_grad(&s->nn, &gen->nn);
         test_gemm_bf16(&s->gemm_bf16, &gen->gemm_bf16);
         CHECK(s->gemm_bf16.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512bf16()), "bf16 gemm table %s",
               s->gemm_bf16.name);

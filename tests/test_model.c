@@ -228,7 +228,7 @@ static void test_gelu_accuracy(void) {
     double worst = 0, worst_g = 0;
     for (int i = -12 * 1024; i <= 12 * 1024; i++) {
         float x = (float)i / 1024.0f, g;
-        float v = model_gelu_eval(x, &g);
+        float v = qkv_nn_gelu_eval(x, &g);
         double xd = x, cdf = 0.5 * (1.0 + erf(xd / sqrt(2.0)));
         double e = fabs(v - xd * cdf) / fmax(1.0, fabs(xd));
         double eg = fabs(g - (cdf + xd * exp(-0.5 * xd * xd) / sqrt(2.0 * 3.14159265358979323846)));
@@ -238,12 +238,12 @@ static void test_gelu_accuracy(void) {
     CHECK(worst <= 2.5e-7, "GELU within 2.5e-7 max(1, |x|) of double: %g", worst);
     CHECK(worst_g <= 4e-7, "GELU' within 4e-7 of double: %g", worst_g);
     float g;
-    CHECK(model_gelu_eval(0.0f, &g) == 0.0f && g == 0.5f, "GELU(0) = 0, GELU'(0) = 1/2");
+    CHECK(qkv_nn_gelu_eval(0.0f, &g) == 0.0f && g == 0.5f, "GELU(0) = 0, GELU'(0) = 1/2");
     /* exp is clamped at exp(-87) ~ 1.6e-38 (still normal), so far left GELU
      * is a few 1e-39 instead of 0 (the true value underflows any float). */
-    CHECK(fabsf(model_gelu_eval(-100.0f, &g)) < 1e-36f && fabsf(g) < 1e-35f, "GELU(-100) ~ 0 and GELU'(-100) ~ 0");
-    CHECK(model_gelu_eval(100.0f, &g) == 100.0f && g == 1.0f, "GELU(100) = 100 and GELU'(100) = 1");
-    CHECK(isnan(model_gelu_eval(NAN, &g)), "GELU(NaN) is NaN");
+    CHECK(fabsf(qkv_nn_gelu_eval(-100.0f, &g)) < 1e-36f && fabsf(g) < 1e-35f, "GELU(-100) ~ 0 and GELU'(-100) ~ 0");
+    CHECK(qkv_nn_gelu_eval(100.0f, &g) == 100.0f && g == 1.0f, "GELU(100) = 100 and GELU'(100) = 1");
+    CHECK(isnan(qkv_nn_gelu_eval(NAN, &g)), "GELU(NaN) is NaN");
 }
 
 int main(void) {

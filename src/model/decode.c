@@ -80,7 +80,7 @@ qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens,
         if ((s = nn_linear(ln, t, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, pre, thr)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * F; i++) {
             float g;
-            act[i] = model_gelu_eval(pre[i], &g);
+            act[i] = qkv_nn_gelu_eval(pre[i], &g);
         }
         if ((s = nn_linear(act, t, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, a, thr)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * E; i++) h[i] = mid[i] + a[i];

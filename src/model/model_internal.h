@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/nn.h"
 #include "qkv.h"
 
 #define QKV_MODEL_MAX_SEGMENTS 512
@@ -91,64 +92,6 @@ float model_gelu(float x);
  * out[E]. The training forward and incremental decoding both use it. */
 float model_emb_scale(const qkv_model *m);
 void model_embed_row(const qkv_model *m, float scale, int32_t token, int64_t pos, float *out);
-
-/* GELU(x) = x * Phi(x) with the exact-erf definition (torch.nn.GELU's
- * default), evaluated without libm so that loops over it vectorise (the
- * scalar erff and expf calls were about a quarter of a training step at
- * E = 128, measured: 4.2M erff take ~75 ms, the step ~290 ms).
- *
- * Phi(x) = 1 - erfc(a)/2 for x >= 0 and erfc(a)/2 for x < 0, a = |x|/sqrt 2,
- * with erfc(a) = t (c1 + c2 t + .. + c5 t^4) exp(-a^2), t = 1 / (1 + p a)
- * (Abramowitz & Stegun 7.1.26, |error in erf| <= 1.5e-7 for all a). So
- * Phi has absolute error <= 0.75e-7 (about one float ulp of Phi near 1),
- * GELU absolute error <= 0.75e-7 |x| plus rounding. Measured against
- * double erf on [-12, 12] in steps of 1e-4: |error| <= 1.74e-7 max(1, |x|)
- * for GELU (the libm erff version: 1.0e-7), <= 2.9e-7 for GELU'.
- * exp(-a^2) = exp(-x^2/2) is computed once and also gives the derivative
- * GELU'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi).
- * exp(y), y in [-87, 0] (clamped below: exp(-87) ~ 1.6e-38 is still normal,
- * and erfc or phi there is zero to float precision anyway): y = n ln2 + r,
- * |r| <= ln2/2, n rounded by the 1.5 * 2^23 trick (exact for |y log2 e| < 2^22),
- * ln2 split in two so n ln2 is exact, e^r by its Taylor series to r^7
- * (truncation < 3e-9 relative), 2^n built in the exponent bits. Branch-free,
- * every operation IEEE single (no FMA contraction on the baseline target),
- * elementwise: results do not depend on vector width or thread count. */
-static inline float model_gelu_eval(float x, float *grad) {
-    float a = fabsf(x) * 0.70710678f;
-    /* The clamp and the sign select below go through the bit patterns:
-     * gcc does not if-convert float comparisons under its default
-     * -ftrapping-math, and the loop would stay scalar. Non-negative floats
-     * order like their bits as unsigned integers. */
-    float a2 = a * a, lim = 87.0f, y;
-    uint32_t ab, lb;
-    memcpy(&ab, &a2, sizeof ab);
-    memcpy(&lb, &lim, sizeof lb);
-    ab = ab < lb ? ab : lb;
-    memcpy(&a2, &ab, sizeof a2);
-    y = -a2;
-    float fn = (y * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = (y - fn * 0.693359375f) - fn * -2.12194440e-4f;
-    float e = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
-              r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
-    int32_t n = (int32_t)fn;
-    uint32_t bits = (uint32_t)(n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    e *= scale;
-    float t = 1.0f / (1.0f + 0.3275911f * a);
-    float erfc_a = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
-                   t * (-1.453152027f + t * 1.061405429f)))) * e;
-    float lo = 0.5f * erfc_a, hi = 1.0f - lo, cdf;
-    uint32_t xb, lob, hib;
-    memcpy(&xb, &x, sizeof xb);
-    memcpy(&lob, &lo, sizeof lob);
-    memcpy(&hib, &hi, sizeof hib);
-    uint32_t neg = 0u - (xb >> 31); /* all ones when x < 0 (or x = -0) */
-    hib = (lob & neg) | (hib & ~neg);
-    memcpy(&cdf, &hib, sizeof cdf);
-    *grad = cdf + x * (e * 0.39894228f);
-    return x * cdf;
-}
 
 /* Free the decoding caches (transformer.c; qkv_model_free and decode.c call it). */
 void model_decode_free(qkv_model *m);

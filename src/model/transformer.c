@@ -131,17 +131,7 @@ typedef struct {
 
 static void gelu_range(void *ctx, int64_t i0, int64_t i1) {
     const gelu_job *j = ctx;
-    if (j->keep_grad)
-        for (int64_t i = i0; i < i1; i++) {
-            float g;
-            j->act[i] = model_gelu_eval(j->pre[i], &g);
-            j->pre[i] = g;
-        }
-    else
-        for (int64_t i = i0; i < i1; i++) {
-            float g;
-            j->act[i] = model_gelu_eval(j->pre[i], &g);
-        }
+    qkv_nn_kernels_active()->gelu_grad(j->act + i0, j->pre + i0, (size_t)(i1 - i0), j->keep_grad);
 }
 
 /* x *= y elementwise. */
@@ -182,10 +172,10 @@ static void dlogits_rows(void *ctx, int64_t r0, int64_t r1) {
 }
 
 /* GELU with the exact error function (torch.nn.GELU's default), through
- * model_gelu_eval (model_internal.h: its accuracy is argued there). */
+ * qkv_nn_gelu_eval (kernels/nn.h: its accuracy is argued there). */
 float model_gelu(float x) {
     float g;
-    return model_gelu_eval(x, &g);
+    return qkv_nn_gelu_eval(x, &g);
 }
 
 /* Counter-based dropout: the mask of element i at (step, layer, site) is a

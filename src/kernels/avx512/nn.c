@@ -154,6 +154,54 @@ static void add_layernorm_avx512(float *x, const float *res, const float *g, con
     }
 }
 
+/* qkv_nn_gelu_eval (kernels/nn.h) sixteen lanes at a time: the same IEEE
+ * single operations in the same order, no FMA (the file is compiled with
+ * -mfma, but intrinsics are not contracted), so the results are bitwise
+ * those of the scalar definition. */
+#define V1(c) _mm512_set1_ps(c)
+#define ADD _mm512_add_ps
+#define MUL _mm512_mul_ps
+static inline __m512 gelu_eval_ps(__m512 x, __m512 *grad) {
+    const __m512i xb = _mm512_castps_si512(x);
+    __m512 a = MUL(_mm512_castsi512_ps(_mm512_and_si512(xb, _mm512_set1_epi32(0x7fffffff))), V1(0.70710678f));
+    /* min over the bit patterns, as the scalar form does (a NaN's bits are above 87's) */
+    __m512 a2 = _mm512_castsi512_ps(_mm512_min_epu32(_mm512_castps_si512(MUL(a, a)), _mm512_castps_si512(V1(87.0f))));
+    __m512 y = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a2), _mm512_set1_epi32((int)0x80000000u)));
+    __m512 fn = _mm512_sub_ps(ADD(MUL(y, V1(1.44269504f)), V1(12582912.0f)), V1(12582912.0f));
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(y, MUL(fn, V1(0.693359375f))), MUL(fn, V1(-2.12194440e-4f)));
+    __m512 e = ADD(V1(1.3888889e-3f), MUL(r, V1(1.9841270e-4f)));
+    e = ADD(V1(8.3333338e-3f), MUL(r, e));
+    e = ADD(V1(4.1666668e-2f), MUL(r, e));
+    e = ADD(V1(1.6666667e-1f), MUL(r, e));
+    e = ADD(V1(0.5f), MUL(r, e));
+    e = ADD(V1(1.0f), MUL(r, e));
+    e = ADD(V1(1.0f), MUL(r, e));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fn), _mm512_set1_epi32(127)), 23);
+    e = MUL(e, _mm512_castsi512_ps(bits));
+    __m512 t = _mm512_div_ps(V1(1.0f), ADD(V1(1.0f), MUL(V1(0.3275911f), a)));
+    __m512 p = ADD(V1(-1.453152027f), MUL(t, V1(1.061405429f)));
+    p = ADD(V1(1.421413741f), MUL(t, p));
+    p = ADD(V1(-0.284496736f), MUL(t, p));
+    p = ADD(V1(0.254829592f), MUL(t, p));
+    __m512 erfc_a = MUL(MUL(t, p), e);
+    __m512 lo = MUL(V1(0.5f), erfc_a), hi = _mm512_sub_ps(V1(1.0f), lo);
+    __m512 cdf = _mm512_mask_blend_ps(_mm512_test_epi32_mask(xb, _mm512_set1_epi32((int)0x80000000u)), hi, lo);
+    *grad = ADD(cdf, MUL(x, MUL(e, V1(0.39894228f))));
+    return MUL(x, cdf);
+}
+#undef V1
+#undef ADD
+#undef MUL
+
+static void gelu_grad_avx512(float *act, float *pre, size_t n, int keep_grad) {
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 g, x = _mm512_maskz_loadu_ps(m, pre + i);
+        _mm512_mask_storeu_ps(act + i, m, gelu_eval_ps(x, &g));
+        if (keep_grad) _mm512_mask_storeu_ps(pre + i, m, g);
+    }
+}
+
 void qkv_nn_init_avx512(qkv_nn_kernels *k) {
-    *k = (qkv_nn_kernels){"avx512", bias_act_avx512, add_layernorm_avx512};
+    *k = (qkv_nn_kernels){"avx512", bias_act_avx512, add_layernorm_avx512, gelu_grad_avx512};
 }

@@ -33,6 +33,14 @@ static void add_layernorm_generic(float *x, const float *res, const float *g, co
     for (size_t i = 0; i < n; i++) x[i] = (float)((x[i] - mean) * rs * g[i] + b[i]);
 }
 
+static void gelu_grad_generic(float *act, float *pre, size_t n, int keep_grad) {
+    for (size_t i = 0; i < n; i++) {
+        float g;
+        act[i] = qkv_nn_gelu_eval(pre[i], &g);
+        if (keep_grad) pre[i] = g;
+    }
+}
+
 void qkv_nn_init_generic(qkv_nn_kernels *k) {
-    *k = (qkv_nn_kernels){"generic", bias_act_generic, add_layernorm_generic};
+    *k = (qkv_nn_kernels){"generic", bias_act_generic, add_layernorm_generic, gelu_grad_generic};
 }
