@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "kernels/kernels.h"
 #include "layers/linear.h"
 #include "model/model_internal.h"
 
@@ -78,10 +79,7 @@ qkv_status qkv_model_decode_step(qkv_model *m, int64_t t, const int32_t *tokens,
         for (int64_t i = 0; i < t * E; i++) mid[i] = x[i] + a[i];
         model_layernorm_forward(mid, P + m->o_ln2_w[l], P + m->o_ln2_b[l], t, E, ln, stat, stat + t);
         if ((s = nn_linear(ln, t, E, P + m->o_fc1_w[l], P + m->o_fc1_b[l], F, pre, thr)) != QKV_OK) return s;
-        for (int64_t i = 0; i < t * F; i++) {
-            float g;
-            act[i] = qkv_nn_gelu_eval(pre[i], &g);
-        }
+        qkv_nn_kernels_active()->gelu_grad(act, pre, (size_t)(t * F), 0);
         if ((s = nn_linear(act, t, F, P + m->o_fc2_w[l], P + m->o_fc2_b[l], E, a, thr)) != QKV_OK) return s;
         for (int64_t i = 0; i < t * E; i++) h[i] = mid[i] + a[i];
     }
