@@ -659,10 +659,14 @@ static void test_half_qk(const qkv_half_kernels *K, const qkv_half_kernels *G) {
 }
 
 static void test_half_pv(const qkv_half_kernels *K, const qkv_half_kernels *G) {
+    /* every column remainder (16 .. 48 past the blocks of 64) and row
+     * counts on both sides of the kernels' row groups (8, 4, 2, 1) */
+    static const size_t ROWS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 16, 19};
     for (size_t ni = 0; ni < NSIZES; ni++)
-        for (size_t dvp = 16; dvp <= 144; dvp += 64)
-            for (size_t rows = 1; rows <= 6; rows++)
+        for (size_t dvp = 16; dvp <= 144; dvp += 16)
+            for (size_t ri = 0; ri < sizeof ROWS / sizeof ROWS[0]; ri++)
                 for (int acc = 0; acc <= 1; acc++) {
+                    const size_t rows = ROWS[ri];
                     if (!acc && rows > 4) continue; /* pv: 1..4 rows */
                     const size_t nu = SIZES[ni], u0 = acc ? 0 : nu / 3, ldp = nu + 1, ldv = dvp + 16, ldo = dvp + 5;
                     gbuf gp, gv, g1, g2;

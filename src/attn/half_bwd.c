@@ -101,7 +101,26 @@ static size_t ws_layout(const hb_ctx *c, unsigned char *base, hb_ws *w) {
 }
 
 static uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
-static int nonfinite(uint16_t x) { return (x & 0x7f80u) == 0x7f80u; }
+
+/* The loops below are written without branches inside (selects, fixed
+ * trip counts) so that the compiler vectorizes them: at short sequences
+ * (n ~ 100, D 32) packing and unpacking cost as much as the products. */
+
+/* 1 if one of x[0 .. n) is inf or NaN (all exponent bits set). */
+static int any_nonfinite(const uint16_t *x, int64_t n) {
+    uint16_t acc = 0;
+    for (int64_t t = 0; t < n; t++) acc |= (uint16_t)((x[t] & 0x7f80u) + 0x0080u);
+    return (acc & 0x8000u) != 0;
+}
+
+/* d[t] = (row[2t], row[2t+1]) for t < w, zero past D. */
+static void pairs_of_row(uint32_t *d, int64_t w, const uint16_t *row, int64_t D) {
+    const int64_t full = D / 2;
+    for (int64_t t = 0; t < full; t++) d[t] = pair(row[2 * t], row[2 * t + 1]);
+    int64_t t = full;
+    if (D % 2) d[t++] = pair(row[D - 1], 0);
+    if (t < w) memset(d + t, 0, (size_t)(w - t) * sizeof *d);
+}
 
 /* rows [0, n) of a [n, ld] bf16 matrix (row r at x + r * ld, D columns):
  * pairs along the row:  dst[r * w + t] = (x[r][2t], x[r][2t+1]), r < npad, t < w,
@@ -115,12 +134,8 @@ static int pack_rows(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld, in
             memset(d, 0, (size_t)w * sizeof *d);
             continue;
         }
-        const uint16_t *row = x + r * ld;
-        for (int64_t t = 0; t < D; t++) bad |= nonfinite(row[t]);
-        for (int64_t t = 0; t < w; t++) {
-            uint16_t a = 2 * t < D ? row[2 * t] : 0, b = 2 * t + 1 < D ? row[2 * t + 1] : 0;
-            d[t] = pair(a, b);
-        }
+        bad |= any_nonfinite(x + r * ld, D);
+        pairs_of_row(d, w, x + r * ld, D);
     }
     return bad;
 }
@@ -129,12 +144,18 @@ static int pack_rows(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld, in
  * 32p + c, for npad / 32 panels. */
 static void pack_panels(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld, int64_t n, int64_t npad,
                         int64_t D) {
+    uint32_t tmp[32];
     for (int64_t r = 0; r < npad; r++) {
         uint32_t *d = dst + (r / 32) * w * 32 + r % 32;
-        const uint16_t *row = r < n ? x + r * ld : NULL;
-        for (int64_t t = 0; t < w; t++) {
-            uint16_t a = row && 2 * t < D ? row[2 * t] : 0, b = row && 2 * t + 1 < D ? row[2 * t + 1] : 0;
-            d[t * 32] = pair(a, b);
+        if (r >= n) {
+            for (int64_t t = 0; t < w; t++) d[t * 32] = 0;
+            continue;
+        }
+        const uint16_t *row = x + r * ld;
+        for (int64_t t0 = 0; t0 < w; t0 += 32) { /* a row's pairs, 32 at a time, then spread */
+            const int64_t cnt = w - t0 < 32 ? w - t0 : 32, d0 = 2 * t0, dn = D - d0 < 2 * cnt ? D - d0 : 2 * cnt;
+            pairs_of_row(tmp, cnt, row + d0, dn > 0 ? dn : 0);
+            for (int64_t t = 0; t < cnt; t++) d[(t0 + t) * 32] = tmp[t];
         }
     }
 }
@@ -145,11 +166,29 @@ static void pack_panels(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld,
 static void pack_row_pairs(uint32_t *dst, int64_t ldw, const uint16_t *x, int64_t ld, int64_t n, int64_t npad,
                            int64_t D) {
     for (int64_t u = 0; u < npad / 2; u++) {
-        const uint16_t *r0 = 2 * u < n ? x + 2 * u * ld : NULL, *r1 = 2 * u + 1 < n ? x + (2 * u + 1) * ld : NULL;
         uint32_t *d = dst + u * ldw;
-        for (int64_t col = 0; col < ldw; col++)
-            d[col] = col < D ? pair(r0 ? r0[col] : 0, r1 ? r1[col] : 0) : 0;
+        if (2 * u + 1 < n) {
+            const uint16_t *r0 = x + 2 * u * ld, *r1 = r0 + ld;
+            for (int64_t col = 0; col < D; col++) d[col] = pair(r0[col], r1[col]);
+        } else if (2 * u < n) {
+            const uint16_t *r0 = x + 2 * u * ld;
+            for (int64_t col = 0; col < D; col++) d[col] = r0[col];
+        } else {
+            memset(d, 0, (size_t)D * sizeof *d);
+        }
+        if (ldw > D) memset(d + D, 0, (size_t)(ldw - D) * sizeof *d);
     }
+}
+
+/* sum_x a[x] b[x] of two bf16 rows: each product exact in float, the sum in
+ * double over four interleaved partial sums (added in a fixed order). */
+static double dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n) {
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t x = 0;
+    for (; x + 4 <= n; x += 4)
+        for (int k = 0; k < 4; k++) s[k] += (double)(qkv_bf16_to_f32(a[x + k]) * qkv_bf16_to_f32(b[x + k]));
+    for (; x < n; x++) s[0] += (double)(qkv_bf16_to_f32(a[x]) * qkv_bf16_to_f32(b[x]));
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 static void pack_kv_unit(void *vc, int64_t u, int t) {
@@ -168,8 +207,13 @@ static void pack_kv_unit(void *vc, int64_t u, int t) {
         const uint16_t *r0 = 2 * j2 < c->nk ? k0 + 2 * j2 * c->Hkv * c->D : NULL;
         const uint16_t *r1 = 2 * j2 + 1 < c->nk ? k0 + (2 * j2 + 1) * c->Hkv * c->D : NULL;
         uint32_t *dst = kt + (j2 / (HB_BK / 2)) * c->D8 * (HB_BK / 2) + j2 % (HB_BK / 2);
-        for (int64_t d = 0; d < c->D8; d++)
-            dst[d * (HB_BK / 2)] = d < c->D ? pair(r0 ? r0[d] : 0, r1 ? r1[d] : 0) : 0;
+        if (r1)
+            for (int64_t d = 0; d < c->D; d++) dst[d * (HB_BK / 2)] = pair(r0[d], r1[d]);
+        else if (r0)
+            for (int64_t d = 0; d < c->D; d++) dst[d * (HB_BK / 2)] = r0[d];
+        else
+            for (int64_t d = 0; d < c->D; d++) dst[d * (HB_BK / 2)] = 0;
+        for (int64_t d = c->D; d < c->D8; d++) dst[d * (HB_BK / 2)] = 0;
     }
     if (bad) atomic_store(&c->bad, 1);
 }
@@ -182,10 +226,8 @@ static void pack_q_unit(void *vc, int64_t u, int t) {
     const uint16_t *g0 = c->dout + (b * c->nq * c->H + h) * Dv;
     const uint16_t *o0 = c->out + (b * c->nq * c->H + h) * Dv;
     int bad = 0;
-    for (int64_t i = 0; i < c->nq; i++) {
-        for (int64_t x = 0; x < D; x++) bad |= nonfinite(q0[i * c->H * D + x]);
-        for (int64_t x = 0; x < Dv; x++) bad |= nonfinite(g0[i * c->H * Dv + x]);
-    }
+    for (int64_t i = 0; i < c->nq; i++)
+        bad |= any_nonfinite(q0 + i * c->H * D, D) | any_nonfinite(g0 + i * c->H * Dv, Dv);
     pack_panels(c->qpan + u * c->qpan_st, c->dp2, q0, c->H * D, c->nq, c->nqp, D);
     pack_panels(c->dopan + u * c->dopan_st, c->dvp2, g0, c->H * Dv, c->nq, c->nqp, Dv);
     pack_row_pairs(c->qpair + u * c->qpair_st, c->ldD, q0, c->H * D, c->nq, c->nqp, D);
@@ -195,10 +237,7 @@ static void pack_q_unit(void *vc, int64_t u, int t) {
         const float l = c->lse[row];
         if (isnan(l)) bad = 1;
         c->L2[row] = l == -INFINITY ? INFINITY : (float)((double)l * HB_LOG2E);
-        double acc = 0.0;
-        for (int64_t x = 0; x < Dv; x++)
-            acc += (double)qkv_bf16_to_f32(o0[i * c->H * Dv + x]) * qkv_bf16_to_f32(g0[i * c->H * Dv + x]);
-        c->Dd[row] = (float)acc;
+        c->Dd[row] = (float)dot_bf16(o0 + i * c->H * Dv, g0 + i * c->H * Dv, Dv);
     }
     if (bad) atomic_store(&c->bad, 1);
 }
@@ -209,7 +248,7 @@ static void kv_block(hb_ctx *c, hb_ws *w, int64_t b, int64_t kv, int64_t kb, flo
     const qkv_half_kernels *HK = c->HK;
     const int64_t D = c->D, Dv = c->Dv, j0 = kb * HB_BK, ukv = b * c->Hkv + kv;
     const int nkr = (int)(c->nk - j0 < HB_BK ? c->nk - j0 : HB_BK);
-    const int rows = (int)up(nkr, 8), kh = rows / 2;
+    const int rows = (int)up(nkr, 8);
     const size_t ldD = (size_t)c->ldD, ldDv = (size_t)c->ldDv, ldp = HB_BQ / 2;
     const uint32_t *krb = c->kr + ukv * c->kr_st + j0 * c->dp2;
     const uint32_t *vrb = c->vr + ukv * c->vr_st + j0 * c->dvp2;
@@ -226,34 +265,54 @@ static void kv_block(hb_ctx *c, hb_ws *w, int64_t b, int64_t kv, int64_t kb, flo
             const int nqc = (int)(c->nq - i0 < HB_BQ ? c->nq - i0 : HB_BQ);
             const int64_t *lo = c->LO + b * c->nq + i0, *hi = c->HI + b * c->nq + i0;
             const size_t np = (size_t)(nqc + 31) / 32, ncp = (size_t)(nqc + 1) / 2;
-            HK->qk(krb, (size_t)c->dp2, c->qpan + bh * c->qpan_st + (i0 / 32) * c->dp2 * 32, (size_t)c->dp2,
-                   (size_t)rows, np, w->s, HB_BQ);
-            HK->qk(vrb, (size_t)c->dvp2, c->dopan + bh * c->dopan_st + (i0 / 32) * c->dvp2 * 32, (size_t)c->dvp2,
-                   (size_t)rows, np, w->dp, HB_BQ);
-            /* masked (key, query): s = -inf; keys past n_k and queries past
-             * n_q are zero padding (s = dp = 0, never turned into weights) */
-            for (int i = 0; i < nqc; i++) {
-                int64_t x = lo[i] - j0, y = hi[i] - j0;
-                if (x <= 0 && y >= nkr) continue;
-                if (x < 0) x = 0;
-                if (y > nkr) y = nkr;
-                if (y < x) x = y = 0;
-                for (int64_t r = 0; r < x; r++) w->s[r * HB_BQ + i] = -INFINITY;
-                for (int64_t r = y; r < nkr; r++) w->s[r * HB_BQ + i] = -INFINITY;
+            /* only the keys some query of the block sees: rows ra .. rb - 1
+             * of the key block (ra a multiple of 8), a tile of nt rows */
+            const int ra = (int)(blo > j0 ? (blo - j0) / 8 * 8 : 0), rb = (int)(bhi - j0 < nkr ? bhi - j0 : nkr);
+            const int nr = rb - ra, nt = (int)up(nr, 8);
+            const int64_t jb = j0 + ra;
+            HK->qk(krb + (size_t)ra * c->dp2, (size_t)c->dp2, c->qpan + bh * c->qpan_st + (i0 / 32) * c->dp2 * 32,
+                   (size_t)c->dp2, (size_t)nt, np, w->s, HB_BQ);
+            HK->qk(vrb + (size_t)ra * c->dvp2, (size_t)c->dvp2, c->dopan + bh * c->dopan_st + (i0 / 32) * c->dvp2 * 32,
+                   (size_t)c->dvp2, (size_t)nt, np, w->dp, HB_BQ);
+            /* masked (key, query): s = -inf, row by row over the block's
+             * queries (their ranges clamped to the tile; queries past n_q
+             * and keys past n_k are zero padding, never turned into weights) */
+            int32_t xs[HB_BQ], ys[HB_BQ];
+            int edge = 0;
+            for (int i = 0; i < HB_BQ; i++) {
+                int64_t x = 0, y = nr;
+                if (i < nqc) {
+                    x = lo[i] - jb;
+                    y = hi[i] - jb;
+                    if (x < 0) x = 0;
+                    if (y > nr) y = nr;
+                    if (y < x) x = y = 0;
+                }
+                xs[i] = (int32_t)x;
+                ys[i] = (int32_t)y;
+                edge |= x > 0 || y < nr;
             }
+            if (edge)
+                for (int r = 0; r < nr; r++) {
+                    float *sr = w->s + (size_t)r * HB_BQ;
+                    for (int i = 0; i < HB_BQ; i++) sr[i] = r < xs[i] || r >= ys[i] ? -INFINITY : sr[i];
+                }
             const int64_t at = bh * c->nq + i0;
-            HK->bwd_softmax(w->s, w->dp, HB_BQ, (size_t)nkr, (size_t)nqc, c->sc, c->L2 + at, c->Dd + at);
+            HK->bwd_softmax(w->s, w->dp, HB_BQ, (size_t)nr, (size_t)nqc, c->sc, c->L2 + at, c->Dd + at);
+            /* the tile's rows past rb: keys of the block this query block does
+             * not see; dS = 0 there for the dQ product */
+            if (nt > nr) memset(w->dp + (size_t)nr * HB_BQ, 0, (size_t)(nt - nr) * HB_BQ * sizeof(float));
             /* dV += P^T dO */
-            HK->pack_p(w->pp, ldp, w->s, HB_BQ, (size_t)nkr, ncp);
+            HK->pack_p(w->pp, ldp, w->s, HB_BQ, (size_t)nr, ncp);
             const uint32_t *dop = c->dopair + bh * c->dopair_st + (i0 / 2) * c->ldDv;
-            HK->pv_acc(w->accv, ldDv, w->pp, ldp, dop, ldDv, ncp, ldDv, (size_t)nkr);
+            HK->pv_acc(w->accv + (size_t)ra * ldDv, ldDv, w->pp, ldp, dop, ldDv, ncp, ldDv, (size_t)nr);
             /* dK += dS^T Q */
-            HK->pack_p(w->pp, ldp, w->dp, HB_BQ, (size_t)nkr, ncp);
+            HK->pack_p(w->pp, ldp, w->dp, HB_BQ, (size_t)nr, ncp);
             const uint32_t *qpr = c->qpair + bh * c->qpair_st + (i0 / 2) * c->ldD;
-            HK->pv_acc(w->acck, ldD, w->pp, ldp, qpr, ldD, ncp, ldD, (size_t)nkr);
+            HK->pv_acc(w->acck + (size_t)ra * ldD, ldD, w->pp, ldp, qpr, ldD, ncp, ldD, (size_t)nr);
             /* dQ^T += K^T dS, into this chunk's partial */
-            HK->pack_rowpairs(w->kd, w->dp, HB_BQ, (size_t)kh, np);
-            HK->qk_acc(ktb, HB_BK / 2, w->kd, (size_t)kh, (size_t)c->D8, np,
+            HK->pack_rowpairs(w->kd, w->dp, HB_BQ, (size_t)(nt / 2), np);
+            HK->qk_acc(ktb + ra / 2, HB_BK / 2, w->kd, (size_t)(nt / 2), (size_t)c->D8, np,
                        dqt_ch + bh * c->dqt_st + qb * c->D8 * HB_BQ, HB_BQ);
         }
     }
@@ -279,7 +338,9 @@ static void kv_unit(void *vc, int64_t u, int t) {
     for (int64_t kb = ch; kb < c->nkb; kb += c->C) kv_block(c, &w, b, kv, kb, dqt_ch);
 }
 
-/* dQ = scale * (the chunks' partials summed in chunk order); unit = (b, h). */
+/* dQ = scale * (the chunks' partials summed in chunk order); unit = (b, h).
+ * 16 dimensions at a time: summed and rounded along the queries (the
+ * partials' rows), then written out query by query. */
 static void dq_unit(void *vc, int64_t u, int t) {
     (void)t;
     hb_ctx *c = vc;
@@ -289,12 +350,21 @@ static void dq_unit(void *vc, int64_t u, int t) {
         const int nqc = (int)(c->nq - i0 < HB_BQ ? c->nq - i0 : HB_BQ);
         const float *src = c->dqt + u * c->dqt_st + qb * c->D8 * HB_BQ;
         uint16_t *dst = c->dq + ((b * c->nq + i0) * c->H + h) * c->D;
-        for (int64_t x = 0; x < c->D; x++) {
-            float acc[HB_BQ];
-            memcpy(acc, src + x * HB_BQ, sizeof acc);
-            for (int64_t ch = 1; ch < c->C; ch++)
-                for (int i = 0; i < HB_BQ; i++) acc[i] += src[ch * per + x * HB_BQ + i];
-            for (int i = 0; i < nqc; i++) dst[i * c->H * c->D + x] = qkv_f32_to_bf16((float)(acc[i] * c->scale));
+        for (int64_t x0 = 0; x0 < c->D; x0 += 16) {
+            const int nx = (int)(c->D - x0 < 16 ? c->D - x0 : 16);
+            uint16_t tile[16][HB_BQ];
+            for (int xx = 0; xx < nx; xx++) {
+                const float *s0 = src + (x0 + xx) * HB_BQ;
+                float acc[HB_BQ];
+                memcpy(acc, s0, sizeof acc);
+                for (int64_t ch = 1; ch < c->C; ch++)
+                    for (int i = 0; i < HB_BQ; i++) acc[i] += s0[ch * per + i];
+                for (int i = 0; i < HB_BQ; i++) tile[xx][i] = qkv_f32_to_bf16((float)(acc[i] * c->scale));
+            }
+            for (int i = 0; i < nqc; i++) {
+                uint16_t *d = dst + i * c->H * c->D + x0;
+                for (int xx = 0; xx < nx; xx++) d[xx] = tile[xx][i];
+            }
         }
     }
 }

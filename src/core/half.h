@@ -30,10 +30,10 @@ static inline float qkv_bf16_to_f32(uint16_t h) { return qkv_f32_from_bits((uint
  * NaN is quieted (bit 6 of the bf16 set) so that truncating its payload can
  * never turn it into an infinity. */
 static inline uint16_t qkv_f32_to_bf16(float x) {
-    uint32_t u = qkv_f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    const uint32_t u = qkv_f32_bits(x);
+    const uint32_t nan = (u >> 16) | 0x0040u, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    /* a select, not a branch: loops over arrays of these vectorize */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 float qkv_f16_to_f32(uint16_t h);

@@ -65,46 +65,73 @@ static void qk_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *kp, si
     }
 }
 
-/* Up to 4 rows x 64 columns per pass (16 accumulators), the P pairs
- * broadcast, the V pairs loaded once per u for all rows. */
+/* One tile of o += P V: R rows x NV vectors of 16 columns, the pairs u0 <=
+ * u < u1 in order onto the loaded o (so an element's sum does not depend
+ * on the tile it falls in); R and NV are constants at every call, so the
+ * R x NV accumulators stay in registers (R x NV <= 16). */
+static inline __attribute__((always_inline)) void pv_tile(const int R, const int NV, float *o, size_t ldo,
+                                                          const uint32_t *pp, size_t ldp, const uint32_t *vp,
+                                                          size_t ldv, size_t u0, size_t u1) {
+    __m512 acc[8][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) acc[r][j] = _mm512_loadu_ps(o + (size_t)r * ldo + 16 * j);
+    for (size_t u = u0; u < u1; u++) {
+        __m512bh v[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) v[j] = as_bh(_mm512_loadu_si512((const void *)(vp + u * ldv + 16 * j)));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m512bh a = bcast_pair(pp + (size_t)r * ldp + u);
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, v[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) _mm512_storeu_ps(o + (size_t)r * ldo + 16 * j, acc[r][j]);
+}
+
+/* Rows r0 .. rows - 1 of one column block of NV vectors, R rows at a time
+ * while R fit, then 4, 2 and 1: every chain of products has at least as
+ * many independent neighbours as the row count allows. */
+static inline __attribute__((always_inline)) void pv_cols(const int NV, const int R, float *o, size_t ldo,
+                                                          const uint32_t *pp, size_t ldp, const uint32_t *vp,
+                                                          size_t ldv, size_t u0, size_t u1, size_t rows) {
+    size_t r = 0;
+    for (; r + (size_t)R <= rows; r += (size_t)R) pv_tile(R, NV, o + r * ldo, ldo, pp + r * ldp, ldp, vp, ldv, u0, u1);
+    if (R > 4 && r + 4 <= rows) {
+        pv_tile(4, NV, o + r * ldo, ldo, pp + r * ldp, ldp, vp, ldv, u0, u1);
+        r += 4;
+    }
+    if (r + 2 <= rows) {
+        pv_tile(2, NV, o + r * ldo, ldo, pp + r * ldp, ldp, vp, ldv, u0, u1);
+        r += 2;
+    }
+    if (r < rows) pv_tile(1, NV, o + r * ldo, ldo, pp + r * ldp, ldp, vp, ldv, u0, u1);
+}
+
+/* o[r*ldo + c] += sum_{u0<=u<u1} pp[r*ldp + u] . vp[u*ldv + c] for r < rows,
+ * c < dvp (a multiple of 16): column blocks of 64 (4 rows at a time, 16
+ * accumulators), the last 48, 32 or 16 columns with 4, 8 and 8 rows; the V
+ * pairs loaded once per u for the tile's rows, the P pairs broadcast. */
+static void pv_rows(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp, size_t ldv,
+                    size_t u0, size_t u1, size_t dvp, size_t rows) {
+    size_t c0 = 0;
+    for (; c0 + 64 <= dvp; c0 += 64) pv_cols(4, 4, o + c0, ldo, pp, ldp, vp + c0, ldv, u0, u1, rows);
+    switch ((dvp - c0) / 16) {
+    case 3: pv_cols(3, 4, o + c0, ldo, pp, ldp, vp + c0, ldv, u0, u1, rows); break;
+    case 2: pv_cols(2, 8, o + c0, ldo, pp, ldp, vp + c0, ldv, u0, u1, rows); break;
+    case 1: pv_cols(1, 8, o + c0, ldo, pp, ldp, vp + c0, ldv, u0, u1, rows); break;
+    default: break;
+    }
+}
+
 static void pv_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp,
                           size_t ldv, size_t u0, size_t u1, size_t dvp, size_t rows) {
-    for (size_t c0 = 0; c0 < dvp; c0 += 64) {
-        size_t nv = (dvp - c0) / 16;
-        if (nv > 4) nv = 4;
-        __m512 acc[4][4];
-        for (size_t r = 0; r < 4; r++)
-            for (size_t j = 0; j < 4; j++)
-                acc[r][j] = (r < rows && j < nv) ? _mm512_loadu_ps(o + r * ldo + c0 + 16 * j)
-                                                 : _mm512_setzero_ps();
-        if (rows == 4 && nv == 4) {
-            for (size_t u = u0; u < u1; u++) {
-                const uint32_t *vr = vp + u * ldv + c0;
-                __m512bh v0 = as_bh(_mm512_loadu_si512((const void *)vr));
-                __m512bh v1 = as_bh(_mm512_loadu_si512((const void *)(vr + 16)));
-                __m512bh v2 = as_bh(_mm512_loadu_si512((const void *)(vr + 32)));
-                __m512bh v3 = as_bh(_mm512_loadu_si512((const void *)(vr + 48)));
-                for (size_t r = 0; r < 4; r++) {
-                    __m512bh a = bcast_pair(pp + r * ldp + u);
-                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, v0);
-                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, v1);
-                    acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, v2);
-                    acc[r][3] = _mm512_dpbf16_ps(acc[r][3], a, v3);
-                }
-            }
-        } else {
-            for (size_t u = u0; u < u1; u++) {
-                const uint32_t *vr = vp + u * ldv + c0;
-                for (size_t j = 0; j < nv; j++) {
-                    __m512bh vj = as_bh(_mm512_loadu_si512((const void *)(vr + 16 * j)));
-                    for (size_t r = 0; r < rows; r++)
-                        acc[r][j] = _mm512_dpbf16_ps(acc[r][j], bcast_pair(pp + r * ldp + u), vj);
-                }
-            }
-        }
-        for (size_t r = 0; r < rows; r++)
-            for (size_t j = 0; j < nv; j++) _mm512_storeu_ps(o + r * ldo + c0 + 16 * j, acc[r][j]);
-    }
+    pv_rows(o, ldo, pp, ldp, vp, ldv, u0, u1, dvp, rows);
 }
 
 static void pack_p_avx512bf16(uint32_t *pp, size_t ldp, const float *p, size_t lds, size_t rows,
@@ -246,67 +273,9 @@ static void qk_acc_avx512bf16(const uint32_t *qp, size_t ldq, const uint32_t *kp
     }
 }
 
-/* o[r*ldo + c] += sum_{u<nu} pp[r*ldp + u] . vp[u*ldv + c] for r < rows,
- * c < dvp (a multiple of 16): blocks of 4 rows x 64 columns with their 16
- * accumulators in registers (loaded from o and stored back once per block),
- * the V pairs loaded once per u for the 4 rows. */
 static void pv_acc_avx512bf16(float *o, size_t ldo, const uint32_t *pp, size_t ldp, const uint32_t *vp,
                               size_t ldv, size_t nu, size_t dvp, size_t rows) {
-    for (size_t r0 = 0; r0 < rows; r0 += 4) {
-        const size_t rn = rows - r0 < 4 ? rows - r0 : 4;
-        const uint32_t *p0 = pp + r0 * ldp;
-        float *o0 = o + r0 * ldo;
-        size_t c0 = 0;
-        if (rn == 4)
-            for (; c0 + 64 <= dvp; c0 += 64) {
-                float *a = o0 + c0, *b = a + ldo, *c = b + ldo, *d = c + ldo;
-                __m512 a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16), a2 = _mm512_loadu_ps(a + 32),
-                       a3 = _mm512_loadu_ps(a + 48);
-                __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32),
-                       b3 = _mm512_loadu_ps(b + 48);
-                __m512 c0v = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16), c2 = _mm512_loadu_ps(c + 32),
-                       c3 = _mm512_loadu_ps(c + 48);
-                __m512 d0 = _mm512_loadu_ps(d), d1 = _mm512_loadu_ps(d + 16), d2 = _mm512_loadu_ps(d + 32),
-                       d3 = _mm512_loadu_ps(d + 48);
-                for (size_t u = 0; u < nu; u++) {
-                    const uint32_t *vr = vp + u * ldv + c0;
-                    __m512bh v0 = as_bh(_mm512_loadu_si512((const void *)vr));
-                    __m512bh v1 = as_bh(_mm512_loadu_si512((const void *)(vr + 16)));
-                    __m512bh v2 = as_bh(_mm512_loadu_si512((const void *)(vr + 32)));
-                    __m512bh v3 = as_bh(_mm512_loadu_si512((const void *)(vr + 48)));
-                    __m512bh x = bcast_pair(p0 + u);
-                    a0 = _mm512_dpbf16_ps(a0, x, v0); a1 = _mm512_dpbf16_ps(a1, x, v1);
-                    a2 = _mm512_dpbf16_ps(a2, x, v2); a3 = _mm512_dpbf16_ps(a3, x, v3);
-                    x = bcast_pair(p0 + ldp + u);
-                    b0 = _mm512_dpbf16_ps(b0, x, v0); b1 = _mm512_dpbf16_ps(b1, x, v1);
-                    b2 = _mm512_dpbf16_ps(b2, x, v2); b3 = _mm512_dpbf16_ps(b3, x, v3);
-                    x = bcast_pair(p0 + 2 * ldp + u);
-                    c0v = _mm512_dpbf16_ps(c0v, x, v0); c1 = _mm512_dpbf16_ps(c1, x, v1);
-                    c2 = _mm512_dpbf16_ps(c2, x, v2); c3 = _mm512_dpbf16_ps(c3, x, v3);
-                    x = bcast_pair(p0 + 3 * ldp + u);
-                    d0 = _mm512_dpbf16_ps(d0, x, v0); d1 = _mm512_dpbf16_ps(d1, x, v1);
-                    d2 = _mm512_dpbf16_ps(d2, x, v2); d3 = _mm512_dpbf16_ps(d3, x, v3);
-                }
-                _mm512_storeu_ps(a, a0); _mm512_storeu_ps(a + 16, a1); _mm512_storeu_ps(a + 32, a2);
-                _mm512_storeu_ps(a + 48, a3);
-                _mm512_storeu_ps(b, b0); _mm512_storeu_ps(b + 16, b1); _mm512_storeu_ps(b + 32, b2);
-                _mm512_storeu_ps(b + 48, b3);
-                _mm512_storeu_ps(c, c0v); _mm512_storeu_ps(c + 16, c1); _mm512_storeu_ps(c + 32, c2);
-                _mm512_storeu_ps(c + 48, c3);
-                _mm512_storeu_ps(d, d0); _mm512_storeu_ps(d + 16, d1); _mm512_storeu_ps(d + 32, d2);
-                _mm512_storeu_ps(d + 48, d3);
-            }
-        /* the rest (fewer rows or columns): one row and 16 columns at a time */
-        for (; c0 < dvp; c0 += 16)
-            for (size_t r = 0; r < rn; r++) {
-                float *dst = o0 + r * ldo + c0;
-                __m512 acc = _mm512_loadu_ps(dst);
-                for (size_t u = 0; u < nu; u++)
-                    acc = _mm512_dpbf16_ps(acc, bcast_pair(p0 + r * ldp + u),
-                                           as_bh(_mm512_loadu_si512((const void *)(vp + u * ldv + c0))));
-                _mm512_storeu_ps(dst, acc);
-            }
-    }
+    pv_rows(o, ldo, pp, ldp, vp, ldv, 0, nu, dvp, rows);
 }
 
 /* 2^x for x <= 0 (the caller clamps), exactly 0 below -126 (no subnormals,
