@@ -953,6 +953,110 @@ static void test_nn_layernorm(const qkv_nn_kernels *K, const qkv_nn_kernels *G) 
         }
 }
 
+/* The training LayerNorm kernels: bitwise the generic's on every size
+ * (tails of the 8-lane sums included), with and without accumulation; and
+ * the generic within 1e-6 relative of a two-pass double reference (the
+ * forward's y, mean, rstd; the backward's dx against the formula in double
+ * with the forward's float statistics; dg, db summed in double). */
+static void test_nn_ln_train(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
+    for (size_t si = 0; si < NSIZES; si++)
+        for (int acc = 0; acc < 2; acc++) {
+            const size_t n = SIZES[si] + (si > 5 ? 300 : 0), rows = 5, ld = n + 3;
+            gbuf gy, gdx, gdg, gdb;
+            float *x = malloc(rows * ld * sizeof *x), *dy = malloc(rows * ld * sizeof *dy);
+            float *g = malloc(n * sizeof *g), *b = malloc(n * sizeof *b);
+            float *y = fnew(&gy, n, (int)si & 1), *dx = fnew(&gdx, n, 0), *dg = fnew(&gdg, n, 1), *db = fnew(&gdb, n, 0);
+            float *wy = malloc(n * sizeof *wy), *wdx = malloc(n * sizeof *wdx), *wdg = malloc(n * sizeof *wdg),
+                  *wdb = malloc(n * sizeof *wdb), mean[5], rstd[5], m2, r2;
+            const double off = rnd(10.0), sc = exp(rnd(2.0));
+            for (size_t i = 0; i < rows * ld; i++) {
+                x[i] = (float)(off + sc * rnd(1.0));
+                dy[i] = rnd(1.0);
+            }
+            for (size_t i = 0; i < n; i++) {
+                g[i] = 1.0f + rnd(0.3);
+                b[i] = rnd(0.3);
+                dx[i] = wdx[i] = rnd(1.0);
+                dg[i] = wdg[i] = rnd(1.0);
+                db[i] = wdb[i] = rnd(1.0);
+            }
+            int bad = 0;
+            for (size_t r = 0; r < rows; r++) {
+                G->ln_forward(x + r * ld, g, b, n, 1e-5, wy, &mean[r], &rstd[r]);
+                K->ln_forward(x + r * ld, g, b, n, 1e-5, y, &m2, &r2);
+                bad |= !same_bits(m2, mean[r]) || !same_bits(r2, rstd[r]);
+                for (size_t i = 0; i < n; i++) bad |= !same_bits(y[i], wy[i]);
+                /* the generic against two passes in double */
+                double mu = 0, var = 0;
+                for (size_t i = 0; i < n; i++) mu += x[r * ld + i];
+                mu /= (double)n;
+                for (size_t i = 0; i < n; i++) var += (x[r * ld + i] - mu) * (x[r * ld + i] - mu);
+                const double rs = 1.0 / sqrt(var / (double)n + 1e-5);
+                CHECK(fabs(mean[r] - mu) <= 1e-6 * (fabs(mu) + sc) && fabs(rstd[r] - rs) <= 1e-6 * rs,
+                      "generic ln_forward n=%zu: mean %.9g / %.9g, rstd %.9g / %.9g", n, mean[r], mu, rstd[r], rs);
+                for (size_t i = 0; i < n; i++) {
+                    const double want = (x[r * ld + i] - mu) * rs * g[i] + b[i];
+                    if (fabs(wy[i] - want) > 1e-6 * (fabs(want) + 1.0)) {
+                        CHECK(0, "generic ln_forward n=%zu [%zu]: %.9g, double %.9g", n, i, wy[i], want);
+                        break;
+                    }
+                }
+            }
+            CHECK(!bad, "%s ln_forward n=%zu: not bitwise the generic's", g_isa, n);
+            /* input gradient of row 2 */
+            const float *x2 = x + 2 * ld, *d2 = dy + 2 * ld;
+            float *keep = malloc(n * sizeof *keep);
+            memcpy(keep, wdx, n * sizeof *keep);
+            G->ln_backward_row(x2, g, mean[2], rstd[2], d2, n, wdx, acc);
+            K->ln_backward_row(x2, g, mean[2], rstd[2], d2, n, dx, acc);
+            bad = 0;
+            for (size_t i = 0; i < n; i++) bad |= !same_bits(dx[i], wdx[i]);
+            CHECK(!bad, "%s ln_backward_row n=%zu acc=%d: not bitwise the generic's", g_isa, n, acc);
+            double A = 0, B = 0;
+            for (size_t i = 0; i < n; i++) {
+                const double xh = ((double)x2[i] - mean[2]) * rstd[2];
+                A += (double)d2[i] * g[i];
+                B += (double)d2[i] * g[i] * xh;
+            }
+            A /= (double)n;
+            B /= (double)n;
+            for (size_t i = 0; i < n; i++) {
+                const double xh = ((double)x2[i] - mean[2]) * rstd[2];
+                const double v = rstd[2] * ((double)d2[i] * g[i] - A - xh * B), want = (acc ? keep[i] : 0.0) + v;
+                if (fabs(wdx[i] - want) > 1e-6 * (fabs(v) + fabs(want) + rstd[2] * 1e-3)) {
+                    CHECK(0, "generic ln_backward_row n=%zu [%zu]: %.9g, double %.9g", n, i, wdx[i], want);
+                    break;
+                }
+            }
+            /* parameter gradients over the rows */
+            memcpy(keep, wdg, n * sizeof *keep);
+            float *keepb = malloc(n * sizeof *keepb);
+            memcpy(keepb, wdb, n * sizeof *keepb);
+            G->ln_grad_cols(x, dy, mean, rstd, rows, ld, n, wdg, wdb);
+            K->ln_grad_cols(x, dy, mean, rstd, rows, ld, n, dg, db);
+            bad = 0;
+            for (size_t i = 0; i < n; i++) bad |= !same_bits(dg[i], wdg[i]) || !same_bits(db[i], wdb[i]);
+            CHECK(!bad, "%s ln_grad_cols n=%zu: not bitwise the generic's", g_isa, n);
+            for (size_t i = 0; i < n; i++) {
+                double sg = keep[i], sb = keepb[i], mag = fabs(keep[i]) + fabs(keepb[i]);
+                for (size_t r = 0; r < rows; r++) {
+                    const double t = (double)dy[r * ld + i] * (((double)x[r * ld + i] - mean[r]) * rstd[r]);
+                    sg += t;
+                    sb += dy[r * ld + i];
+                    mag += fabs(t) + fabs(dy[r * ld + i]);
+                }
+                if (fabs(wdg[i] - sg) > 1e-6 * mag || fabs(wdb[i] - sb) > 1e-6 * mag) {
+                    CHECK(0, "generic ln_grad_cols n=%zu [%zu]: %.9g %.9g, double %.9g %.9g", n, i, wdg[i], wdb[i], sg, sb);
+                    break;
+                }
+            }
+            CHECK(gb_ok(&gy) && gb_ok(&gdx) && gb_ok(&gdg) && gb_ok(&gdb), "%s ln kernels n=%zu: nothing outside the row",
+                  g_isa, n);
+            gb_free(&gy); gb_free(&gdx); gb_free(&gdg); gb_free(&gdb);
+            free(x); free(dy); free(g); free(b); free(wy); free(wdx); free(wdg); free(wdb); free(keep); free(keepb);
+        }
+}
+
 /* ---- int8 matmul (kernels/i8.h): exact sums, the same bits everywhere ---- */
 
 static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
@@ -1065,6 +1169,7 @@ int main(void) {
         test_nn_bias_act(&s->nn, &gen->nn);
         test_nn_layernorm(&s->nn, &gen->nn);
         test_nn_gelu_grad(&s->nn, &gen->nn);
+        test_nn_ln_train(&s->nn, &gen->nn);
         test_gemm_bf16(&s->gemm_bf16, &gen->gemm_bf16);
         CHECK(s->gemm_bf16.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512bf16()), "bf16 gemm table %s",
               s->gemm_bf16.name);

@@ -3,7 +3,8 @@
  * projection, residual + LayerNorm after a block - one row at a time, so a
  * caller runs rows in parallel and each row is computed the same way
  * whatever the thread count. The encoder (model/encoder.c) runs on them,
- * and the transformer's training step (model/transformer.c) on gelu_grad.
+ * and the transformer's training step (model/transformer.c) on gelu_grad
+ * and the ln_* kernels.
  *
  * The generic table (kernels/generic/nn.c) states the contract in plain C
  * with libm and statistics in double; the AVX-512 one (kernels/avx512/nn.c)
@@ -13,7 +14,9 @@
  *                  polynomials are within 5e-10 and 2e-7 relative, the
  *                  exponentials' arguments are formed in double);
  *   add_layernorm: 2e-6 * (|g| * 8 + |b|) absolute on standardised rows;
- *   gelu_grad:     bitwise equal (qkv_nn_gelu_eval, the same float ops). */
+ *   gelu_grad:     bitwise equal (qkv_nn_gelu_eval, the same float ops);
+ *   ln_forward, ln_backward_row, ln_grad_cols: bitwise equal (the same
+ *                  double operations in the same order). */
 #ifndef QKV_KERNELS_NN_H
 #define QKV_KERNELS_NN_H
 
@@ -41,7 +44,37 @@ typedef struct qkv_nn_kernels {
      * bitwise; with keep_grad pre[i] is replaced by GELU'(pre[i]). act and
      * pre do not overlap. */
     void (*gelu_grad)(float *act, float *pre, size_t n, int keep_grad);
+
+    /* The training LayerNorm (the transformer's forward and backward), in
+     * double. Sums over i < n run in eight interleaved partial sums, lane
+     * i % 8 from +0 in order of i, combined as qkv_nn_sum8 does; every
+     * other operation is elementwise. Every ISA computes these double
+     * operations in this order without FMA: bitwise the generic's.
+     *
+     * ln_forward: mu = sum(x) / n, var = sum((x - mu)^2) / n (biased), rs =
+     * 1 / sqrt(var + eps); y[i] = (float)(((x[i] - mu) rs) g[i] + b[i]);
+     * mean = (float)mu, rstd = (float)rs. y may not overlap x. */
+    void (*ln_forward)(const float *x, const float *g, const float *b, size_t n, double eps, float *y,
+                       float *mean, float *rstd);
+    /* ln_backward_row: the input gradient of one row from the forward's
+     * mean and rstd (m, r): with xh[i] = (x[i] - m) r and gh[i] = dy[i] g[i],
+     * A = sum(gh) / n, B = sum(gh xh) / n,
+     * v[i] = (float)(r ((gh[i] - A) - xh[i] B)); dx[i] = accumulate ?
+     * dx[i] + v[i] (in float) : v[i]. */
+    void (*ln_backward_row)(const float *x, const float *g, float mean, float rstd, const float *dy, size_t n,
+                            float *dx, int accumulate);
+    /* ln_grad_cols: the parameter gradients of columns i < n over rows r <
+     * rows in order (row r at x + r ld, dy + r ld): dg[i] += (float)(dy xh),
+     * db[i] += dy (float sums), xh as above with mean[r], rstd[r]. */
+    void (*ln_grad_cols)(const float *x, const float *dy, const float *mean, const float *rstd, size_t rows,
+                         size_t ld, size_t n, float *dg, float *db);
 } qkv_nn_kernels;
+
+/* The combination of eight partial sums every LayerNorm kernel uses (the
+ * order of an AVX-512 reduction: halves, then quarters, then the pair). */
+static inline double qkv_nn_sum8(const double s[8]) {
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
 
 /* GELU(x) = x * Phi(x) with the exact-erf definition (torch.nn.GELU's
  * default), evaluated without libm so that loops over it vectorise (the

@@ -79,12 +79,6 @@ struct qkv_model {
  * forward and incremental decoding so both compute the same numbers. */
 void model_layernorm_forward(const float *x, const float *g, const float *b, int64_t rows, int64_t E, float *y,
                              float *mean, float *rstd);
-/* One row of n: y = (x - mean) / sqrt(var + eps) * g + b, statistics in
- * double; y may be x. mean and 1/std go to *mean and *rstd when given. The
- * one LayerNorm of the library: the transformer's (eps 1e-5) and the BERT
- * encoder's (its config's eps) both run it. */
-void model_layernorm_row(const float *x, const float *g, const float *b, int64_t n, double eps, float *y,
-                         float *mean, float *rstd);
 float model_gelu(float x);
 /* The input of the first block for one token at position pos: its
  * embedding times scale (model_emb_scale: sqrt(E) with sinusoidal or

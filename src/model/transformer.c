@@ -47,23 +47,15 @@ typedef struct {
     int accumulate;
 } ln_job;
 
-void model_layernorm_row(const float *x, const float *g, const float *b, int64_t n, double eps, float *y,
-                         float *mean, float *rstd) {
-    double mu = 0, var = 0;
-    for (int64_t i = 0; i < n; i++) mu += x[i];
-    mu /= (double)n;
-    for (int64_t i = 0; i < n; i++) var += (x[i] - mu) * (x[i] - mu);
-    double rs = 1.0 / sqrt(var / (double)n + eps);
-    for (int64_t i = 0; i < n; i++) y[i] = (float)((x[i] - mu) * rs * g[i] + b[i]);
-    if (mean) *mean = (float)mu;
-    if (rstd) *rstd = (float)rs;
-}
-
+/* LayerNorm rows, their input gradients and their parameter gradients are
+ * the ln_* kernels of kernels/nn.h (statistics in double, bitwise the same
+ * on every ISA). */
 static void ln_forward_rows(void *ctx, int64_t r0, int64_t r1) {
     const ln_job *j = ctx;
     const int64_t E = j->E;
+    const qkv_nn_kernels *k = qkv_nn_kernels_active();
     for (int64_t r = r0; r < r1; r++)
-        model_layernorm_row(j->x + r * E, j->g, j->b, E, LN_EPS, j->y + r * E, &j->out_mean[r], &j->out_rstd[r]);
+        k->ln_forward(j->x + r * E, j->g, j->b, (size_t)E, LN_EPS, j->y + r * E, &j->out_mean[r], &j->out_rstd[r]);
 }
 
 static void model_layernorm_forward_t(const float *x, const float *g, const float *b, int64_t rows, int64_t E,
@@ -81,37 +73,17 @@ void model_layernorm_forward(const float *x, const float *g, const float *b, int
 static void ln_backward_rows(void *ctx, int64_t r0, int64_t r1) {
     const ln_job *j = ctx;
     const int64_t E = j->E;
-    const float *g = j->g, *mean = j->mean, *rstd = j->rstd;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = j->x + r * E, *dyr = j->dy + r * E;
-        double mdg = 0, mdgx = 0;
-        for (int64_t i = 0; i < E; i++) {
-            double xh = (xr[i] - mean[r]) * rstd[r], dxh = (double)dyr[i] * g[i];
-            mdg += dxh;
-            mdgx += dxh * xh;
-        }
-        mdg /= (double)E;
-        mdgx /= (double)E;
-        for (int64_t i = 0; i < E; i++) {
-            double xh = (xr[i] - mean[r]) * rstd[r];
-            float v = (float)(rstd[r] * ((double)dyr[i] * g[i] - mdg - xh * mdgx));
-            j->dx[r * E + i] = j->accumulate ? j->dx[r * E + i] + v : v;
-        }
-    }
+    const qkv_nn_kernels *k = qkv_nn_kernels_active();
+    for (int64_t r = r0; r < r1; r++)
+        k->ln_backward_row(j->x + r * E, j->g, j->mean[r], j->rstd[r], j->dy + r * E, (size_t)E, j->dx + r * E,
+                           j->accumulate);
 }
 
 /* dg, db accumulate over all rows in row order, one chunk of columns per unit. */
 static void ln_backward_cols(void *ctx, int64_t c0, int64_t c1) {
     const ln_job *j = ctx;
-    const int64_t E = j->E;
-    for (int64_t r = 0; r < j->rows; r++) {
-        const float *xr = j->x + r * E, *dyr = j->dy + r * E;
-        for (int64_t i = c0; i < c1; i++) {
-            double xh = (xr[i] - j->mean[r]) * j->rstd[r];
-            j->dg[i] += (float)(dyr[i] * xh);
-            j->db[i] += dyr[i];
-        }
-    }
+    qkv_nn_kernels_active()->ln_grad_cols(j->x + c0, j->dy + c0, j->mean, j->rstd, (size_t)j->rows, (size_t)j->E,
+                                          (size_t)(c1 - c0), j->dg + c0, j->db + c0);
 }
 
 static void layernorm_backward(const float *x, const float *g, const float *mean, const float *rstd,

@@ -202,6 +202,110 @@ static void gelu_grad_avx512(float *act, float *pre, size_t n, int keep_grad) {
     }
 }
 
+/* The training LayerNorm (kernels/nn.h): eight doubles per vector, lane l
+ * of the accumulator holding exactly the generic's partial sum s[l] (the
+ * elements i = l mod 8 in order; masked tails add +0, which leaves a sum
+ * started from +0 as it is), reduced in qkv_nn_sum8's order, no FMA. */
+static inline __mmask8 tail8(size_t rem) { return rem >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << rem) - 1u); }
+
+static inline __m512d load8(__mmask8 m, const float *p) { return _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, p)); }
+
+static inline double sum8_pd(__m512d v) {
+    __m256d h = _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1)); /* s_l + s_l+4 */
+    __m128d q = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd(h, 1));    /* (0+4)+(2+6), (1+5)+(3+7) */
+    return _mm_cvtsd_f64(_mm_add_sd(q, _mm_unpackhi_pd(q, q)));
+}
+
+static void ln_forward_avx512(const float *x, const float *g, const float *b, size_t n, double eps, float *y,
+                              float *mean, float *rstd) {
+    __m512d s = _mm512_setzero_pd();
+    for (size_t i = 0; i < n; i += 8) s = _mm512_add_pd(s, load8(tail8(n - i), x + i));
+    const double mu = sum8_pd(s) / (double)n;
+    const __m512d vmu = _mm512_set1_pd(mu);
+    s = _mm512_setzero_pd();
+    for (size_t i = 0; i < n; i += 8) {
+        const __mmask8 m = tail8(n - i);
+        const __m512d d = _mm512_maskz_sub_pd(m, load8(m, x + i), vmu);
+        s = _mm512_add_pd(s, _mm512_mul_pd(d, d));
+    }
+    const double rs = 1.0 / sqrt(sum8_pd(s) / (double)n + eps);
+    const __m512d vrs = _mm512_set1_pd(rs);
+    for (size_t i = 0; i < n; i += 8) {
+        const __mmask8 m = tail8(n - i);
+        __m512d v = _mm512_mul_pd(_mm512_sub_pd(load8(m, x + i), vmu), vrs);
+        v = _mm512_add_pd(_mm512_mul_pd(v, load8(m, g + i)), load8(m, b + i));
+        _mm256_mask_storeu_ps(y + i, m, _mm512_cvtpd_ps(v));
+    }
+    *mean = (float)mu;
+    *rstd = (float)rs;
+}
+
+static void ln_backward_row_avx512(const float *x, const float *g, float mean, float rstd, const float *dy, size_t n,
+                                   float *dx, int accumulate) {
+    const __m512d vm = _mm512_set1_pd((double)mean), vr = _mm512_set1_pd((double)rstd);
+    __m512d sa = _mm512_setzero_pd(), sb = _mm512_setzero_pd();
+    for (size_t i = 0; i < n; i += 8) {
+        const __mmask8 m = tail8(n - i);
+        const __m512d xh = _mm512_mul_pd(_mm512_sub_pd(load8(m, x + i), vm), vr);
+        const __m512d gh = _mm512_mul_pd(load8(m, dy + i), load8(m, g + i)); /* 0 in the tail */
+        sa = _mm512_add_pd(sa, gh);
+        sb = _mm512_add_pd(sb, _mm512_mul_pd(gh, xh));
+    }
+    const __m512d A = _mm512_set1_pd(sum8_pd(sa) / (double)n), B = _mm512_set1_pd(sum8_pd(sb) / (double)n);
+    for (size_t i = 0; i < n; i += 8) {
+        const __mmask8 m = tail8(n - i);
+        const __m512d xh = _mm512_mul_pd(_mm512_sub_pd(load8(m, x + i), vm), vr);
+        const __m512d gh = _mm512_mul_pd(load8(m, dy + i), load8(m, g + i));
+        __m256 v = _mm512_cvtpd_ps(_mm512_mul_pd(vr, _mm512_sub_pd(_mm512_sub_pd(gh, A), _mm512_mul_pd(xh, B))));
+        if (accumulate) v = _mm256_add_ps(_mm256_maskz_loadu_ps(m, dx + i), v);
+        _mm256_mask_storeu_ps(dx + i, m, v);
+    }
+}
+
+/* Columns in blocks of 32 (dg and db of the block in registers over all
+ * the rows), 8 at a time in the last block. */
+static void ln_grad_cols_avx512(const float *x, const float *dy, const float *mean, const float *rstd, size_t rows,
+                                size_t ld, size_t n, float *dg, float *db) {
+    size_t i0 = 0;
+    for (; i0 + 32 <= n; i0 += 32) {
+        __m256 g0 = _mm256_loadu_ps(dg + i0), g1 = _mm256_loadu_ps(dg + i0 + 8), g2 = _mm256_loadu_ps(dg + i0 + 16),
+               g3 = _mm256_loadu_ps(dg + i0 + 24);
+        __m256 b0 = _mm256_loadu_ps(db + i0), b1 = _mm256_loadu_ps(db + i0 + 8), b2 = _mm256_loadu_ps(db + i0 + 16),
+               b3 = _mm256_loadu_ps(db + i0 + 24);
+        for (size_t r = 0; r < rows; r++) {
+            const float *xr = x + r * ld + i0, *dr = dy + r * ld + i0;
+            const __m512d vm = _mm512_set1_pd((double)mean[r]), vr = _mm512_set1_pd((double)rstd[r]);
+#define COL(k, G, Bv)                                                                                           \
+    {                                                                                                           \
+        const __m256 d8 = _mm256_loadu_ps(dr + 8 * (k));                                                        \
+        const __m512d xh = _mm512_mul_pd(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(xr + 8 * (k))), vm), vr); \
+        G = _mm256_add_ps(G, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(d8), xh)));                          \
+        Bv = _mm256_add_ps(Bv, d8);                                                                             \
+    }
+            COL(0, g0, b0) COL(1, g1, b1) COL(2, g2, b2) COL(3, g3, b3)
+#undef COL
+        }
+        _mm256_storeu_ps(dg + i0, g0); _mm256_storeu_ps(dg + i0 + 8, g1);
+        _mm256_storeu_ps(dg + i0 + 16, g2); _mm256_storeu_ps(dg + i0 + 24, g3);
+        _mm256_storeu_ps(db + i0, b0); _mm256_storeu_ps(db + i0 + 8, b1);
+        _mm256_storeu_ps(db + i0 + 16, b2); _mm256_storeu_ps(db + i0 + 24, b3);
+    }
+    for (; i0 < n; i0 += 8) {
+        const __mmask8 m = tail8(n - i0);
+        __m256 G = _mm256_maskz_loadu_ps(m, dg + i0), Bv = _mm256_maskz_loadu_ps(m, db + i0);
+        for (size_t r = 0; r < rows; r++) {
+            const __m256 d8 = _mm256_maskz_loadu_ps(m, dy + r * ld + i0);
+            const __m512d xh = _mm512_mul_pd(
+                _mm512_sub_pd(load8(m, x + r * ld + i0), _mm512_set1_pd((double)mean[r])), _mm512_set1_pd((double)rstd[r]));
+            G = _mm256_add_ps(G, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(d8), xh)));
+            Bv = _mm256_add_ps(Bv, d8);
+        }
+        _mm256_mask_storeu_ps(dg + i0, m, G);
+        _mm256_mask_storeu_ps(db + i0, m, Bv);
+    }
+}
+
 void qkv_nn_init_avx512(qkv_nn_kernels *k) {
-    *k = (qkv_nn_kernels){"avx512", bias_act_avx512, add_layernorm_avx512, gelu_grad_avx512};
+    *k = (qkv_nn_kernels){"avx512",          bias_act_avx512,        add_layernorm_avx512, gelu_grad_avx512,
+                          ln_forward_avx512, ln_backward_row_avx512, ln_grad_cols_avx512};
 }
