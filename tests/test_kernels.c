@@ -1057,6 +1057,31 @@ static void test_nn_ln_train(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
         }
 }
 
+/* col_sums (a bias gradient): the serial loop's float sums in row order,
+ * bitwise, for column counts around the 64-wide blocks. */
+static void test_nn_col_sums(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
+    static const size_t NS[] = {1, 7, 16, 17, 63, 64, 65, 130, 200};
+    for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+        const size_t n = NS[ni], rows = 1 + ni * 5, ld = n + 5;
+        gbuf gd;
+        float *x = malloc(rows * ld * sizeof *x), *d = fnew(&gd, n, (int)ni & 1), *w = malloc(n * sizeof *w),
+              *ref = malloc(n * sizeof *ref);
+        for (size_t i = 0; i < rows * ld; i++) x[i] = rnd(1.0);
+        for (size_t i = 0; i < n; i++) d[i] = w[i] = ref[i] = rnd(1.0);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t i = 0; i < n; i++) ref[i] += x[r * ld + i];
+        G->col_sums(w, x, rows, ld, n);
+        K->col_sums(d, x, rows, ld, n);
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) bad |= !same_bits(d[i], ref[i]) || !same_bits(w[i], ref[i]);
+        CHECK(!bad && gb_ok(&gd), "%s col_sums n=%zu rows=%zu", g_isa, n, rows);
+        gb_free(&gd);
+        free(x);
+        free(w);
+        free(ref);
+    }
+}
+
 /* ---- int8 matmul (kernels/i8.h): exact sums, the same bits everywhere ---- */
 
 static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
@@ -1170,6 +1195,7 @@ int main(void) {
         test_nn_layernorm(&s->nn, &gen->nn);
         test_nn_gelu_grad(&s->nn, &gen->nn);
         test_nn_ln_train(&s->nn, &gen->nn);
+        test_nn_col_sums(&s->nn, &gen->nn);
         test_gemm_bf16(&s->gemm_bf16, &gen->gemm_bf16);
         CHECK(s->gemm_bf16.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512bf16()), "bf16 gemm table %s",
               s->gemm_bf16.name);

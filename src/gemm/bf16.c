@@ -8,7 +8,7 @@
  *       for pc in steps of KC (in order; beta' = beta, then 1)
  *         for ic in steps of MC: pack A[ic.., pc..]
  *           for jr in steps of NR, ir in steps of MR: the micro-kernel
- *           (after the last KC block, the bias on the tile just finished)
+ *           (after the last KC block, the bias on the panel just finished)
  * Every element of C is computed by the same kernel from the same packed
  * values in the same order whatever the thread count or path. */
 #include <stdint.h>
@@ -173,7 +173,7 @@ typedef struct {
     int64_t ap_len;
 } bgemm_job;
 
-static void add_bias(float *c, int64_t ldc, const float *bias, int m, int n) {
+static void add_bias(float *restrict c, int64_t ldc, const float *restrict bias, int m, int n) {
     for (int i = 0; i < m; i++)
         for (int jj = 0; jj < n; jj++) c[i * ldc + jj] += bias[jj];
 }
@@ -204,8 +204,10 @@ static void bgemm_thread(void *ctx, int64_t unit, int t) {
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         const int m = (int)min64(MR, mc - ir);
                         k->ukr(kc2, ap + ir * kc2, b, c + ir * j->ldc, j->ldc, j->alpha, beta, m, n);
-                        if (last && j->bias) add_bias(c + ir * j->ldc, j->ldc, j->bias + jc + jr, m, n);
                     }
+                    /* the bias once the panel's tiles are all out (added
+                     * right behind a tile's stores, it waited on them) */
+                    if (last && j->bias) add_bias(c, j->ldc, j->bias + jc + jr, (int)mc, n);
                 }
             }
         }

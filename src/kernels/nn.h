@@ -15,8 +15,8 @@
  *                  exponentials' arguments are formed in double);
  *   add_layernorm: 2e-6 * (|g| * 8 + |b|) absolute on standardised rows;
  *   gelu_grad:     bitwise equal (qkv_nn_gelu_eval, the same float ops);
- *   ln_forward, ln_backward_row, ln_grad_cols: bitwise equal (the same
- *                  double operations in the same order). */
+ *   ln_forward, ln_backward_row, ln_grad_cols, col_sums: bitwise equal
+ *                  (the same operations in the same order). */
 #ifndef QKV_KERNELS_NN_H
 #define QKV_KERNELS_NN_H
 
@@ -68,6 +68,9 @@ typedef struct qkv_nn_kernels {
      * db[i] += dy (float sums), xh as above with mean[r], rstd[r]. */
     void (*ln_grad_cols)(const float *x, const float *dy, const float *mean, const float *rstd, size_t rows,
                          size_t ld, size_t n, float *dg, float *db);
+    /* col_sums: a bias gradient, db[i] += x[r ld + i] for r < rows in
+     * order (float sums), i < n. */
+    void (*col_sums)(float *db, const float *x, size_t rows, size_t ld, size_t n);
 } qkv_nn_kernels;
 
 /* The combination of eight partial sums every LayerNorm kernel uses (the

@@ -3,6 +3,7 @@
  * computed as the serial loop computes it. */
 #include "core/internal.h"
 #include "gemm/gemm.h"
+#include "kernels/kernels.h"
 #include "layers/linear.h"
 
 /* y[r] += b, one chunk of rows per unit; db += Σ_r dy[r], one chunk of
@@ -20,8 +21,7 @@ static void bias_add_rows(void *ctx, int64_t r0, int64_t r1) {
 
 static void bias_grad_cols(void *ctx, int64_t c0, int64_t c1) {
     const bias_job *j = ctx;
-    for (int64_t r = 0; r < j->rows; r++)
-        for (int64_t o = c0; o < c1; o++) j->b[o] += j->y[r * j->out + o];
+    qkv_nn_kernels_active()->col_sums(j->b + c0, j->y + c0, (size_t)j->rows, (size_t)j->out, (size_t)(c1 - c0));
 }
 
 qkv_status nn_linear_p(qkv_dtype prec, const float *x, int64_t rows, int64_t in, const float *w, const float *b,

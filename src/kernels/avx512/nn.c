@@ -305,7 +305,33 @@ static void ln_grad_cols_avx512(const float *x, const float *dy, const float *me
     }
 }
 
+/* 64 columns (four vectors) in registers over all the rows, then 16 at a time. */
+static void col_sums_avx512(float *db, const float *x, size_t rows, size_t ld, size_t n) {
+    size_t i0 = 0;
+    for (; i0 + 64 <= n; i0 += 64) {
+        __m512 s0 = _mm512_loadu_ps(db + i0), s1 = _mm512_loadu_ps(db + i0 + 16), s2 = _mm512_loadu_ps(db + i0 + 32),
+               s3 = _mm512_loadu_ps(db + i0 + 48);
+        for (size_t r = 0; r < rows; r++) {
+            const float *xr = x + r * ld + i0;
+            s0 = _mm512_add_ps(s0, _mm512_loadu_ps(xr));
+            s1 = _mm512_add_ps(s1, _mm512_loadu_ps(xr + 16));
+            s2 = _mm512_add_ps(s2, _mm512_loadu_ps(xr + 32));
+            s3 = _mm512_add_ps(s3, _mm512_loadu_ps(xr + 48));
+        }
+        _mm512_storeu_ps(db + i0, s0);
+        _mm512_storeu_ps(db + i0 + 16, s1);
+        _mm512_storeu_ps(db + i0 + 32, s2);
+        _mm512_storeu_ps(db + i0 + 48, s3);
+    }
+    for (; i0 < n; i0 += 16) {
+        const __mmask16 m = tail_mask(n - i0);
+        __m512 s = _mm512_maskz_loadu_ps(m, db + i0);
+        for (size_t r = 0; r < rows; r++) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, x + r * ld + i0));
+        _mm512_mask_storeu_ps(db + i0, m, s);
+    }
+}
+
 void qkv_nn_init_avx512(qkv_nn_kernels *k) {
     *k = (qkv_nn_kernels){"avx512",          bias_act_avx512,        add_layernorm_avx512, gelu_grad_avx512,
-                          ln_forward_avx512, ln_backward_row_avx512, ln_grad_cols_avx512};
+                          ln_forward_avx512, ln_backward_row_avx512, ln_grad_cols_avx512, col_sums_avx512};
 }

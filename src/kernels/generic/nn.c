@@ -86,7 +86,12 @@ static void ln_grad_cols_generic(const float *x, const float *dy, const float *m
     }
 }
 
+static void col_sums_generic(float *db, const float *x, size_t rows, size_t ld, size_t n) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < n; i++) db[i] += x[r * ld + i];
+}
+
 void qkv_nn_init_generic(qkv_nn_kernels *k) {
     *k = (qkv_nn_kernels){"generic",          bias_act_generic,        add_layernorm_generic, gelu_grad_generic,
-                          ln_forward_generic, ln_backward_row_generic, ln_grad_cols_generic};
+                          ln_forward_generic, ln_backward_row_generic, ln_grad_cols_generic, col_sums_generic};
 }
