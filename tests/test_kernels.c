@@ -727,6 +727,63 @@ static void test_half_packs(const qkv_half_kernels *K, const qkv_half_kernels *G
         }
 }
 
+/* The backward's data movement: words_t and interleave on random bit
+ * patterns (NaN and subnormal patterns included), dq_out on floats with
+ * NaN, infinities, subnormals and rounding ties; all bitwise the generic's,
+ * nothing written outside the stated elements. */
+static void test_half_moves(const qkv_half_kernels *K, const qkv_half_kernels *G) {
+    static const size_t DIMS[] = {1, 2, 7, 16, 17, 31, 33, 64, 65};
+    const size_t nd = sizeof DIMS / sizeof DIMS[0];
+    for (size_t ri = 0; ri < nd; ri++)
+        for (size_t ci = 0; ci < nd; ci++) {
+            const size_t rows = DIMS[ri], cols = DIMS[ci], lds = cols + 3, ldd = rows + 5;
+            uint32_t *src = malloc(rows * lds * 4);
+            gbuf g1, g2;
+            uint32_t *a = gb_new(&g1, cols * ldd * 4, 4), *b = gb_new(&g2, cols * ldd * 4, 4);
+            for (size_t i = 0; i < rows * lds; i++) src[i] = (uint32_t)tu_rng_u64(&g_rng);
+            memset(a, 0x5a, cols * ldd * 4);
+            memset(b, 0x5a, cols * ldd * 4);
+            K->words_t(a, ldd, src, lds, rows, cols);
+            G->words_t(b, ldd, src, lds, rows, cols);
+            CHECK(memcmp(a, b, cols * ldd * 4) == 0 && gb_ok(&g1), "bf16 words_t [%s] %zu x %zu", g_isa, rows, cols);
+            gb_free(&g1); gb_free(&g2);
+            free(src);
+        }
+    for (size_t ni = 0; ni < nd; ni++)
+        for (int with_b = 0; with_b < 2; with_b++) {
+            const size_t n = DIMS[ni] + (ni > 4 ? 32 : 0);
+            uint16_t *x = malloc(2 * n * 2);
+            for (size_t i = 0; i < 2 * n; i++) x[i] = (uint16_t)tu_rng_u64(&g_rng);
+            gbuf g1, g2;
+            uint32_t *a = gb_new(&g1, n * 4, 4), *b = gb_new(&g2, n * 4, 0);
+            K->interleave(a, x, with_b ? x + n : NULL, n);
+            G->interleave(b, x, with_b ? x + n : NULL, n);
+            CHECK(memcmp(a, b, n * 4) == 0 && gb_ok(&g1), "bf16 interleave [%s] n %zu b %d", g_isa, n, with_b);
+            gb_free(&g1); gb_free(&g2);
+            free(x);
+        }
+    static const float special[] = {NAN, INFINITY, -INFINITY, 1e-40f, -3e-39f, 0.0f, -0.0f, 1.00390625f, 3e38f};
+    for (size_t ri = 0; ri < nd; ri++)
+        for (size_t ci = 0; ci < nd; ci++)
+            for (size_t chunks = 1; chunks <= 4; chunks += 3) {
+                const size_t rows = DIMS[ri], cols = DIMS[ci], lds = cols + 2, cst = rows * lds + 7, ldd = rows + 3;
+                float *src = malloc(chunks * cst * 4);
+                for (size_t i = 0; i < chunks * cst; i++)
+                    src[i] = i % 23 == 5 ? special[(i / 23) % 9] : (float)(rnd(1.0) * (i % 3 ? 1.0 : 1e-37));
+                gbuf g1, g2;
+                uint16_t *a = gb_new(&g1, cols * ldd * 2, 2), *b = gb_new(&g2, cols * ldd * 2, 0);
+                memset(a, 0x33, cols * ldd * 2);
+                memset(b, 0x33, cols * ldd * 2);
+                const double scale = ci & 1 ? 0.125 : 0.3535533905932738;
+                K->dq_out(a, ldd, src, lds, cst, chunks, rows, cols, scale);
+                G->dq_out(b, ldd, src, lds, cst, chunks, rows, cols, scale);
+                CHECK(memcmp(a, b, cols * ldd * 2) == 0 && gb_ok(&g1), "bf16 dq_out [%s] %zu x %zu chunks %zu", g_isa,
+                      rows, cols, chunks);
+                gb_free(&g1); gb_free(&g2);
+                free(src);
+            }
+}
+
 /* bf16 values of two packings of P: both 0, or within one bf16 step (the
  * unrounded values agree to EXP_REL, so their roundings are at most one
  * step apart). */
@@ -1210,6 +1267,7 @@ int main(void) {
             test_half_qk(&s->half, &gen->half);
             test_half_pv(&s->half, &gen->half);
             test_half_packs(&s->half, &gen->half);
+            test_half_moves(&s->half, &gen->half);
             test_half_softmax_pack(&s->half, &gen->half);
             test_half_bwd_softmax(&s->half, &gen->half);
             printf("%s bf16 kernels: %s\n", s->half.name, tu_failed == b2 ? "ok" : "FAILED");

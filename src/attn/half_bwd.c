@@ -113,10 +113,16 @@ static int any_nonfinite(const uint16_t *x, int64_t n) {
     return (acc & 0x8000u) != 0;
 }
 
-/* d[t] = (row[2t], row[2t+1]) for t < w, zero past D. */
+/* d[t] = (row[2t], row[2t+1]) for t < w, zero past D. (This path runs on
+ * CPUs with bf16 dot products, all little-endian: there a row's pairs are
+ * its bf16 in memory order.) */
 static void pairs_of_row(uint32_t *d, int64_t w, const uint16_t *row, int64_t D) {
     const int64_t full = D / 2;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(d, row, (size_t)full * sizeof *d);
+#else
     for (int64_t t = 0; t < full; t++) d[t] = pair(row[2 * t], row[2 * t + 1]);
+#endif
     int64_t t = full;
     if (D % 2) d[t++] = pair(row[D - 1], 0);
     if (t < w) memset(d + t, 0, (size_t)(w - t) * sizeof *d);
@@ -141,9 +147,21 @@ static int pack_rows(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld, in
 }
 
 /* The same rows in 32-row panels: dst[(p * w + t) * 32 + c] = pairs of row
- * 32p + c, for npad / 32 panels. */
-static void pack_panels(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld, int64_t n, int64_t npad,
-                        int64_t D) {
+ * 32p + c, for npad / 32 panels. With D even (little-endian) the pairs are
+ * the rows' words, and a panel is their transpose. */
+static void pack_panels(const qkv_half_kernels *HK, uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld,
+                        int64_t n, int64_t npad, int64_t D) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (D % 2 == 0 && ld % 2 == 0) {
+        for (int64_t p0 = 0; p0 < npad; p0 += 32) {
+            uint32_t *d = dst + (p0 / 32) * w * 32;
+            const int64_t nr = n - p0 >= 32 ? 32 : n - p0 > 0 ? n - p0 : 0;
+            if (nr < 32) memset(d, 0, (size_t)(w * 32) * sizeof *d);
+            if (nr > 0) HK->words_t(d, 32, x + p0 * ld, (size_t)(ld / 2), (size_t)nr, (size_t)w);
+        }
+        return;
+    }
+#endif
     uint32_t tmp[32];
     for (int64_t r = 0; r < npad; r++) {
         uint32_t *d = dst + (r / 32) * w * 32 + r % 32;
@@ -163,19 +181,14 @@ static void pack_panels(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld,
 /* Pairs of consecutive rows, one word per column:
  * dst[u * ldw + col] = (x[2u][col], x[2u+1][col]) for u < npad / 2, col < ldw,
  * zero past D and past row n. */
-static void pack_row_pairs(uint32_t *dst, int64_t ldw, const uint16_t *x, int64_t ld, int64_t n, int64_t npad,
-                           int64_t D) {
+static void pack_row_pairs(const qkv_half_kernels *HK, uint32_t *dst, int64_t ldw, const uint16_t *x, int64_t ld,
+                           int64_t n, int64_t npad, int64_t D) {
     for (int64_t u = 0; u < npad / 2; u++) {
         uint32_t *d = dst + u * ldw;
-        if (2 * u + 1 < n) {
-            const uint16_t *r0 = x + 2 * u * ld, *r1 = r0 + ld;
-            for (int64_t col = 0; col < D; col++) d[col] = pair(r0[col], r1[col]);
-        } else if (2 * u < n) {
-            const uint16_t *r0 = x + 2 * u * ld;
-            for (int64_t col = 0; col < D; col++) d[col] = r0[col];
-        } else {
+        if (2 * u < n)
+            HK->interleave(d, x + 2 * u * ld, 2 * u + 1 < n ? x + (2 * u + 1) * ld : NULL, (size_t)D);
+        else
             memset(d, 0, (size_t)D * sizeof *d);
-        }
         if (ldw > D) memset(d + D, 0, (size_t)(ldw - D) * sizeof *d);
     }
 }
@@ -202,18 +215,25 @@ static void pack_kv_unit(void *vc, int64_t u, int t) {
     /* K^T in pairs of keys, per key block (rows of 64 words, so that the
      * 8 rows one product reads are close, not n_k apart):
      * kt[(kb * D8 + d) * 64 + u] = (K[128 kb + 2u][d], K[128 kb + 2u + 1][d]) */
-    uint32_t *kt = c->kt + u * c->kt_st;
-    for (int64_t j2 = 0; j2 < c->nkb * (HB_BK / 2); j2++) {
-        const uint16_t *r0 = 2 * j2 < c->nk ? k0 + 2 * j2 * c->Hkv * c->D : NULL;
-        const uint16_t *r1 = 2 * j2 + 1 < c->nk ? k0 + (2 * j2 + 1) * c->Hkv * c->D : NULL;
-        uint32_t *dst = kt + (j2 / (HB_BK / 2)) * c->D8 * (HB_BK / 2) + j2 % (HB_BK / 2);
-        if (r1)
-            for (int64_t d = 0; d < c->D; d++) dst[d * (HB_BK / 2)] = pair(r0[d], r1[d]);
-        else if (r0)
-            for (int64_t d = 0; d < c->D; d++) dst[d * (HB_BK / 2)] = r0[d];
-        else
-            for (int64_t d = 0; d < c->D; d++) dst[d * (HB_BK / 2)] = 0;
-        for (int64_t d = c->D; d < c->D8; d++) dst[d * (HB_BK / 2)] = 0;
+    /* 16 pairs of keys x 64 dimensions at a time: interleaved, then transposed */
+    uint32_t *kt = c->kt + u * c->kt_st, tmp[16 * 64];
+    const int64_t ldk = c->Hkv * c->D, HP = HB_BK / 2;
+    for (int64_t kb = 0; kb < c->nkb; kb++) {
+        uint32_t *blk = kt + kb * c->D8 * HP;
+        for (int64_t u0 = 0; u0 < HP; u0 += 16)
+            for (int64_t d0 = 0; d0 < c->D; d0 += 64) {
+                const int64_t dc = c->D - d0 < 64 ? c->D - d0 : 64;
+                for (int64_t q = 0; q < 16; q++) {
+                    const int64_t j = 2 * (kb * HP + u0 + q);
+                    if (j < c->nk)
+                        c->HK->interleave(tmp + q * 64, k0 + j * ldk + d0, j + 1 < c->nk ? k0 + (j + 1) * ldk + d0 : NULL,
+                                          (size_t)dc);
+                    else
+                        memset(tmp + q * 64, 0, (size_t)dc * sizeof *tmp);
+                }
+                c->HK->words_t(blk + d0 * HP + u0, (size_t)HP, tmp, 64, 16, (size_t)dc);
+            }
+        if (c->D8 > c->D) memset(blk + c->D * HP, 0, (size_t)((c->D8 - c->D) * HP) * sizeof *blk);
     }
     if (bad) atomic_store(&c->bad, 1);
 }
@@ -228,10 +248,10 @@ static void pack_q_unit(void *vc, int64_t u, int t) {
     int bad = 0;
     for (int64_t i = 0; i < c->nq; i++)
         bad |= any_nonfinite(q0 + i * c->H * D, D) | any_nonfinite(g0 + i * c->H * Dv, Dv);
-    pack_panels(c->qpan + u * c->qpan_st, c->dp2, q0, c->H * D, c->nq, c->nqp, D);
-    pack_panels(c->dopan + u * c->dopan_st, c->dvp2, g0, c->H * Dv, c->nq, c->nqp, Dv);
-    pack_row_pairs(c->qpair + u * c->qpair_st, c->ldD, q0, c->H * D, c->nq, c->nqp, D);
-    pack_row_pairs(c->dopair + u * c->dopair_st, c->ldDv, g0, c->H * Dv, c->nq, c->nqp, Dv);
+    pack_panels(c->HK, c->qpan + u * c->qpan_st, c->dp2, q0, c->H * D, c->nq, c->nqp, D);
+    pack_panels(c->HK, c->dopan + u * c->dopan_st, c->dvp2, g0, c->H * Dv, c->nq, c->nqp, Dv);
+    pack_row_pairs(c->HK, c->qpair + u * c->qpair_st, c->ldD, q0, c->H * D, c->nq, c->nqp, D);
+    pack_row_pairs(c->HK, c->dopair + u * c->dopair_st, c->ldDv, g0, c->H * Dv, c->nq, c->nqp, Dv);
     for (int64_t i = 0; i < c->nq; i++) {
         const int64_t row = u * c->nq + i;
         const float l = c->lse[row];
@@ -338,9 +358,7 @@ static void kv_unit(void *vc, int64_t u, int t) {
     for (int64_t kb = ch; kb < c->nkb; kb += c->C) kv_block(c, &w, b, kv, kb, dqt_ch);
 }
 
-/* dQ = scale * (the chunks' partials summed in chunk order); unit = (b, h).
- * 16 dimensions at a time: summed and rounded along the queries (the
- * partials' rows), then written out query by query. */
+/* dQ = scale * (the chunks' partials summed in chunk order); unit = (b, h). */
 static void dq_unit(void *vc, int64_t u, int t) {
     (void)t;
     hb_ctx *c = vc;
@@ -348,24 +366,9 @@ static void dq_unit(void *vc, int64_t u, int t) {
     for (int64_t qb = 0; qb < c->nqb; qb++) {
         const int64_t i0 = qb * HB_BQ;
         const int nqc = (int)(c->nq - i0 < HB_BQ ? c->nq - i0 : HB_BQ);
-        const float *src = c->dqt + u * c->dqt_st + qb * c->D8 * HB_BQ;
-        uint16_t *dst = c->dq + ((b * c->nq + i0) * c->H + h) * c->D;
-        for (int64_t x0 = 0; x0 < c->D; x0 += 16) {
-            const int nx = (int)(c->D - x0 < 16 ? c->D - x0 : 16);
-            uint16_t tile[16][HB_BQ];
-            for (int xx = 0; xx < nx; xx++) {
-                const float *s0 = src + (x0 + xx) * HB_BQ;
-                float acc[HB_BQ];
-                memcpy(acc, s0, sizeof acc);
-                for (int64_t ch = 1; ch < c->C; ch++)
-                    for (int i = 0; i < HB_BQ; i++) acc[i] += s0[ch * per + i];
-                for (int i = 0; i < HB_BQ; i++) tile[xx][i] = qkv_f32_to_bf16((float)(acc[i] * c->scale));
-            }
-            for (int i = 0; i < nqc; i++) {
-                uint16_t *d = dst + i * c->H * c->D + x0;
-                for (int xx = 0; xx < nx; xx++) d[xx] = tile[xx][i];
-            }
-        }
+        c->HK->dq_out(c->dq + ((b * c->nq + i0) * c->H + h) * c->D, (size_t)(c->H * c->D),
+                      c->dqt + u * c->dqt_st + qb * c->D8 * HB_BQ, HB_BQ, (size_t)per, (size_t)c->C, (size_t)c->D,
+                      (size_t)nqc, c->scale);
     }
 }
 

@@ -68,6 +68,22 @@ typedef struct qkv_half_kernels {
      * rounded to bf16 (nearest even), for u < npairs, p < npanels (row
      * stride ldx; reads 32 * npanels floats of rows 0 .. 2 npairs - 1). */
     void (*pack_rowpairs)(uint32_t *kp, const float *x, size_t ldx, size_t npairs, size_t npanels);
+
+    /* The backward's packing of its bf16 inputs and the output of its dQ
+     * (pure data movement and one rounding: bitwise the same on every ISA). */
+
+    /* A transpose of 32-bit words: dst[c * ldd + r] = word r * lds + c of
+     * src, for r < rows, c < cols (src read by memcpy: any alignment). */
+    void (*words_t)(uint32_t *dst, size_t ldd, const void *src, size_t lds, size_t rows, size_t cols);
+    /* Two bf16 rows into pairs: dst[i] = (a[i], b[i]) (b NULL: (a[i], 0)),
+     * i < n. */
+    void (*interleave)(uint32_t *dst, const uint16_t *a, const uint16_t *b, size_t n);
+    /* dQ out of its transposed float partials: for r < rows, c < cols,
+     * dst[c * ldd + r] = qkv_f32_to_bf16((float)(acc * scale)), acc = the
+     * float sum over ch < chunks, in order, of src[ch * cstride + r * lds + c]
+     * (the product in double). */
+    void (*dq_out)(uint16_t *dst, size_t ldd, const float *src, size_t lds, size_t cstride, size_t chunks,
+                   size_t rows, size_t cols, double scale);
 } qkv_half_kernels;
 
 /* The generic table; the AVX512-BF16 init overrides every slot. */
@@ -79,7 +95,8 @@ void qkv_half_init_avx512bf16(qkv_half_kernels *k);
 #define QKV_HALF_DEFINE_INIT(isa, is_native)                                                       \
     void qkv_half_init_##isa(qkv_half_kernels *k) {                                                \
         *k = (qkv_half_kernels){#isa, is_native, qk_##isa, pv_##isa, pack_p_##isa, softmax_pack_##isa, qk_acc_##isa, pv_acc_##isa, \
-                                bwd_softmax_##isa, pack_rowpairs_##isa};                           \
+                                bwd_softmax_##isa, pack_rowpairs_##isa, words_t_##isa, interleave_##isa,  \
+                                dq_out_##isa};                                                     \
     }
 
 #endif

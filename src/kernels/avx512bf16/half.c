@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/avx512_common.h"
 #include "kernels/half.h"
 
 static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
@@ -336,6 +337,87 @@ static void pack_rowpairs_avx512bf16(uint32_t *kp, const float *x, size_t ldx, s
                 _mm512_storeu_si512((void *)(dst + 16 * h), _mm512_permutexvar_epi16(idx, (__m512i)ab));
             }
         }
+}
+
+/* 16 x 16 blocks of words through the float transpose (shuffles move bits
+ * as they are, NaN patterns included); masked at the edges. */
+static void words_t_avx512bf16(uint32_t *dst, size_t ldd, const void *src, size_t lds, size_t rows, size_t cols) {
+    const float *s = src;
+    for (size_t r0 = 0; r0 < rows; r0 += 16) {
+        const size_t nr = rows - r0 < 16 ? rows - r0 : 16;
+        const __mmask16 rm = tail_mask(nr);
+        for (size_t c0 = 0; c0 < cols; c0 += 16) {
+            const size_t nc = cols - c0 < 16 ? cols - c0 : 16;
+            const __mmask16 cm = tail_mask(nc);
+            __m512 t[16];
+            for (size_t i = 0; i < 16; i++)
+                t[i] = i < nr ? _mm512_maskz_loadu_ps(cm, s + (r0 + i) * lds + c0) : _mm512_setzero_ps();
+            qkv_transpose16_ps(t);
+            for (size_t c = 0; c < nc; c++) _mm512_mask_storeu_ps((float *)(dst + (c0 + c) * ldd + r0), rm, t[c]);
+        }
+    }
+}
+
+static void interleave_avx512bf16(uint32_t *dst, const uint16_t *a, const uint16_t *b, size_t n) {
+    /* word k of the first half: (a[k], b[k]); of the second: (a[16 + k], b[16 + k]) */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
+                                        22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
+    for (size_t i = 0; i < n; i += 32) {
+        const size_t m = n - i < 32 ? n - i : 32;
+        const __mmask32 k = m == 32 ? 0xffffffffu : (__mmask32)((1u << m) - 1u);
+        const __m512i va = _mm512_maskz_loadu_epi16(k, a + i);
+        const __m512i vb = b ? _mm512_maskz_loadu_epi16(k, b + i) : _mm512_setzero_si512();
+        _mm512_mask_storeu_epi32(dst + i, tail_mask(m), _mm512_permutex2var_epi16(va, lo, vb));
+        if (m > 16) _mm512_mask_storeu_epi32(dst + i + 16, tail_mask(m - 16), _mm512_permutex2var_epi16(va, hi, vb));
+    }
+}
+
+/* qkv_f32_to_bf16 on 16 lanes: nearest even; a NaN keeps its top half with
+ * the quiet bit set. */
+static inline __m256i round_bf16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, q));
+}
+
+/* 16 rows x 16 columns at a time: the chunks summed in order, transposed in
+ * registers, scaled in double, rounded, 16 bf16 stored per column. */
+static void dq_out_avx512bf16(uint16_t *dst, size_t ldd, const float *src, size_t lds, size_t cstride,
+                              size_t chunks, size_t rows, size_t cols, double scale) {
+    const __m512d vs = _mm512_set1_pd(scale);
+    for (size_t r0 = 0; r0 < rows; r0 += 16) {
+        const size_t nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (size_t c0 = 0; c0 < cols; c0 += 16) {
+            const size_t nc = cols - c0 < 16 ? cols - c0 : 16;
+            const __mmask16 cm = tail_mask(nc);
+            __m512 t[16];
+            for (size_t i = 0; i < 16; i++) {
+                if (i >= nr) {
+                    t[i] = _mm512_setzero_ps();
+                    continue;
+                }
+                const float *p = src + (r0 + i) * lds + c0;
+                __m512 acc = _mm512_maskz_loadu_ps(cm, p);
+                for (size_t ch = 1; ch < chunks; ch++) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(cm, p + ch * cstride));
+                t[i] = acc;
+            }
+            qkv_transpose16_ps(t);
+            const __mmask16 rm = tail_mask(nr);
+            for (size_t c = 0; c < nc; c++) {
+                const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(t[c])), vs));
+                const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(t[c], 1)), vs));
+                const __m512 v = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+                _mm256_mask_storeu_epi16(dst + (c0 + c) * ldd + r0, rm, round_bf16(v));
+            }
+        }
+    }
 }
 
 QKV_HALF_DEFINE_INIT(avx512bf16, 1)

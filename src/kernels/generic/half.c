@@ -4,6 +4,7 @@
  * exact in float). The fast bf16 paths do not run on them (`native` = 0):
  * they state the contract and are what the kernel tests compare with. */
 #include <math.h>
+#include <string.h>
 
 #include "core/half.h"
 #include "kernels/half.h"
@@ -110,6 +111,26 @@ static void pack_rowpairs_generic(uint32_t *kp, const float *x, size_t ldx, size
         for (size_t u = 0; u < npairs; u++)
             for (size_t c = 0; c < 32; c++)
                 kp[(p * npairs + u) * 32 + c] = pair_of(x[2 * u * ldx + 32 * p + c], x[(2 * u + 1) * ldx + 32 * p + c]);
+}
+
+static void words_t_generic(uint32_t *dst, size_t ldd, const void *src, size_t lds, size_t rows, size_t cols) {
+    const unsigned char *s = src;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) memcpy(dst + c * ldd + r, s + 4 * (r * lds + c), 4);
+}
+
+static void interleave_generic(uint32_t *dst, const uint16_t *a, const uint16_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = (uint32_t)a[i] | (b ? (uint32_t)b[i] << 16 : 0u);
+}
+
+static void dq_out_generic(uint16_t *dst, size_t ldd, const float *src, size_t lds, size_t cstride, size_t chunks,
+                           size_t rows, size_t cols, double scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            float acc = src[r * lds + c];
+            for (size_t ch = 1; ch < chunks; ch++) acc += src[ch * cstride + r * lds + c];
+            dst[c * ldd + r] = qkv_f32_to_bf16((float)(acc * scale));
+        }
 }
 
 QKV_HALF_DEFINE_INIT(generic, 0)
