@@ -40,6 +40,7 @@ typedef struct shape {
     int pos;         /* position biases: 1 ALiBi, 2 T5 buckets (bidirectional without a
                         mask), 3 both; offsets must stay global across the blocks */
     double dropout;  /* attention dropout: every entry's factor the one process's */
+    int64_t additive; /* score ADDITIVE: its A (W1, W2 [H, A, D], w [H, A] random) */
 } shape;
 
 /* Packed sequences: query and key offsets (S + 1 entries each, ok NULL =
@@ -179,6 +180,18 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
         d.dropout = sh->dropout;
         d.dropout_seed = seed * 31 + 7;
     }
+    /* the additive score's parameters and their gradients (one process: da1; the ring: da2) */
+    const int64_t A = sh->additive, n_a1 = H * A * D, n_add = 2 * n_a1 + H * A;
+    float *aw = NULL, *da1 = NULL, *da2 = NULL;
+    if (A > 0) {
+        aw = fill(&r, n_add);
+        da1 = malloc((size_t)n_add * sizeof(float));
+        da2 = malloc((size_t)n_add * sizeof(float));
+        d.additive_dim = A;
+        d.additive_w1 = aw;
+        d.additive_w2 = aw + n_a1;
+        d.additive_w = aw + 2 * n_a1;
+    }
     float dr1[8 * 12], dr2[8 * 12];
     /* One process: the reference of this test. */
     float *o1 = malloc((size_t)(B * nq * H * Dv) * sizeof(float)), *l1 = malloc((size_t)(B * H * nq) * sizeof(float));
@@ -193,6 +206,11 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     float *db1 = bias ? malloc((size_t)(Hb * nq * nk) * sizeof(float)) : NULL;
     g1.dbias = db1;
     g1.d_rel_table = nrel ? dr1 : NULL;
+    if (A > 0) {
+        g1.d_additive_w1 = da1;
+        g1.d_additive_w2 = da1 + n_a1;
+        g1.d_additive_w = da1 + 2 * n_a1;
+    }
     CHECK_STATUS(qkv_attention_backward(&d, q, k, v, o1, l1, dout, &g1), QKV_OK);
 
     /* This rank's slices. */
@@ -238,9 +256,9 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
     s = qkv_ring_attention_backward(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, NULL, NULL, ql_g, dq2, dk2, dv2);
     CHECK_STATUS(s, QKV_OK);
     double ek2 = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
-    double edb = 0, edr = 0;
-    if (bias || nrel) { /* through the grads form: this rank's rows of the bias gradient, the whole
-                           d_rel_table on every rank */
+    double edb = 0, edr = 0, eda = 0;
+    if (bias || nrel || A > 0) { /* through the grads form: this rank's rows of the bias gradient, the
+                                    whole d_rel_table and d_additive_* on every rank */
         float *db2 = bias ? malloc((size_t)(Hb * nql * nk + 1) * sizeof(float)) : NULL;
         float *want_db = bias ? malloc((size_t)(Hb * nql * nk + 1) * sizeof(float)) : NULL;
         if (bias) slice(want_db, db1, Hb, nq, nk, qs, ql, nql);
@@ -253,29 +271,38 @@ static void run_case(const shape *sh, qkv_dist_layout layout, uint64_t seed) {
         g2.dv = dv2;
         g2.dbias = db2;
         g2.d_rel_table = nrel ? dr2 : NULL;
+        if (A > 0) {
+            for (int64_t t = 0; t < n_add; t++) da2[t] = NAN; /* all written */
+            g2.d_additive_w1 = da2;
+            g2.d_additive_w2 = da2 + n_a1;
+            g2.d_additive_w = da2 + 2 * n_a1;
+        }
         s = qkv_ring_attention_backward_grads(&d, layout, MPI_COMM_WORLD, ql_q, ql_k, ql_v, o2, l2, ql_g, &g2);
         CHECK_STATUS(s, QKV_OK);
         if (bias) edb = rel_err(db2, want_db, Hb * nql * nk, 1e-5, 1e-4);
         if (nrel) edr = rel_err(dr2, dr1, nrel, 1e-5, 1e-4);
+        if (A > 0) eda = rel_err(da2, da1, n_add, 1e-5, 1e-4);
         double ek3 = rel_err(dk2, want_dk, (int64_t)(nke * D), 1e-5, 1e-4);
         if (ek3 > edb) edb = ek3;
         free(db2);
         free(want_db);
     }
-    int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1 && edb <= 1 && edr <= 1;
+    int ok = eo <= 1 && el <= 1 && eq <= 1 && ek <= 1 && ev <= 1 && ek2 <= 1 && edb <= 1 && edr <= 1 && eda <= 1;
     CHECK(ok,
           "rank %d/%d %s B=%lld nq=%lld nk=%lld H=%lld Hkv=%lld D=%lld Dv=%lld mask=%d(%lld,%lld) kl=%d score=%d "
-          "norm=%d/%d bias=%d packed=%d pos=%d dropout=%g seed=%llu: "
+          "norm=%d/%d bias=%d packed=%d pos=%d dropout=%g additive=%lld seed=%llu: "
           "errors (1 = tolerance) out %.3g lse %.3g dq %.3g dk %.3g dv %.3g dk(recomputed) %.3g dbias %.3g "
-          "d_rel_table %.3g",
+          "d_rel_table %.3g d_additive %.3g",
           g_rank, g_size, layout == QKV_DIST_ZIGZAG ? "zigzag" : "contiguous", (long long)B, (long long)nq,
           (long long)nk, (long long)H, (long long)Hkv, (long long)D, (long long)Dv, (int)sh->mask,
           (long long)sh->wl, (long long)sh->wr, sh->key_lengths, (int)sh->score, (int)sh->norm, sh->relu_div,
-          sh->bias, sh->packed, sh->pos, sh->dropout, (unsigned long long)seed, eo, el, eq, ek, ev, ek2, edb, edr);
+          sh->bias, sh->packed, sh->pos, sh->dropout, (long long)sh->additive, (unsigned long long)seed, eo, el, eq,
+          ek, ev, ek2, edb, edr, eda);
     (void)sync_ok(ok);
     free(q); free(k); free(v); free(dout); free(o1); free(l1); free(dq1); free(dk1); free(dv1);
     free(ql_q); free(ql_k); free(ql_v); free(ql_g); free(o2); free(l2); free(dq2); free(dk2); free(dv2);
     free(want_o); free(want_l); free(want_dq); free(want_dk); free(want_dv); free(bias); free(bias_loc); free(db1);
+    free(aw); free(da1); free(da2);
 }
 
 static void test_partition(void) {
@@ -317,14 +344,21 @@ static void test_errors(void) {
     u.dtype = QKV_F64;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
-    /* Still unsupported: 2-D relative positions and the additive score
-     * (docs/DISTRIBUTED.md). */
+    /* Still unsupported: 2-D relative positions, and the additive score
+     * with a position bias (docs/DISTRIBUTED.md). */
     u = d;
     u.rel_table = buf;
     u.rel_buckets = 9;
     u.rel_max_distance = 1;
     u.rel2d_width = 4;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_ZIGZAG, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
+                 QKV_ERR_UNSUPPORTED);
+    u = d;
+    u.score = QKV_SCORE_ADDITIVE;
+    u.additive_dim = 2;
+    u.additive_w1 = u.additive_w2 = u.additive_w = buf;
+    u.alibi_slopes = buf;
+    CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
                  QKV_ERR_UNSUPPORTED);
     /* Packed sequences: the core's validation, on every rank. */
     int64_t offs[3] = {0, 3, 7};
@@ -343,10 +377,10 @@ static void test_errors(void) {
                  QKV_ERR_BAD_PARAMETER);
     u = d;
     u.score = QKV_SCORE_ADDITIVE;
-    u.additive_dim = 2;
+    u.additive_dim = 0; /* the core's validation of the additive score */
     u.additive_w1 = u.additive_w2 = u.additive_w = buf;
     CHECK_STATUS(qkv_ring_attention_forward(&u, QKV_DIST_CONTIGUOUS, MPI_COMM_WORLD, buf, buf, buf, out, NULL),
-                 QKV_ERR_UNSUPPORTED);
+                 QKV_ERR_BAD_SIZE);
     /* A bad window is the core's error, on every rank. */
     u = d;
     u.mask = QKV_MASK_CAUSAL_WINDOW;
@@ -880,59 +914,66 @@ int main(int argc, char **argv) {
 
     test_partition();
     static const shape shapes[] = {
-        /* B  nq  nk  H Hkv D  Dv  mask              kl score                softcap */
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},    /* GQA, uneven */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0}, /* MQA, > one tile */
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},     /* key lengths, a dead row */
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},              /* n_q != n_k */
-        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},       /* n < 2p: empty pieces */
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},       /* cosine, softcap */
+        /* B  nq  nk  H Hkv D  Dv  mask  kl score  softcap  wl wr  norm relu_div  bias packed pos dropout additive */
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {1, 8, 8, 1, 1, 4, 4, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},    /* GQA, uneven */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0}, /* MQA, > one tile */
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},     /* key lengths, a dead row */
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},              /* n_q != n_k */
+        {1, 3, 3, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},       /* n < 2p: empty pieces */
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_COSINE, 5.0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},       /* cosine, softcap */
         /* masks, normalisers and biases beyond plain causal: the same as one process */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0, 0, 0, 0},
-        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0, 0, 0, 0},
-        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0, 0},
-        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 0, 0},
-        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2, 0, 0, 0},
-        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {3, 29, 29, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 0, 6, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {1, 23, 41, 2, 1, 8, 8, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {1, 41, 23, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 2, 5, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 0, 0, 0, 0, 0, 0},
+        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 4, 3, QKV_NORM_RELU, 1, 0, 0, 0, 0, 0},
+        {1, 29, 29, 2, 1, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_COSINE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0, 0, 0},
+        {2, 19, 31, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 0, 0, 0, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 0, 0, 0},
+        {1, 29, 33, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 2.0, 5, 5, QKV_NORM_SOFTMAX, 0, 2, 0, 0, 0, 0},
+        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 0, 0, 0, 0},
         /* packed sequences (packs[] above) */
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0},
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0},
-        {1, 37, 37, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0},
-        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0, 0},
-        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL_WINDOW, 1, QKV_SCORE_COSINE, 4.0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0, 0},
-        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 1, 2, 0, 0},
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 3, 0, 0},
-        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 1, 1, QKV_NORM_RELU, 1, 0, 3, 0, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 4, 0, 0},
-        {1, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 1, 0, 0},
-        {1, 37, 37, 4, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 4, QKV_NORM_SOFTMAX, 0, 1, 1, 0, 0},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0, 0},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0, 0},
+        {1, 37, 37, 2, 1, 8, 8, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 0, 1, 0, 0, 0},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0, 0, 0},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL_WINDOW, 1, QKV_SCORE_COSINE, 4.0, 4, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 0, 0, 0},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SIGMOID, 0, 1, 2, 0, 0, 0},
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 3, 0, 0, 0},
+        {1, 24, 24, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 1, 1, QKV_NORM_RELU, 1, 0, 3, 0, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 4, 0, 0, 0},
+        {1, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 2, 1, 0, 0, 0},
+        {1, 37, 37, 4, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 4, 4, QKV_NORM_SOFTMAX, 0, 1, 1, 0, 0, 0},
         /* ALiBi and T5 buckets: offsets global across blocks, layouts and packed sequences */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 1, 0},
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 2, 0},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0},
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 6, 3, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0},
-        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 2, 0},
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 3, 0},
-        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 2, 0},
-        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 0, 2, 1, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 1, 0, 0},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_NONE, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 2, 0, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0, 0},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_WINDOW, 1, QKV_SCORE_SCALED_DOT, 0, 6, 3, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0, 0},
+        {2, 31, 19, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 1, 0, 2, 0, 0},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 1, 3, 0, 0},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_NONE, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 2, 0, 0},
+        {1, 29, 41, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 0, 2, 1, 0, 0},
         /* attention dropout: the hash of the whole problem's (i, j) in every block */
-        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0.2},
-        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0.3},
-        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0.1},
-        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 1, 1, 0, 0.2},
-        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 1, 0.25},
-        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 0, 0, 0, 0.2},
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0.2, 0},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0.3, 0},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 3, 0.1, 0},
+        {1, 37, 37, 4, 2, 16, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_SCALED_DOT, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 1, 1, 0, 0.2, 0},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 2, 1, 0.25, 0},
+        {2, 37, 37, 2, 2, 8, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_SCALED_DOT, 0, 0, 0, QKV_NORM_RELU, 1, 0, 0, 0, 0.2, 0},
+        /* the additive score: its parameter gradients summed over every block and rank */
+        {2, 37, 37, 4, 2, 16, 8, QKV_MASK_CAUSAL, 0, QKV_SCORE_ADDITIVE, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 5},
+        {2, 19, 31, 3, 1, 8, 5, QKV_MASK_NONE, 1, QKV_SCORE_ADDITIVE, 0, 0, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 3},
+        {1, 130, 130, 2, 1, 32, 32, QKV_MASK_CAUSAL_WINDOW, 0, QKV_SCORE_ADDITIVE, 0, 20, 0, QKV_NORM_SOFTMAX, 0, 0, 0, 0, 0, 8},
+        {1, 37, 37, 2, 2, 8, 8, QKV_MASK_WINDOW, 0, QKV_SCORE_ADDITIVE, 0, 3, 2, QKV_NORM_SOFTMAX, 0, 1, 1, 0, 0, 4},
+        {1, 29, 41, 3, 1, 8, 5, QKV_MASK_CAUSAL, 1, QKV_SCORE_ADDITIVE, 0, 0, 0, QKV_NORM_RELU, 1, 0, 2, 0, 0, 6},
+        {2, 29, 29, 2, 2, 8, 8, QKV_MASK_NONE, 0, QKV_SCORE_ADDITIVE, 0, 0, 0, QKV_NORM_SIGMOID, 0, 2, 0, 0, 0, 2},
     };
     uint64_t seed = 1000;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

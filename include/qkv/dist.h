@@ -70,9 +70,11 @@ QKV_API qkv_status qkv_dist_partition(int64_t n, int ranks, int rank, qkv_dist_l
  * cuts them: a sequence may straddle ranks); ALiBi and T5's 1-D relative
  * tables (the same slopes / table on every rank), offsets global as in one
  * process; attention dropout (the same seed on every rank), dropping the
- * entries one process drops.
- * QKV_ERR_UNSUPPORTED: the additive score, 2-D relative positions,
- * F64 and half precision. Errors: those of
+ * entries one process drops; the additive score (the same W1, W2, w on
+ * every rank).
+ * QKV_ERR_UNSUPPORTED: 2-D relative positions, F64 and half precision, the
+ * additive score together with ALiBi, T5 buckets or dropout.
+ * Errors: those of
  * qkv_attention_forward, QKV_ERR_UNSUPPORTED (also MPI not initialised),
  * QKV_ERR_IO (communication failed). */
 QKV_API qkv_status qkv_ring_attention_forward(const qkv_attn_desc *desc, qkv_dist_layout layout,
@@ -100,8 +102,8 @@ QKV_API qkv_status qkv_ring_attention_backward(const qkv_attn_desc *desc, qkv_di
  * extra communication. d_rel_table (optional, [H, rel_buckets]): the
  * whole table's gradient on every rank that passes one, summed over every
  * rank's queries (each rank's blocks in double, then one MPI_Allreduce that
- * every rank joins when any asks). The other fields are ignored (their
- * features are QKV_ERR_UNSUPPORTED on the ring). grads NULL: QKV_ERR_NULL_POINTER. */
+ * every rank joins when any asks); d_additive_w1, _w2, _w (optional, each
+ * alone) likewise. grads NULL: QKV_ERR_NULL_POINTER. */
 QKV_API qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist_layout layout, MPI_Comm comm,
                                                      const void *q, const void *k, const void *v, const void *out,
                                                      const void *lse, const void *dout, const qkv_attn_grads *grads);

@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "attn/fast.h"
+#include "attn/fast_additive.h"
 #include "core/internal.h"
 #include "dist/dist_internal.h"
 #include "ref/ref.h"
@@ -360,6 +361,9 @@ static qkv_status block_forward(const qkv_plan *p, const float *q, const float *
     qkv_status s = p->d.check_finite ? qkv_plan_check_finite(p, q, k, v, NULL, NULL, NULL) : QKV_OK;
     if (s == QKV_OK) {
         if (p->d.impl == QKV_IMPL_REFERENCE) s = qkv_ref_forward(p, q, k, v, out, NULL, lse);
+        else if (p->d.score == QKV_SCORE_ADDITIVE)
+            s = qkv_fast_additive_supported(p) ? qkv_fast_additive_forward(p, q, k, v, out, NULL, lse)
+                                               : QKV_ERR_UNSUPPORTED;
         else if (qkv_fast_supported(p)) s = qkv_fast_forward(p, q, k, v, out, NULL, lse);
         else s = QKV_ERR_UNSUPPORTED;
     }
@@ -370,7 +374,10 @@ static qkv_status block_backward(const qkv_plan *p, const float *q, const float 
                                  const float *out, const float *lse, const float *dout, const qkv_attn_grads *gr) {
     (void)qkv_alloc_take_refusal();
     qkv_status s = p->d.check_finite ? qkv_plan_check_finite(p, q, k, v, dout, out, lse) : QKV_OK;
-    if (s == QKV_OK)
+    if (s == QKV_OK && p->d.score == QKV_SCORE_ADDITIVE)
+        s = qkv_fast_additive_supported(p) ? qkv_fast_additive_backward(p, q, k, v, out, lse, dout, gr)
+                                           : QKV_ERR_UNSUPPORTED;
+    else if (s == QKV_OK)
         s = qkv_fast_supported(p) ? qkv_fast_backward(p, q, k, v, out, lse, dout, gr) : QKV_ERR_UNSUPPORTED;
     return s == QKV_ERR_OUT_OF_MEMORY ? qkv_alloc_failure_status() : s;
 }
@@ -399,8 +406,7 @@ static qkv_status ring_check(const qkv_attn_desc *desc, int backward, qkv_plan *
     d.bias = NULL;
     qkv_status s = qkv_plan_make(&d, plan);
     if (s != QKV_OK) return s;
-    if (d.dtype != QKV_F32 || d.score == QKV_SCORE_ADDITIVE || (d.rel_table && d.rel2d_width > 0))
-        return QKV_ERR_UNSUPPORTED;
+    if (d.dtype != QKV_F32 || (d.rel_table && d.rel2d_width > 0)) return QKV_ERR_UNSUPPORTED;
     if (backward && d.impl == QKV_IMPL_REFERENCE) return QKV_ERR_UNSUPPORTED;
     return QKV_OK;
 }
@@ -731,11 +737,11 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
     qkv_status s = ring_begin(&g, desc, layout, comm, 1);
     void *dq = grads ? grads->dq : NULL, *dk = grads ? grads->dk : NULL, *dv = grads ? grads->dv : NULL;
     float *dbias = grads && g.bias_h > 0 ? grads->dbias : NULL, *dbb = NULL;
-    /* The additive score is refused (ring_check). d_rel_table: each block's
-     * (drb) summed in this rank's block order into dra, in double, then
-     * over the ranks (every rank takes part when any asks for it). */
-    double *dra = NULL;
-    float *drb = NULL;
+    /* d_rel_table and the additive score's d_additive_w1, _w2, _w: each
+     * block's (drb, dab) summed in this rank's block order into dra, daa, in
+     * double, then over the ranks (every rank takes part when any asks). */
+    double *dra = NULL, *daa = NULL;
+    float *drb = NULL, *dab = NULL;
     if (g.comm == MPI_COMM_NULL || s != QKV_OK) {
         s = agree(g.comm, s);
         ring_end(&g);
@@ -758,6 +764,12 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
     int want_rel = desc->rel_table && grads && grads->d_rel_table, want_rel_any = want_rel;
     if (!mpi_ok(MPI_Allreduce(&want_rel, &want_rel_any, 1, MPI_INT, MPI_MAX, g.comm))) s = QKV_ERR_IO;
     const int64_t n_rel = desc->rel_table ? g.gplan.n_rel_elems : 0;
+    const int additive = desc->score == QKV_SCORE_ADDITIVE;
+    int want_add = additive && grads && (grads->d_additive_w1 || grads->d_additive_w2 || grads->d_additive_w),
+        want_add_any = want_add;
+    if (!mpi_ok(MPI_Allreduce(&want_add, &want_add_any, 1, MPI_INT, MPI_MAX, g.comm))) s = QKV_ERR_IO;
+    /* W1 and W2 [H, A, D], w [H, A] */
+    const int64_t n_aw1 = additive ? H * desc->additive_dim * D : 0, n_add = additive ? 2 * n_aw1 + H * desc->additive_dim : 0;
     size_t nq_rows = (size_t)(B * nq_loc * H);
     if (s == QKV_OK) {
         int64_t maxq = g.mq.c[0].len > g.mq.c[1].len ? g.mq.c[0].len : g.mq.c[1].len;
@@ -787,6 +799,12 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
             dra = qkv_alloc((size_t)n_rel * sizeof(double));
             if (!drb || !dra) s = QKV_ERR_OUT_OF_MEMORY;
             else memset(dra, 0, (size_t)n_rel * sizeof(double));
+        }
+        if (s == QKV_OK && want_add_any && n_add > 0) {
+            dab = qkv_alloc((size_t)n_add * sizeof(float));
+            daa = qkv_alloc((size_t)n_add * sizeof(double));
+            if (!dab || !daa) s = QKV_ERR_OUT_OF_MEMORY;
+            else memset(daa, 0, (size_t)n_add * sizeof(double));
         }
         if (s == QKV_OK && g.mq.n > 1) { /* two query chunks add into the same keys */
             scratch = qkv_alloc((size_t)g.kv_elems * sizeof(float) + 1);
@@ -885,6 +903,11 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                         gr.dv = dvt + sb.ka * Hkv * Dv;
                         gr.dbias = dbb;
                         gr.d_rel_table = drb;
+                        if (dab) {
+                            gr.d_additive_w1 = dab;
+                            gr.d_additive_w2 = dab + n_aw1;
+                            gr.d_additive_w = dab + 2 * n_aw1;
+                        }
                         const float *lsub = lcp;
                         if (g.packed && g.softmax) { /* B = 1: lse [H, len] -> [H, lq] */
                             for (int64_t h = 0; h < H; h++)
@@ -896,6 +919,7 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
                                             gcp + sb.qa * H * Dv, &gr);
                         if (cs == QKV_OK && dbias) scatter_dbias(&g, dbias, dbb, qc, kc, &sb);
                         for (int64_t t = 0; cs == QKV_OK && drb && t < n_rel; t++) dra[t] += drb[t];
+                        for (int64_t t = 0; cs == QKV_OK && dab && t < n_add; t++) daa[t] += dab[t];
                     }
                     if (cs == QKV_OK && any) {
                         add_to(dqa + B * qc->off * H * D, dqb, B * qc->len * H * D);
@@ -940,6 +964,14 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
             float *drel = want_rel ? grads->d_rel_table : NULL;
             for (int64_t t = 0; s == QKV_OK && drel && t < n_rel; t++) drel[t] = (float)dra[t];
         }
+        if (s == QKV_OK && daa) {
+            if (!mpi_ok(MPI_Allreduce(MPI_IN_PLACE, daa, (int)n_add, MPI_DOUBLE, MPI_SUM, g.comm))) s = QKV_ERR_IO;
+            float *dst[3] = {want_add ? grads->d_additive_w1 : NULL, want_add ? grads->d_additive_w2 : NULL,
+                             want_add ? grads->d_additive_w : NULL};
+            const int64_t at[4] = {0, n_aw1, 2 * n_aw1, n_add};
+            for (int part = 0; s == QKV_OK && part < 3; part++)
+                for (int64_t t = at[part]; dst[part] && t < at[part + 1]; t++) dst[part][t - at[part]] = (float)daa[t];
+        }
         if (s == QKV_OK)
             for (int t = 0; t < g.mq.n; t++) {
                 const chunk *c = &g.mq.c[t];
@@ -957,6 +989,8 @@ qkv_status qkv_ring_attention_backward_grads(const qkv_attn_desc *desc, qkv_dist
     qkv_free(dbb);
     qkv_free(drb);
     qkv_free(dra);
+    qkv_free(dab);
+    qkv_free(daa);
     qkv_free(o_own);
     qkv_free(l_own);
     for (int t = 0; t < 2; t++) {
