@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "attn/half.h"
+#include "core/half.h"
 #include "core/internal.h"
 #include "kernels/kernels.h"
 #include "layers/linear.h"
@@ -201,6 +203,43 @@ static qkv_status project(const qkv_encoder *e, const enc_layer *L, int which, c
     return nn_linear(x, rows, in, w[which], b[which], out, y, e->threads);
 }
 
+/* bf16 attention of the bf16 encoder: q, k, v rounded to bf16 into the
+ * halves of buffers idle during attention (tmp: q, k; inter: v, the
+ * output), the AVX512-BF16 forward on them, the output widened into ctx.
+ * The roundings run over rows on the threads (elementwise: any split gives
+ * the same bits). */
+typedef struct {
+    const float *src[3];
+    uint16_t *dst[3];
+    const uint16_t *wsrc;
+    float *wdst;
+    int64_t width;
+} bf16_job;
+
+static void bf16_round_rows(void *ctx, int64_t r0, int64_t r1) {
+    const bf16_job *j = ctx;
+    for (int t = 0; t < 3; t++)
+        qkv_f32_to_bf16_array(j->dst[t] + r0 * j->width, j->src[t] + r0 * j->width, (size_t)((r1 - r0) * j->width));
+}
+
+static void bf16_widen_rows(void *ctx, int64_t r0, int64_t r1) {
+    const bf16_job *j = ctx;
+    qkv_bf16_to_f32_array(j->wdst + r0 * j->width, j->wsrc + r0 * j->width, (size_t)((r1 - r0) * j->width));
+}
+
+static qkv_status attend_bf16(qkv_encoder *e, const qkv_attn_desc *d32, int64_t rows) {
+    const int64_t H = e->info.hidden;
+    uint16_t *qh = (uint16_t *)(void *)e->tmp, *kh = qh + rows * H;
+    uint16_t *vh = (uint16_t *)(void *)e->inter, *oh = vh + rows * H;
+    bf16_job j = {{e->q, e->k, e->v}, {qh, kh, vh}, oh, e->ctx, H};
+    qkv_par_range(e->threads, rows, 6 * H, bf16_round_rows, &j);
+    qkv_attn_desc d = *d32;
+    d.dtype = QKV_BF16;
+    qkv_status s = qkv_attention_forward(&d, qh, kh, vh, oh, NULL, NULL);
+    if (s == QKV_OK) qkv_par_range(e->threads, rows, 2 * H, bf16_widen_rows, &j);
+    return s;
+}
+
 /* Run layers 0 .. stop - 1 on the embedded rows of e->x (packed sequences
  * at offsets, relative to the first row); with stop < layers, also leave
  * layer stop's queries and keys in e->q, e->k. */
@@ -219,7 +258,10 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
         if (l == stop) return QKV_OK;
         if ((s = project(e, L, ENC_W_V, e->x, rows, e->v)) != QKV_OK) return s;
         phase_end(e, ENC_PH_QKV, &t0);
-        if ((s = qkv_attention_forward(&d, e->q, e->k, e->v, e->ctx, NULL, NULL)) != QKV_OK) return s;
+        s = e->info.precision == QKV_ENCODER_BF16 && qkv_half_fast_available()
+                ? attend_bf16(e, &d, rows)
+                : qkv_attention_forward(&d, e->q, e->k, e->v, e->ctx, NULL, NULL);
+        if (s != QKV_OK) return s;
         phase_end(e, ENC_PH_ATTN, &t0);
         if ((s = project(e, L, ENC_W_O, e->ctx, rows, e->tmp)) != QKV_OK) return s;
         phase_end(e, ENC_PH_OUT, &t0);
