@@ -25,6 +25,8 @@
 #include "core/cpu.h"
 #include "core/half.h"
 #include "gemm/gemm.h"
+#include "kernels/nn.h"
+#include "layers/linear.h"
 #include "test_util.h"
 
 static const int64_t SIZES[] = {0, 1, 2, 7, 15, 16, 17, 31, 33, 63, 65, 129, 257};
@@ -753,6 +755,120 @@ static void test_few_rows(const qkv_gemm_kernel *k, uint64_t seed) {
     CHECK_STATUS(qkv_gemm_few_rows_with(k, 0, 1, 1, NULL, 1, NULL, 1, NULL, NULL, 1, 1), QKV_OK);
 }
 
+/* Epilogues (gemm/gemm.h): every element of C passes through exactly one
+ * block, after its sum (and, for bf16, its bias) is complete, with c at
+ * C[i0][j0]: an epilogue c = 2c + 1 gives 2 (the plain product) + 1 bitwise,
+ * for awkward shapes, K = 0, small blockings and 1-3 threads; and
+ * nn_linear_act / nn_linear_bf16_act are bitwise the product followed by
+ * bias_act over the rows. */
+typedef struct {
+    float *C;
+    int64_t ldc, N;
+    unsigned char *seen;
+    int bad;
+} epi_probe;
+
+static void probe_epi(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n) {
+    epi_probe *p = ctx;
+    if (c != p->C + i0 * p->ldc + j0 || ldc != p->ldc) p->bad = 1;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            p->seen[(i0 + i) * p->N + j0 + j]++;
+            c[i * ldc + j] = 2.0f * c[i * ldc + j] + 1.0f;
+        }
+}
+
+static void test_epilogue(int arch, uint64_t seed) {
+    static const int64_t MS[] = {1, 13, 15, 129}, NS[] = {1, 31, 33, 100}, KS[] = {0, 1, 70, 600};
+    const qkv_gemm_kernel *k0 = kernel_of(arch);
+    qkv_gemm_kernel small = *k0;
+    small.mc = small.mr * 2;
+    small.kc = 32;
+    small.nc = small.nr * 2;
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    for (size_t a = 0; a < 4; a++)
+        for (size_t b = 0; b < 4; b++)
+            for (size_t c = 0; c < 4; c++)
+                for (int variant = 0; variant < 6; variant++) {
+                    const int64_t M = MS[a], N = NS[b], K = KS[c], ldc = N + 3;
+                    const int threads = 1 + variant % 3, bf = variant >= 3;
+                    const qkv_gemm_kernel *k = (variant % 2) ? &small : k0;
+                    float *A = malloc((size_t)(M * K + 1) * sizeof *A), *B = malloc((size_t)(N * K + 1) * sizeof *B);
+                    float *bias = malloc((size_t)N * sizeof *bias), *C1 = malloc((size_t)(M * ldc) * sizeof *C1);
+                    float *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
+                    unsigned char *seen = calloc((size_t)(M * N), 1);
+                    tu_fill_normal_f32(&r, A, (size_t)(M * K + 1), 1.0);
+                    tu_fill_normal_f32(&r, B, (size_t)(N * K + 1), 1.0);
+                    tu_fill_normal_f32(&r, bias, (size_t)N, 1.0);
+                    tu_fill_normal_f32(&r, C1, (size_t)(M * ldc), 1.0);
+                    memcpy(C2, C1, (size_t)(M * ldc) * sizeof *C1);
+                    epi_probe pr = {C2, ldc, N, seen, 0};
+                    const qkv_gemm_epi e = {probe_epi, &pr};
+                    qkv_status s1, s2;
+                    if (!bf) {
+                        s1 = qkv_gemm_run(k, 0, 1, M, N, K, 1.0f, A, K ? K : 1, B, K ? K : 1, 0.5f, C1, ldc, threads);
+                        s2 = qkv_gemm_run_epi(k, 0, 1, M, N, K, 1.0f, A, K ? K : 1, B, K ? K : 1, 0.5f, C2, ldc, threads,
+                                              &e);
+                    } else {
+                        qkv_gemm_bf16_b bp;
+                        s1 = qkv_gemm_bf16_pack_b_with(bf16_kernel_of(arch), 1, K, N, B, K ? K : 1, 1, &bp);
+                        if (s1 == QKV_OK)
+                            s1 = qkv_gemm_bf16_packed_run(0, M, 1.0f, A, K ? K : 1, &bp, 0.5f, C1, ldc, bias, threads);
+                        s2 = s1 == QKV_OK ? qkv_gemm_bf16_packed_epi(0, M, 1.0f, A, K ? K : 1, &bp, 0.5f, C2, ldc, bias,
+                                                                     threads, &e)
+                                          : s1;
+                        qkv_gemm_bf16_b_free(&bp);
+                    }
+                    int bad = s1 != QKV_OK || s2 != QKV_OK || pr.bad;
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = 0; j < ldc; j++) {
+                            const float want = j < N ? 2.0f * C1[i * ldc + j] + 1.0f : C1[i * ldc + j];
+                            if (memcmp(&want, &C2[i * ldc + j], sizeof want) != 0) bad = 1;
+                            if (j < N && seen[i * N + j] != 1) bad = 1;
+                        }
+                    CHECK(!bad, "epilogue %s M=%lld N=%lld K=%lld threads=%d %s%s", qkv_arch_name(arch), (long long)M,
+                          (long long)N, (long long)K, threads, bf ? "bf16" : "fp32", (variant % 2) ? " small blocks" : "");
+                    free(A); free(B); free(bias); free(C1); free(C2); free(seen);
+                }
+    /* the fused linear layers against the product and one bias_act pass (the active tables) */
+    const qkv_nn_kernels *nk = qkv_nn_kernels_active();
+    static const int64_t RS[] = {1, 17, 200}, OS[] = {5, 64, 130};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (int act = 0; act <= QKV_NN_ACT_RELU; act++) {
+                const int64_t rows = RS[a], out = OS[b], in = 37;
+                float *x = malloc((size_t)(rows * in) * sizeof *x), *w = malloc((size_t)(out * in) * sizeof *w);
+                float *bias = malloc((size_t)out * sizeof *bias), *y1 = malloc((size_t)(rows * out) * sizeof *y1);
+                float *y2 = malloc((size_t)(rows * out) * sizeof *y2);
+                tu_fill_normal_f32(&r, x, (size_t)(rows * in), 1.0);
+                tu_fill_normal_f32(&r, w, (size_t)(out * in), 1.0);
+                tu_fill_normal_f32(&r, bias, (size_t)out, 1.0);
+                int bad = 0;
+                for (int bfp = 0; bfp < 2; bfp++) {
+                    qkv_gemm_bf16_b bp;
+                    memset(&bp, 0, sizeof bp);
+                    if (bfp) {
+                        bad |= qkv_gemm_bf16_pack_b(1, in, out, w, in, 2, &bp) != QKV_OK;
+                        bad |= qkv_gemm_bf16_packed(0, rows, 1.0f, x, in, &bp, 0.0f, y1, out, bias, 2) != QKV_OK;
+                        for (int64_t i = 0; i < rows; i++) nk->bias_act(y1 + i * out, NULL, (size_t)out, act);
+                        bad |= nn_linear_bf16_act(x, rows, &bp, bias, y2, act, 2) != QKV_OK;
+                    } else {
+                        bad |= nn_linear(x, rows, in, w, NULL, out, y1, 2) != QKV_OK;
+                        for (int64_t i = 0; i < rows; i++) nk->bias_act(y1 + i * out, bias, (size_t)out, act);
+                        bad |= nn_linear_act(x, rows, in, w, bias, out, y2, act, 2) != QKV_OK;
+                    }
+                    bad |= memcmp(y1, y2, (size_t)(rows * out) * sizeof *y1) != 0;
+                    qkv_gemm_bf16_b_free(&bp);
+                }
+                CHECK(!bad, "nn_linear_act rows=%lld out=%lld act=%d", (long long)rows, (long long)out, act);
+                free(x); free(w); free(bias); free(y1); free(y2);
+            }
+    CHECK_STATUS(nn_linear_act(NULL, 2, 3, NULL, NULL, 4, NULL, 0, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(nn_linear_act(NULL, -1, 3, NULL, NULL, 4, NULL, 0, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(nn_linear_bf16_act(NULL, 2, NULL, NULL, NULL, 0, 1), QKV_ERR_NULL_POINTER);
+}
+
 int main(void) {
     int archs = 0;
     if (qkv_gemm_uses_cblas())
@@ -772,6 +888,7 @@ int main(void) {
         test_threads_public(arch);
         test_bf16(arch, 60, 4000 + (uint64_t)arch);
         test_few_rows(k, 5000 + (uint64_t)arch);
+        test_epilogue(arch, 6000 + (uint64_t)arch);
         printf("arch %s (kernel %s, MC %d KC %d NC %d; bf16 kernel %s): %s\n", qkv_arch_name(arch), k->name,
                k->mc, k->kc, k->nc, bf16_kernel_of(arch)->name, tu_failed == before ? "ok" : "FAILED");
     }

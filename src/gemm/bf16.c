@@ -171,6 +171,7 @@ typedef struct {
     int64_t mtiles, ntiles;
     uint32_t *buf; /* per thread: ap_len words */
     int64_t ap_len;
+    const qkv_gemm_epi *epi; /* NULL: none */
 } bgemm_job;
 
 static void add_bias(float *restrict c, int64_t ldc, const float *restrict bias, int m, int n) {
@@ -208,6 +209,7 @@ static void bgemm_thread(void *ctx, int64_t unit, int t) {
                     /* the bias once the panel's tiles are all out (added
                      * right behind a tile's stores, it waited on them) */
                     if (last && j->bias) add_bias(c, j->ldc, j->bias + jc + jr, (int)mc, n);
+                    if (last && j->epi) j->epi->fn(j->epi->ctx, c, j->ldc, ic, jc + jr, mc, n);
                 }
             }
         }
@@ -217,6 +219,12 @@ static void bgemm_thread(void *ctx, int64_t unit, int t) {
 qkv_status qkv_gemm_bf16_packed_run(int trans_a, int64_t M, float alpha, const float *A, int64_t lda,
                                     const qkv_gemm_bf16_b *Bp, float beta, float *C, int64_t ldc,
                                     const float *bias, int threads) {
+    return qkv_gemm_bf16_packed_epi(trans_a, M, alpha, A, lda, Bp, beta, C, ldc, bias, threads, NULL);
+}
+
+qkv_status qkv_gemm_bf16_packed_epi(int trans_a, int64_t M, float alpha, const float *A, int64_t lda,
+                                    const qkv_gemm_bf16_b *Bp, float beta, float *C, int64_t ldc, const float *bias,
+                                    int threads, const qkv_gemm_epi *epi) {
     const int64_t N = Bp->N, K = Bp->K;
     if (M == 0 || N == 0) return QKV_OK;
     if (K == 0 || alpha == 0.0f) {
@@ -224,12 +232,13 @@ qkv_status qkv_gemm_bf16_packed_run(int trans_a, int64_t M, float alpha, const f
         if (bias)
             for (int64_t i = 0; i < M; i++)
                 for (int64_t jj = 0; jj < N; jj++) C[i * ldc + jj] += bias[jj];
+        if (epi) epi->fn(epi->ctx, C, ldc, 0, 0, M, N);
         return QKV_OK;
     }
     const qkv_gemm_bf16_kernel *k = Bp->k;
     bgemm_job j = {.k = k, .B = Bp, .trans_a = trans_a != 0, .M = M, .alpha = alpha, .beta = beta, .A = A,
                    .lda = lda, .ldc = ldc, .C = C, .bias = bias, .mtiles = ceil_div(M, k->mr),
-                   .ntiles = ceil_div(N, k->nr)};
+                   .ntiles = ceil_div(N, k->nr), .epi = epi};
     qkv_gemm_grid(j.mtiles, j.ntiles, k->mr, k->nr, k->nc, threads, &j.tm, &j.tn);
     const int nthreads = j.tm * j.tn;
     const int64_t rows = ceil_div(j.mtiles, j.tm) * k->mr, kc2 = (min64(k->kc, K) + 1) / 2;

@@ -58,6 +58,7 @@ typedef struct gemm_job {
     int64_t mtiles, ntiles;  /* MR-row / NR-column tiles of C */
     float *buf;              /* per thread: ap_len floats, then bp_len floats */
     int64_t ap_len, bp_len;
+    const qkv_gemm_epi *epi; /* NULL: none */
 } gemm_job;
 
 void qkv_gemm_split(int64_t tiles, int parts, int idx, int64_t *lo, int64_t *hi) {
@@ -119,6 +120,7 @@ static void gemm_thread(void *ctx, int64_t unit, int t) {
                         int m = (int)min64(MR, mc - ir);
                         k->ukr(kc, ap + ir * kc, b, c + ir * j->ldc, j->ldc, j->alpha, beta, m, n);
                     }
+                    if (j->epi && pc + kc == j->K) j->epi->fn(j->epi->ctx, c, j->ldc, ic, jc + jr, mc, n);
                 }
             }
         }
@@ -165,12 +167,20 @@ void qkv_gemm_grid(int64_t mtiles, int64_t ntiles, int mr, int nr, int nc, int t
 qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t N,
                         int64_t K, float alpha, const float *A, int64_t lda, const float *B,
                         int64_t ldb, float beta, float *C, int64_t ldc, int threads) {
+    return qkv_gemm_run_epi(k, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, threads, NULL);
+}
+
+qkv_status qkv_gemm_run_epi(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                            float *C, int64_t ldc, int threads, const qkv_gemm_epi *epi) {
     if (M == 0 || N == 0) return QKV_OK;
     if (K == 0 || alpha == 0.0f) {
         qkv_gemm_scale_c(M, N, beta, C, ldc);
+        if (epi) epi->fn(epi->ctx, C, ldc, 0, 0, M, N);
         return QKV_OK;
     }
     gemm_job j;
+    j.epi = epi;
     j.k = k;
     j.trans_a = trans_a != 0;
     j.trans_b = trans_b != 0;

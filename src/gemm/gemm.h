@@ -23,6 +23,23 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
                         int64_t K, float alpha, const float *A, int64_t lda, const float *B,
                         int64_t ldb, float beta, float *C, int64_t ldc, int threads);
 
+/* An epilogue of a product: fn(ctx, c, ldc, i0, j0, m, n) on a finished
+ * block of C, rows i0 .. i0 + m - 1 and columns j0 .. j0 + n - 1 (c points
+ * at C[i0][j0]), while it is still in cache: every element of C passes
+ * through exactly one block, once its sum (and beta C, and a bf16
+ * product's bias) is complete, on the thread that computed it. The block
+ * boundaries depend on the blocking and the thread grid, so fn must treat
+ * each element alone (then the results do not depend on them). */
+typedef struct qkv_gemm_epi {
+    void (*fn)(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n);
+    void *ctx;
+} qkv_gemm_epi;
+
+/* qkv_gemm_run with an epilogue (NULL: none). */
+qkv_status qkv_gemm_run_epi(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                            float *C, int64_t ldc, int threads, const qkv_gemm_epi *epi);
+
 /* 1 when this build forwards qkv_sgemm to a system CBLAS (CMake option
  * QKV_USE_CBLAS found one): then the `threads` argument and the allocator
  * hooks do not apply to it (the BLAS threads and allocates on its own). */
@@ -120,6 +137,10 @@ void qkv_gemm_bf16_b_free(qkv_gemm_bf16_b *b);
 qkv_status qkv_gemm_bf16_packed(int trans_a, int64_t M, float alpha, const float *A, int64_t lda,
                                 const qkv_gemm_bf16_b *Bp, float beta, float *C, int64_t ldc, const float *bias,
                                 int threads);
+/* The same with an epilogue after the bias (arguments already valid). */
+qkv_status qkv_gemm_bf16_packed_epi(int trans_a, int64_t M, float alpha, const float *A, int64_t lda,
+                                    const qkv_gemm_bf16_b *Bp, float beta, float *C, int64_t ldc, const float *bias,
+                                    int threads, const qkv_gemm_epi *epi);
 
 /* The one-shot product: packs op(B) per call (for weights that change, as
  * in training), then as qkv_gemm_bf16_packed; the same bits. */

@@ -11,6 +11,7 @@
 typedef struct {
     float *y, *b;
     int64_t rows, out;
+    int act; /* act_rows: a QKV_NN_ACT_* */
 } bias_job;
 
 static void bias_add_rows(void *ctx, int64_t r0, int64_t r1) {
@@ -31,7 +32,7 @@ qkv_status nn_linear_p(qkv_dtype prec, const float *x, int64_t rows, int64_t in,
     if (prec == QKV_BF16) return qkv_gemm_bf16(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, b, threads);
     qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
     if (s != QKV_OK || !b) return s;
-    bias_job j = {y, (float *)b, rows, out};
+    bias_job j = {y, (float *)b, rows, out, 0};
     qkv_par_range(threads, rows, out, bias_add_rows, &j);
     return QKV_OK;
 }
@@ -39,6 +40,57 @@ qkv_status nn_linear_p(qkv_dtype prec, const float *x, int64_t rows, int64_t in,
 qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
                      float *y, int threads) {
     return nn_linear_p(QKV_F32, x, rows, in, w, b, out, y, threads);
+}
+
+/* The bias and the activation of a finished block of y (an epilogue of the
+ * product, gemm/gemm.h), row by row through the nn kernel. */
+typedef struct {
+    const float *b;
+    int act;
+} act_epi_ctx;
+
+static void act_epi(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n) {
+    (void)i0;
+    const act_epi_ctx *a = ctx;
+    const qkv_nn_kernels *k = qkv_nn_kernels_active();
+    for (int64_t r = 0; r < m; r++) k->bias_act(c + r * ldc, a->b ? a->b + j0 : NULL, (size_t)n, a->act);
+}
+
+static void act_rows(void *ctx, int64_t r0, int64_t r1) {
+    const bias_job *j = ctx;
+    const qkv_nn_kernels *k = qkv_nn_kernels_active();
+    for (int64_t r = r0; r < r1; r++) k->bias_act(j->y + r * j->out, j->b, (size_t)j->out, j->act);
+}
+
+qkv_status nn_linear_act(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                         float *y, int act, int threads) {
+    if (rows < 0 || in < 0 || out < 0 || threads < 0) return QKV_ERR_BAD_SIZE;
+    if ((rows > 0 && out > 0 && !y) || (rows > 0 && in > 0 && !x) || (in > 0 && out > 0 && !w))
+        return QKV_ERR_NULL_POINTER;
+    if (!qkv_gemm_extent_ok(rows, in, in) || !qkv_gemm_extent_ok(out, in, in) || !qkv_gemm_extent_ok(rows, out, out))
+        return QKV_ERR_SIZE_OVERFLOW;
+    if (qkv_gemm_uses_cblas()) { /* the system BLAS has no epilogue: a pass after it */
+        qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
+        if (s != QKV_OK) return s;
+        bias_job j = {y, (float *)b, rows, out, act};
+        qkv_par_range(threads, rows, 4 * out, act_rows, &j);
+        return QKV_OK;
+    }
+    act_epi_ctx a = {b, act};
+    const qkv_gemm_epi e = {act_epi, &a};
+    return qkv_gemm_run_epi(qkv_gemm_kernel_active(), 0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out,
+                            qkv_gemm_threads_for(rows, out, in, threads), &e);
+}
+
+qkv_status nn_linear_bf16_act(const float *x, int64_t rows, const qkv_gemm_bf16_b *w, const float *b, float *y,
+                              int act, int threads) {
+    if (!w) return QKV_ERR_NULL_POINTER;
+    if (rows < 0 || threads < 0) return QKV_ERR_BAD_SIZE;
+    if ((rows > 0 && w->N > 0 && !y) || (rows > 0 && w->K > 0 && !x)) return QKV_ERR_NULL_POINTER;
+    act_epi_ctx a = {NULL, act}; /* the product adds b in its tiles */
+    const qkv_gemm_epi e = {act_epi, &a};
+    return qkv_gemm_bf16_packed_epi(0, rows, 1.0f, x, w->K, w, 0.0f, y, w->N, b,
+                                    qkv_gemm_threads_for(rows, w->N, w->K, threads), &e);
 }
 
 qkv_status nn_linear_backward_p(qkv_dtype prec, const float *x, const float *dy, int64_t rows, int64_t in,
@@ -52,7 +104,7 @@ qkv_status nn_linear_backward_p(qkv_dtype prec, const float *x, const float *dy,
         if (s != QKV_OK) return s;
     }
     if (db) {
-        bias_job j = {(float *)dy, db, rows, out};
+        bias_job j = {(float *)dy, db, rows, out, 0};
         qkv_par_range(threads, out, rows, bias_grad_cols, &j);
     }
     if (!dx) return QKV_OK;

@@ -13,6 +13,20 @@
 qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
                      float *y, int threads);
 
+/* y = act(x Wᵀ + b) (act a QKV_NN_ACT_* of kernels/nn.h, b may be NULL):
+ * the bias and the activation applied to each block of y by the product's
+ * epilogue while the block is in cache, instead of a pass over y; the same
+ * bits as nn_linear and then bias_act over the rows. */
+qkv_status nn_linear_act(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                         float *y, int act, int threads);
+
+/* The same for weights packed for the bf16 product (gemm/gemm.h): y [rows,
+ * w->N] = act(x [rows, w->K] Wᵀ + b), the bias added in the product's
+ * tiles, the activation in its epilogue. */
+struct qkv_gemm_bf16_b;
+qkv_status nn_linear_bf16_act(const float *x, int64_t rows, const struct qkv_gemm_bf16_b *w, const float *b,
+                              float *y, int act, int threads);
+
 /* The backward of nn_linear given dy [rows, out]: dW += dyᵀ x (when dw is
  * not NULL), db += Σ_r dy[r] (when db is not NULL; columns in parallel
  * chunks, each summed over the rows in order), then dx = dy W, or

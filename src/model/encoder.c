@@ -267,21 +267,22 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
         phase_end(e, ENC_PH_OUT, &t0);
         layer_norm(e, e->x, e->tmp, L->ln1_g, L->ln1_b, rows); /* x = LN(x + attn) */
         phase_end(e, ENC_PH_LN, &t0);
-        /* float32 products of many rows add their bias in the activation's
-         * pass (one pass over the widest activations instead of two); the
-         * other paths add it in their tiles */
-        const float *act_bias = NULL;
-        if (e->info.precision == QKV_ENCODER_FP32 && rows > QKV_GEMM_FEW_ROWS) {
-            s = nn_linear(e->x, rows, e->info.hidden, L->wi, NULL, I, e->inter, th);
-            act_bias = L->bi;
-        } else {
-            s = project(e, L, ENC_W_I, e->x, rows, e->inter);
-        }
-        if (s != QKV_OK) return s;
+        /* The packed float32 and bf16 products apply bias + activation in
+         * their epilogue, block by block while it is in cache; the few-rows
+         * and int8 products add the bias, then one pass applies the
+         * activation. */
         static const int ACT[] = {[ENC_ACT_GELU] = QKV_NN_ACT_GELU, [ENC_ACT_GELU_NEW] = QKV_NN_ACT_GELU_TANH,
                                   [ENC_ACT_RELU] = QKV_NN_ACT_RELU};
-        row_job j = {qkv_nn_kernels_active(), e->inter, NULL, NULL, act_bias, I, 0, ACT[e->info.hidden_act]};
-        qkv_par_range(th, rows, 4 * I, act_rows, &j);
+        const int act = ACT[e->info.hidden_act];
+        if (e->info.precision == QKV_ENCODER_FP32 && rows > QKV_GEMM_FEW_ROWS) {
+            s = nn_linear_act(e->x, rows, e->info.hidden, L->wi, L->bi, I, e->inter, act, th);
+        } else if (e->info.precision == QKV_ENCODER_BF16) {
+            s = nn_linear_bf16_act(e->x, rows, &L->bf[ENC_W_I], L->bi, e->inter, act, th);
+        } else if ((s = project(e, L, ENC_W_I, e->x, rows, e->inter)) == QKV_OK) {
+            row_job j = {qkv_nn_kernels_active(), e->inter, NULL, NULL, NULL, I, 0, act};
+            qkv_par_range(th, rows, 4 * I, act_rows, &j);
+        }
+        if (s != QKV_OK) return s;
         if ((s = project(e, L, ENC_W_O2, e->inter, rows, e->tmp)) != QKV_OK) return s;
         phase_end(e, ENC_PH_MLP, &t0);
         layer_norm(e, e->x, e->tmp, L->ln2_g, L->ln2_b, rows); /* x = LN(x + mlp) */
