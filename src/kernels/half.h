@@ -69,8 +69,9 @@ typedef struct qkv_half_kernels {
      * stride ldx; reads 32 * npanels floats of rows 0 .. 2 npairs - 1). */
     void (*pack_rowpairs)(uint32_t *kp, const float *x, size_t ldx, size_t npairs, size_t npanels);
 
-    /* The backward's packing of its bf16 inputs and the output of its dQ
-     * (pure data movement and one rounding: bitwise the same on every ISA). */
+    /* Packing of bf16 inputs (the forward's K and V, the backward's Q, dO,
+     * K, V) and the backward's dQ output: pure data movement and one
+     * rounding, bitwise the same on every ISA. */
 
     /* A transpose of 32-bit words: dst[c * ldd + r] = word r * lds + c of
      * src, for r < rows, c < cols (src read by memcpy: any alignment). */
