@@ -39,6 +39,21 @@ qkv_status qkv_half_fast_backward(const qkv_plan *p, const uint16_t *q, const ui
 
 /* Whether the bf16 fast forward (and backward) runs here (CPU, OS and QKV_ARCH); and, for
  * tests, force the portable path (on != 0) or restore the default. */
+/* Packings shared by the fast forward and backward (half_pack.c), little-
+ * endian fast paths on the kernels' words_t and interleave:
+ * qkv_half_pairs_of_row: d[t] = (row[2t], row[2t+1]) for t < w, zero past D;
+ * qkv_half_pack_panels: rows [0, n) of x (row stride ld) into npad / 32
+ *   panels, dst[(p * w + t) * 32 + c] = the pairs of row 32p + c (zero past
+ *   D and n);
+ * qkv_half_pack_row_pairs: dst[u * ldw + col] = (x[2u][col], x[2u+1][col])
+ *   for u < npad / 2, col < ldw (zero past D and n). */
+struct qkv_half_kernels;
+void qkv_half_pairs_of_row(uint32_t *d, int64_t w, const uint16_t *row, int64_t D);
+void qkv_half_pack_panels(const struct qkv_half_kernels *HK, uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld,
+                          int64_t n, int64_t npad, int64_t D);
+void qkv_half_pack_row_pairs(const struct qkv_half_kernels *HK, uint32_t *dst, int64_t ldw, const uint16_t *x,
+                             int64_t ld, int64_t n, int64_t npad, int64_t D);
+
 int qkv_half_fast_available(void);
 void qkv_half_force_portable(int on);
 

@@ -100,7 +100,6 @@ static size_t ws_layout(const hb_ctx *c, unsigned char *base, hb_ws *w) {
     return at;
 }
 
-static uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
 /* The loops below are written without branches inside (selects, fixed
  * trip counts) so that the compiler vectorizes them: at short sequences
@@ -111,21 +110,6 @@ static int any_nonfinite(const uint16_t *x, int64_t n) {
     uint16_t acc = 0;
     for (int64_t t = 0; t < n; t++) acc |= (uint16_t)((x[t] & 0x7f80u) + 0x0080u);
     return (acc & 0x8000u) != 0;
-}
-
-/* d[t] = (row[2t], row[2t+1]) for t < w, zero past D. (This path runs on
- * CPUs with bf16 dot products, all little-endian: there a row's pairs are
- * its bf16 in memory order.) */
-static void pairs_of_row(uint32_t *d, int64_t w, const uint16_t *row, int64_t D) {
-    const int64_t full = D / 2;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(d, row, (size_t)full * sizeof *d);
-#else
-    for (int64_t t = 0; t < full; t++) d[t] = pair(row[2 * t], row[2 * t + 1]);
-#endif
-    int64_t t = full;
-    if (D % 2) d[t++] = pair(row[D - 1], 0);
-    if (t < w) memset(d + t, 0, (size_t)(w - t) * sizeof *d);
 }
 
 /* rows [0, n) of a [n, ld] bf16 matrix (row r at x + r * ld, D columns):
@@ -141,56 +125,9 @@ static int pack_rows(uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld, in
             continue;
         }
         bad |= any_nonfinite(x + r * ld, D);
-        pairs_of_row(d, w, x + r * ld, D);
+        qkv_half_pairs_of_row(d, w, x + r * ld, D);
     }
     return bad;
-}
-
-/* The same rows in 32-row panels: dst[(p * w + t) * 32 + c] = pairs of row
- * 32p + c, for npad / 32 panels. With D even (little-endian) the pairs are
- * the rows' words, and a panel is their transpose. */
-static void pack_panels(const qkv_half_kernels *HK, uint32_t *dst, int64_t w, const uint16_t *x, int64_t ld,
-                        int64_t n, int64_t npad, int64_t D) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (D % 2 == 0 && ld % 2 == 0) {
-        for (int64_t p0 = 0; p0 < npad; p0 += 32) {
-            uint32_t *d = dst + (p0 / 32) * w * 32;
-            const int64_t nr = n - p0 >= 32 ? 32 : n - p0 > 0 ? n - p0 : 0;
-            if (nr < 32) memset(d, 0, (size_t)(w * 32) * sizeof *d);
-            if (nr > 0) HK->words_t(d, 32, x + p0 * ld, (size_t)(ld / 2), (size_t)nr, (size_t)w);
-        }
-        return;
-    }
-#endif
-    uint32_t tmp[32];
-    for (int64_t r = 0; r < npad; r++) {
-        uint32_t *d = dst + (r / 32) * w * 32 + r % 32;
-        if (r >= n) {
-            for (int64_t t = 0; t < w; t++) d[t * 32] = 0;
-            continue;
-        }
-        const uint16_t *row = x + r * ld;
-        for (int64_t t0 = 0; t0 < w; t0 += 32) { /* a row's pairs, 32 at a time, then spread */
-            const int64_t cnt = w - t0 < 32 ? w - t0 : 32, d0 = 2 * t0, dn = D - d0 < 2 * cnt ? D - d0 : 2 * cnt;
-            pairs_of_row(tmp, cnt, row + d0, dn > 0 ? dn : 0);
-            for (int64_t t = 0; t < cnt; t++) d[(t0 + t) * 32] = tmp[t];
-        }
-    }
-}
-
-/* Pairs of consecutive rows, one word per column:
- * dst[u * ldw + col] = (x[2u][col], x[2u+1][col]) for u < npad / 2, col < ldw,
- * zero past D and past row n. */
-static void pack_row_pairs(const qkv_half_kernels *HK, uint32_t *dst, int64_t ldw, const uint16_t *x, int64_t ld,
-                           int64_t n, int64_t npad, int64_t D) {
-    for (int64_t u = 0; u < npad / 2; u++) {
-        uint32_t *d = dst + u * ldw;
-        if (2 * u < n)
-            HK->interleave(d, x + 2 * u * ld, 2 * u + 1 < n ? x + (2 * u + 1) * ld : NULL, (size_t)D);
-        else
-            memset(d, 0, (size_t)D * sizeof *d);
-        if (ldw > D) memset(d + D, 0, (size_t)(ldw - D) * sizeof *d);
-    }
 }
 
 /* sum_x a[x] b[x] of two bf16 rows: each product exact in float, the sum in
@@ -248,10 +185,10 @@ static void pack_q_unit(void *vc, int64_t u, int t) {
     int bad = 0;
     for (int64_t i = 0; i < c->nq; i++)
         bad |= any_nonfinite(q0 + i * c->H * D, D) | any_nonfinite(g0 + i * c->H * Dv, Dv);
-    pack_panels(c->HK, c->qpan + u * c->qpan_st, c->dp2, q0, c->H * D, c->nq, c->nqp, D);
-    pack_panels(c->HK, c->dopan + u * c->dopan_st, c->dvp2, g0, c->H * Dv, c->nq, c->nqp, Dv);
-    pack_row_pairs(c->HK, c->qpair + u * c->qpair_st, c->ldD, q0, c->H * D, c->nq, c->nqp, D);
-    pack_row_pairs(c->HK, c->dopair + u * c->dopair_st, c->ldDv, g0, c->H * Dv, c->nq, c->nqp, Dv);
+    qkv_half_pack_panels(c->HK, c->qpan + u * c->qpan_st, c->dp2, q0, c->H * D, c->nq, c->nqp, D);
+    qkv_half_pack_panels(c->HK, c->dopan + u * c->dopan_st, c->dvp2, g0, c->H * Dv, c->nq, c->nqp, Dv);
+    qkv_half_pack_row_pairs(c->HK, c->qpair + u * c->qpair_st, c->ldD, q0, c->H * D, c->nq, c->nqp, D);
+    qkv_half_pack_row_pairs(c->HK, c->dopair + u * c->dopair_st, c->ldDv, g0, c->H * Dv, c->nq, c->nqp, Dv);
     for (int64_t i = 0; i < c->nq; i++) {
         const int64_t row = u * c->nq + i;
         const float l = c->lse[row];

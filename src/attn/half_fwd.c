@@ -93,42 +93,10 @@ static void pack_unit(void *vc, int64_t u, int t) {
     const qkv_half_kernels *HK = c->HK;
     const int64_t b = u / c->Hkv, kv = u % c->Hkv, D = c->D, Dv = c->Dv, dp2 = c->dp2;
     uint32_t *kp = c->kp + u * c->kp_stride, *vp = c->vp + u * c->vp_stride;
-    /* K: key j's pairs down column j % 32 of panel j / 32 (stride 32 words);
-     * with D even a row's pairs are its bf16 in memory order (little-endian,
-     * as every CPU with bf16 dot products), and a panel is the transpose of
-     * its 32 rows' words */
-    for (int64_t j0 = 0; j0 < c->nkp; j0 += 32) {
-        uint32_t *panel = kp + (j0 / 32) * dp2 * 32;
-        const int64_t nr = c->nk - j0 >= 32 ? 32 : c->nk - j0 > 0 ? c->nk - j0 : 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        if (D % 2 == 0) {
-            if (nr < 32) memset(panel, 0, (size_t)(dp2 * 32) * sizeof *panel);
-            if (nr > 0)
-                HK->words_t(panel, 32, c->k + ((b * c->nk + j0) * c->Hkv + kv) * D, (size_t)(c->Hkv * D / 2),
-                            (size_t)nr, (size_t)dp2);
-            continue;
-        }
-#endif
-        for (int64_t j = j0; j < j0 + 32; j++) {
-            uint32_t *col = panel + j % 32;
-            const uint16_t *kr = j < c->nk ? c->k + ((b * c->nk + j) * c->Hkv + kv) * D : NULL;
-            if (!kr)
-                for (int64_t tt = 0; tt < dp2; tt++) col[tt * 32] = 0;
-            else
-                for (int64_t tt = 0; tt < dp2; tt++) col[tt * 32] = pair(kr[2 * tt], 2 * tt + 1 < D ? kr[2 * tt + 1] : 0);
-        }
-    }
-    /* V: keys 2 pu and 2 pu + 1 interleaved column by column */
-    for (int64_t pu = 0; pu < c->nkp / 2; pu++) {
-        const int64_t j0 = 2 * pu, j1 = j0 + 1;
-        uint32_t *dst = vp + pu * c->dvp;
-        if (j0 < c->nk)
-            HK->interleave(dst, c->v + ((b * c->nk + j0) * c->Hkv + kv) * Dv,
-                           j1 < c->nk ? c->v + ((b * c->nk + j1) * c->Hkv + kv) * Dv : NULL, (size_t)Dv);
-        else
-            memset(dst, 0, (size_t)Dv * sizeof *dst);
-        if (c->dvp > Dv) memset(dst + Dv, 0, (size_t)(c->dvp - Dv) * sizeof *dst);
-    }
+    /* K: key j's pairs down column j % 32 of panel j / 32; V: keys 2 pu and
+     * 2 pu + 1 interleaved column by column */
+    qkv_half_pack_panels(HK, kp, dp2, c->k + (b * c->nk * c->Hkv + kv) * D, c->Hkv * D, c->nk, c->nkp, D);
+    qkv_half_pack_row_pairs(HK, vp, c->dvp, c->v + (b * c->nk * c->Hkv + kv) * Dv, c->Hkv * Dv, c->nk, c->nkp, Dv);
 }
 
 /* The value of key j (of this (b, kv head)) in column cc, from the pairs. */
