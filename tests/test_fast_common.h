@@ -37,7 +37,7 @@ typedef struct fprob {
     float *q, *k, *v, *bias, *dout;
     double *qd, *kd, *vd, *biasd, *doutd;
     int64_t key_lengths[8];
-    int64_t offq[8], offk[8];
+    int64_t offq[40], offk[40];
 } fprob;
 
 static inline double *fp_to_f64(const float *x, int64_t n) {

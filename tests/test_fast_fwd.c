@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "test_fast_common.h"
+#include "core/internal.h"
 
 static int g_arch;
 /* Extra absolute tolerance for huge logits (test_large_logits only): a float
@@ -226,6 +227,94 @@ static void test_packed(void) {
             set_mask(&p.d, mask, 7, 2);
             p.d.bias_kind = idx % 3 == 1 ? QKV_BIAS_SHARED : QKV_BIAS_NONE;
             run_case(&p, 4000 + (uint64_t)idx, 1.0, 1, idx % 2 == 0);
+        }
+}
+
+/* 4b. Many short packed sequences: the per-sequence blocks (short ones
+ * joined up to QKV_PLAN_JOIN_ROWS rows), V read in place and each block's
+ * keys packed on their own (every sequence within 64 rows, its keys within
+ * one tile), and the fallbacks: a sequence of 65 rows, keys beyond a tile.
+ * Every score and normaliser, masks, biases, GQA, the attention matrix. */
+static void test_packed_short(void) {
+    static const int64_t lens[] = {1, 2, 7, 15, 1, 16, 17, 0, 63, 64, 3, 5, 31, 2, 2, 9};
+    const int ns = (int)(sizeof lens / sizeof *lens);
+    int idx = 0;
+    for (int variant = 0; variant < 4; variant++)
+        for (int mask = 0; mask <= 3; mask++, idx++) {
+            fprob p;
+            memset(&p, 0, sizeof p);
+            int64_t nq = 0, nk = 0;
+            p.offq[0] = p.offk[0] = 0;
+            for (int s = 0; s < ns; s++) {
+                int64_t lq = lens[s] + (variant == 2 && s == 5 ? 49 : 0); /* 65 rows: two blocks */
+                /* cross: keys of their own, up to 190 (one tile) or, variant 3, 250 */
+                int64_t lk = variant == 1 ? (lens[s] * 3 + s) % 191 : variant == 3 && s == 9 ? 250 : lq;
+                p.offq[s + 1] = nq += lq;
+                p.offk[s + 1] = nk += lk;
+            }
+            base_desc(&p.d, 1, nq, nk, idx % 2 ? 4 : 3, idx % 2 ? 2 : 1, idx % 3 ? 32 : 13, idx % 3 ? 32 : 40);
+            p.d.num_seqs = ns;
+            p.d.seq_offsets_q = p.offq;
+            p.d.seq_offsets_k = variant == 1 || variant == 3 ? p.offk : NULL;
+            set_mask(&p.d, mask, 5, 3);
+            p.d.score = idx % 5 == 3 ? QKV_SCORE_COSINE : idx % 5 == 4 ? QKV_SCORE_DOT : QKV_SCORE_SCALED_DOT;
+            p.d.norm = idx % 7 == 5 ? QKV_NORM_RELU : idx % 7 == 6 ? QKV_NORM_SIGMOID : QKV_NORM_SOFTMAX;
+            p.d.temperature = 0.5;
+            p.d.softcap = idx % 6 == 1 ? 3.0 : 0.0;
+            p.d.bias_kind = idx % 4 == 2 ? QKV_BIAS_PER_HEAD : idx % 4 == 3 ? QKV_BIAS_SHARED : QKV_BIAS_NONE;
+            run_case(&p, 4500 + (uint64_t)idx, 1.0, 1, idx % 3 == 0);
+        }
+}
+
+/* 4c. The query blocks of a plan: they tile [0, n_q) in order, hold at
+ * most bq rows, and rows of two sequences only when every sequence in the
+ * block is shorter than QKV_PLAN_JOIN_ROWS and the block within that many
+ * rows; a sequence of QKV_PLAN_JOIN_ROWS rows or more starts a block.
+ * Unpacked: blocks of bq from row 0. */
+static void test_query_blocks(void) {
+    static const int64_t lens[][12] = {{5, 1, 2, 7, 15, 1, 16, 17, 0, 63, 64, 200},
+                                       {0, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0},
+                                       {129, 1, 64, 65, 0, 15, 15, 2, 14, 1, 1, 1}};
+    for (int t = 0; t < 3; t++)
+        for (int64_t bq = 16; bq <= 64; bq += 48) {
+            qkv_attn_desc d;
+            base_desc(&d, 1, 0, 0, 1, 1, 8, 8);
+            int64_t off[13] = {0};
+            for (int s = 0; s < 12; s++) off[s + 1] = off[s] + lens[t][s];
+            d.n_q = d.n_k = off[12];
+            d.num_seqs = 12;
+            d.seq_offsets_q = off;
+            qkv_plan p;
+            CHECK_STATUS(qkv_plan_make(&d, &p), QKV_OK);
+            int64_t count = qkv_plan_query_blocks(&p, bq, NULL), st[64];
+            CHECK(count > 0 && count < 64, "query blocks: count %lld", (long long)count);
+            if (count <= 0 || count >= 64) continue;
+            CHECK(qkv_plan_query_blocks(&p, bq, st) == count, "query blocks: counts differ");
+            CHECK(st[0] == 0 && st[count] == d.n_q, "query blocks do not tile the rows");
+            for (int64_t u = 0; u < count; u++) {
+                int64_t a = st[u], z = st[u + 1], seqs = 0, shortest_ok = 1;
+                CHECK(z > a && z - a <= bq, "block %lld: rows [%lld, %lld), bq %lld", (long long)u, (long long)a,
+                      (long long)z, (long long)bq);
+                for (int s = 0; s < 12; s++)
+                    if (off[s + 1] > a && off[s] < z) {
+                        seqs++;
+                        shortest_ok &= off[s + 1] - off[s] < QKV_PLAN_JOIN_ROWS && off[s] >= a && off[s + 1] <= z;
+                    }
+                CHECK(seqs == 1 || (shortest_ok && z - a <= QKV_PLAN_JOIN_ROWS),
+                      "block %lld [%lld, %lld) joins %lld sequences", (long long)u, (long long)a, (long long)z,
+                      (long long)seqs);
+            }
+            for (int s = 0; s < 12; s++) {
+                int starts = 0;
+                for (int64_t u = 0; u < count; u++) starts |= st[u] == off[s];
+                CHECK(off[s + 1] - off[s] < QKV_PLAN_JOIN_ROWS || starts, "sequence %d of %lld rows starts no block",
+                      s, (long long)(off[s + 1] - off[s]));
+            }
+            d.num_seqs = 0;
+            d.seq_offsets_q = NULL;
+            CHECK_STATUS(qkv_plan_make(&d, &p), QKV_OK);
+            count = qkv_plan_query_blocks(&p, bq, st);
+            CHECK(count == (d.n_q + bq - 1) / bq && st[1] == (count > 1 ? bq : d.n_q) && st[count] == d.n_q, "unpacked blocks");
         }
 }
 
@@ -511,6 +600,8 @@ static void all_tests(void) {
     test_cross();
     test_negative_scale();
     test_packed();
+    test_packed_short();
+    test_query_blocks();
     test_fully_masked();
     test_large_logits();
     test_nan_masked();

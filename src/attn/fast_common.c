@@ -135,14 +135,15 @@ qkv_status fa_kv_alloc(fa_ctx *c, size_t extra_bytes, void **extra) {
      * forward at n = 1024, 8 heads; with the per-thread tiles apart, 5-78
      * faults per call below ~1 MB, e.g. 8 heads at n = 64). */
     size_t kt_bytes = qkv_round64((size_t)(c->kt_stride * c->B * c->Hkv) * sizeof(float));
-    size_t vr_bytes = c->Hkv > 1 ? qkv_round64((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float)) : 0;
+    const int copy_v = c->Hkv > 1 && !c->v_direct;
+    size_t vr_bytes = copy_v ? qkv_round64((size_t)(c->nk * c->Dv * c->B * c->Hkv) * sizeof(float)) : 0;
     if (extra_bytes > SIZE_MAX - kt_bytes - vr_bytes) return QKV_ERR_OUT_OF_MEMORY;
     c->kt = fa_alloc(kt_bytes + vr_bytes + extra_bytes);
     if (!c->kt) return QKV_ERR_OUT_OF_MEMORY;
     *extra = (unsigned char *)c->kt + kt_bytes + vr_bytes;
     c->stream_pack = kt_bytes + vr_bytes >= FA_PACK_STREAM_MIN_BYTES;
-    if (c->Hkv > 1) c->vr_own = (float *)(void *)((unsigned char *)c->kt + kt_bytes);
-    c->vr = c->Hkv > 1 ? c->vr_own : c->v;
+    if (copy_v) c->vr_own = (float *)(void *)((unsigned char *)c->kt + kt_bytes);
+    c->vr = copy_v ? c->vr_own : c->v;
     return QKV_OK;
 }
 

@@ -46,7 +46,10 @@ typedef struct fa_ctx {
     float *kt;             /* K packed in panels per (b, kv head) */
     int64_t kt_stride;     /* floats per (b, kv head) in kt */
     const float *vr;       /* V rows of every (b, kv head) contiguous ([n_k, Dv]): a copy
-                              (vr_own) when H_kv > 1, else v itself */
+                              (vr_own) when H_kv > 1, else v itself; v itself (rows ldv
+                              apart) when v_direct */
+    int v_direct;          /* set before fa_kv_alloc: V read where it is, never copied (a
+                              caller whose every key is read by one query block) */
     float *vr_own;         /* inside kt's block: never freed on its own */
     int stream_pack;       /* kt and vr_own written with streaming stores (fa_pack_kv) */
     const struct fa_posbias *pb; /* ALiBi / T5 biases (fast_posbias.h), or NULL */

@@ -168,6 +168,16 @@ qkv_status qkv_plan_check_finite(const qkv_plan *p, const void *q, const void *k
  * Shared by every implementation so that masks mean the same everywhere. */
 void qkv_plan_key_range(const qkv_plan *p, int64_t b, int64_t i, int64_t *lo, int64_t *hi);
 
+/* Query blocks for a kernel's units: block u holds the rows [starts[u],
+ * starts[u + 1]) of every batch row, at most bq (>= 1) of them; returns the
+ * count (starts NULL: only the count; else starts has count + 1 entries).
+ * Unpacked, blocks of bq rows from row 0. Packed, a block never holds rows
+ * of two sequences - it costs its rows times every key any of them sees -
+ * except sequences shorter than QKV_PLAN_JOIN_ROWS, joined while the block
+ * stays within that many rows; empty sequences take no block. */
+#define QKV_PLAN_JOIN_ROWS 16
+int64_t qkv_plan_query_blocks(const qkv_plan *p, int64_t bq, int64_t *starts);
+
 /* The absolute key index of query i's aligned position: keys j of its
  * sequence are at offset r = j - position (r <= 0 is the past). */
 int64_t qkv_plan_query_position(const qkv_plan *p, int64_t i);

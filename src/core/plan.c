@@ -206,6 +206,37 @@ static void query_sequence(const qkv_plan *p, int64_t i, int64_t *q0_, int64_t *
     *nk_ = nk;
 }
 
+int64_t qkv_plan_query_blocks(const qkv_plan *p, int64_t bq, int64_t *starts) {
+    const int64_t nq = p->d.n_q;
+    int64_t count = 0;
+    if (!p->packed) {
+        count = (nq + bq - 1) / bq;
+        if (starts)
+            for (int64_t u = 0; u <= count; u++) starts[u] = u < count ? u * bq : nq;
+        return count;
+    }
+    const int64_t *oq = p->d.seq_offsets_q;
+    int64_t open = -1; /* first row of a block of joined short sequences, or -1 */
+    for (int64_t s = 0; s < p->d.num_seqs; s++) {
+        const int64_t a = oq[s], z = oq[s + 1];
+        if (z == a) continue;
+        if (open >= 0 && (z - open > QKV_PLAN_JOIN_ROWS || z - open > bq)) open = -1; /* it stays as it is */
+        if (open >= 0) continue; /* joined to the open block */
+        if (z - a < QKV_PLAN_JOIN_ROWS && z - a <= bq) { /* short: opens a block others may join */
+            if (starts) starts[count] = a;
+            count++;
+            open = a;
+            continue;
+        }
+        for (int64_t r = a; r < z; r += bq) {
+            if (starts) starts[count] = r;
+            count++;
+        }
+    }
+    if (starts) starts[count] = nq;
+    return count;
+}
+
 int64_t qkv_plan_query_position(const qkv_plan *p, int64_t i) {
     int64_t q0, nq, k0, nk;
     query_sequence(p, i, &q0, &nq, &k0, &nk);
