@@ -138,6 +138,16 @@ class _Plan:
             chunk = 1
         self.calls = [(u0, chunk) for u0 in range(0, self.U, chunk)]
         self._descs = {}
+        # Bytes per unit of each tensor: a call's pointers are the tensors'
+        # addresses plus u0 times these.
+        es, bs = q.element_size(), torch.empty((), dtype=self.bias_dtype).element_size()
+        gl = self.g * L
+        self.ub_q, self.ub_k, self.ub_v, self.ub_o = gl * E * es, S * E * es, S * Ev * es, gl * Ev * es
+        self.ub_attn, self.ub_lse = gl * S * bs, gl * bs
+        # Output shapes, unpacked into torch.empty (a tuple argument costs
+        # half a microsecond more to parse).
+        self.out_shape = {True: (L, Ev), False: lead + (H, L, Ev)}
+        self.attn_shape = {True: (L, S), False: lead + (H, L, S)}
 
     def _set_mask(self, m):
         _check_tensor(m, "attn_mask")
@@ -206,26 +216,23 @@ class _Plan:
         return d
 
 
-def _ptr(t, unit, unit_elems):
-    return t.data_ptr() + unit * unit_elems * t.element_size()
-
-
 def _run_forward(p, q, k, v, rank2, want_lse):
     """qkv's forward of plan p on contiguous q, k, v: (out, attn or None in
     the bias dtype, lse or None)."""
-    out = torch.empty((p.L, p.Ev) if rank2 else p.lead + (p.H, p.L, p.Ev), dtype=p.dtype)
-    lse = torch.empty((p.U, p.g * p.L), dtype=p.bias_dtype) if want_lse else None
-    attn = None
-    if p.return_attn:
-        attn = torch.empty((p.L, p.S) if rank2 else p.lead + (p.H, p.L, p.S), dtype=p.bias_dtype)
-    gl = p.g * p.L
+    out = torch.empty(*p.out_shape[rank2], dtype=p.dtype)
+    lse = torch.empty(p.U, p.g * p.L, dtype=p.bias_dtype) if want_lse else None
+    attn = torch.empty(*p.attn_shape[rank2], dtype=p.bias_dtype) if p.return_attn else None
+    qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    ap = None if attn is None else attn.data_ptr()
+    lp = None if lse is None else lse.data_ptr()
     for ci, (u0, units) in enumerate(p.calls):
         bias = p.call_bias(u0)   # kept alive: d holds its address
         d = p.desc(ci, units, bias)
-        _ok(_forward(ctypes.byref(d), _ptr(q, u0, gl * p.E), _ptr(k, u0, p.S * p.E),
-                     _ptr(v, u0, p.S * p.Ev), _ptr(out, u0, gl * p.Ev),
-                     None if attn is None else _ptr(attn, u0, gl * p.S),
-                     None if lse is None else _ptr(lse, u0, gl)), "qkv_attention_forward")
+        status = _forward(ctypes.byref(d), qp + u0 * p.ub_q, kp + u0 * p.ub_k, vp + u0 * p.ub_v,
+                          op + u0 * p.ub_o, None if ap is None else ap + u0 * p.ub_attn,
+                          None if lp is None else lp + u0 * p.ub_lse)
+        if status:
+            _ok(status, "qkv_attention_forward")
     return out, attn, lse
 
 
@@ -254,17 +261,17 @@ class _Attention(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         want_dmask = p.mask_shape is not None and ctx.needs_input_grad[3]
         dmask = torch.zeros(p.mask.shape, dtype=p.bias_dtype) if want_dmask else None
-        gl = p.g * p.L
+        qp, kp, vp, op, lp, gp = (t.data_ptr() for t in (q, k, v, out, lse, dout))
+        dqp, dkp, dvp = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
         for ci, (u0, units) in enumerate(p.calls):
             bias = p.call_bias(u0)
             d = p.desc(ci, units, bias)
             dbias = torch.empty_like(bias) if want_dmask else None
-            g = _AttnGrads(dq=_ptr(dq, u0, gl * p.E), dk=_ptr(dk, u0, p.S * p.E),
-                           dv=_ptr(dv, u0, p.S * p.Ev),
+            g = _AttnGrads(dq=dqp + u0 * p.ub_q, dk=dkp + u0 * p.ub_k, dv=dvp + u0 * p.ub_v,
                            dbias=None if dbias is None else dbias.data_ptr())
-            _ok(_backward(ctypes.byref(d), _ptr(q, u0, gl * p.E), _ptr(k, u0, p.S * p.E),
-                          _ptr(v, u0, p.S * p.Ev), _ptr(out, u0, gl * p.Ev), _ptr(lse, u0, gl),
-                          _ptr(dout, u0, gl * p.Ev), ctypes.byref(g)), "qkv_attention_backward")
+            _ok(_backward(ctypes.byref(d), qp + u0 * p.ub_q, kp + u0 * p.ub_k, vp + u0 * p.ub_v,
+                          op + u0 * p.ub_o, lp + u0 * p.ub_lse, gp + u0 * p.ub_o, ctypes.byref(g)),
+                "qkv_attention_backward")
             if want_dmask:
                 _add_dbias(p, dmask, u0, dbias.view(p.g, p.L, p.S))
         if want_dmask:
@@ -343,7 +350,7 @@ def _plan_key(q, k, v, is_causal, scale, enable_gqa, return_attn):
     """What a plan without a mask depends on; None when an argument is not a
     CPU tensor (then _Plan reports it)."""
     for t in (q, k, v):
-        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.layout != torch.strided:
+        if not isinstance(t, torch.Tensor) or not t.is_cpu or t.layout != torch.strided:
             return None
-    return (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, k.dtype, v.dtype,
-            bool(is_causal), scale, bool(enable_gqa), bool(return_attn))
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, bool(is_causal), scale,
+            bool(enable_gqa), bool(return_attn))
