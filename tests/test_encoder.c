@@ -455,6 +455,28 @@ static void check_bad_input(void) {
     const char *bad[1] = {"caf\xc3"};
     CHECK_STATUS(qkv_encoder_embed(enc, bad, NULL, 1, QKV_POOLING_MEAN, 0, out, why, sizeof why), QKV_ERR_FORMAT);
     CHECK(strstr(why, "text 0") != NULL, "%s", why);
+    /* In a batch (tokenized in groups of texts on the threads) the error
+     * names the first text that has one, past the first group too. */
+    enum { NB = 300 };
+    const char *many[NB];
+    size_t lens[NB];
+    float *outs = malloc((size_t)NB * 16 * sizeof *outs);
+    for (int i = 0; i < NB; i++) {
+        many[i] = g_text[i % g_count];
+        lens[i] = strlen(many[i]);
+    }
+    many[150] = "caf\xc3";
+    lens[150] = 4;
+    many[200] = NULL;
+    lens[200] = 3;
+    CHECK_STATUS(qkv_encoder_embed(enc, many, lens, NB, QKV_POOLING_MEAN, 0, outs, why, sizeof why), QKV_ERR_FORMAT);
+    CHECK(strstr(why, "text 150") != NULL, "%s", why);
+    many[150] = g_text[0];
+    lens[150] = strlen(g_text[0]);
+    CHECK_STATUS(qkv_encoder_embed(enc, many, lens, NB, QKV_POOLING_MEAN, 0, outs, why, sizeof why),
+                 QKV_ERR_NULL_POINTER);
+    CHECK(strstr(why, "text 200 is NULL") != NULL, "%s", why);
+    free(outs);
     qkv_encoder_free(enc);
     qkv_encoder_free(NULL);
 }

@@ -108,26 +108,97 @@ static int grow_ids(qkv_encoder *e, int64_t need) {
     return 1;
 }
 
-/* Tokenize every text into e->ids / e->types, e->offsets [count + 1]. */
+/* Texts tokenized together on the threads, each into a staging row of
+ * max_length ids, then appended in order (the tokenizer is read-only:
+ * 1.2-2.5% of a call on one thread). */
+#define ENC_TOK_GROUP 128
+
+typedef struct tok_job {
+    const qkv_tokenizer *tok;
+    const char *const *texts;
+    const size_t *lens;
+    int64_t s0, max;
+    int32_t *ids, *types; /* staging: text s0 + i at i * max */
+    int64_t *n;
+    qkv_status *st;
+} tok_job;
+
+static size_t text_len(const char *const *texts, const size_t *lens, int64_t s) {
+    return lens ? lens[s] : (texts[s] ? strlen(texts[s]) : 0);
+}
+
+static void tok_rows(void *ctx, int64_t i0, int64_t i1) {
+    const tok_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t s = j->s0 + i;
+        const size_t len = text_len(j->texts, j->lens, s);
+        j->st[i] = !j->texts[s] && len > 0
+                       ? QKV_ERR_NULL_POINTER
+                       : qkv_tokenizer_encode(j->tok, j->texts[s], len, NULL, 0, j->max, j->ids + i * j->max,
+                                              j->types + i * j->max, j->max, &j->n[i], NULL, 0);
+    }
+}
+
+/* Tokenize every text into e->ids / e->types, e->offsets [count + 1]; an
+ * error names the first text that has one. */
 static qkv_status tokenize_all(qkv_encoder *e, const char *const *texts, const size_t *lens, int64_t count,
                                char *why, size_t why_len) {
     if (!grow_i64(&e->offsets, &e->off_cap, count + 1)) return QKV_ERR_OUT_OF_MEMORY;
-    int64_t max = e->info.max_length, total = 0;
+    const int64_t max = e->info.max_length, group = count < ENC_TOK_GROUP ? count : ENC_TOK_GROUP;
+    int64_t total = 0;
     e->offsets[0] = 0;
-    for (int64_t s = 0; s < count; s++) {
-        const char *t = texts[s];
-        size_t len = lens ? lens[s] : (t ? strlen(t) : 0);
-        if (!t && len > 0) return qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "text %lld is NULL", (long long)s);
-        if (!grow_ids(e, total + max)) return QKV_ERR_OUT_OF_MEMORY;
-        int64_t n;
-        char sub[160];
-        qkv_status st = qkv_tokenizer_encode(e->tok, t, len, NULL, 0, max, e->ids + total, e->types + total,
-                                             max, &n, sub, sizeof sub);
-        if (st != QKV_OK) return qkv_fail(why, why_len, st, "text %lld: %s", (long long)s, sub);
-        total += n;
-        e->offsets[s + 1] = total;
+    unsigned char *stage = NULL;
+    tok_job j = {e->tok, texts, lens, 0, max, NULL, NULL, NULL, NULL};
+    if (count > 1 && e->threads != 1) {
+        const size_t ids = (size_t)(group * max) * sizeof(int32_t);
+        stage = qkv_alloc(2 * ids + (size_t)group * (sizeof(int64_t) + sizeof(qkv_status)));
+        if (!stage) return QKV_ERR_OUT_OF_MEMORY;
+        j.ids = (int32_t *)(void *)stage;
+        j.types = (int32_t *)(void *)(stage + ids);
+        j.n = (int64_t *)(void *)(stage + 2 * ids);
+        j.st = (qkv_status *)(void *)(stage + 2 * ids + (size_t)group * sizeof(int64_t));
     }
-    return QKV_OK;
+    qkv_status st = QKV_OK;
+    for (int64_t s0 = 0; s0 < count && st == QKV_OK; s0 += group) {
+        const int64_t g = count - s0 < group ? count - s0 : group;
+        if (stage) {
+            j.s0 = s0;
+            qkv_par_range(e->threads, g, 4096, tok_rows, &j);
+        }
+        for (int64_t i = 0; i < g; i++) {
+            const int64_t s = s0 + i;
+            if (!grow_ids(e, total + max)) {
+                st = QKV_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            if (stage && j.st[i] == QKV_OK) {
+                memcpy(e->ids + total, j.ids + i * max, (size_t)j.n[i] * sizeof(int32_t));
+                memcpy(e->types + total, j.types + i * max, (size_t)j.n[i] * sizeof(int32_t));
+                total += j.n[i];
+                e->offsets[s + 1] = total;
+                continue;
+            }
+            /* serially (one text, one thread), or again for the message */
+            const char *t = texts[s];
+            size_t len = text_len(texts, lens, s);
+            if (!t && len > 0) {
+                st = qkv_fail(why, why_len, QKV_ERR_NULL_POINTER, "text %lld is NULL", (long long)s);
+                break;
+            }
+            int64_t n;
+            char sub[160];
+            st = qkv_tokenizer_encode(e->tok, t, len, NULL, 0, max, e->ids + total, e->types + total, max, &n, sub,
+                                      sizeof sub);
+            if (st != QKV_OK) {
+                st = qkv_fail(why, why_len, st, "text %lld: %s", (long long)s, sub);
+                break;
+            }
+            total += n;
+            e->offsets[s + 1] = total;
+        }
+    }
+    qkv_free(stage);
+    return st;
 }
 
 /* ---- row operations (in parallel over rows; each row as the serial loop) */
