@@ -25,6 +25,7 @@
 #include "core/cpu.h"
 #include "core/half.h"
 #include "gemm/gemm.h"
+#include "kernels/kernels.h"
 #include "kernels/nn.h"
 #include "layers/linear.h"
 #include "test_util.h"
@@ -507,8 +508,16 @@ static void run_bf16(const problem *p, const problem *q, const qkv_gemm_bf16_ker
         qkv_gemm_bf16_b bp;
         st = mode == 1 ? qkv_gemm_bf16_pack_b_with(k, p->tb, p->K, p->N, p->B, p->ldb, threads, &bp)
                        : qkv_gemm_bf16_pack_b(p->tb, p->K, p->N, p->B, p->ldb, threads, &bp);
-        CHECK(st != QKV_OK || bp.bytes == (size_t)((p->N + bp.k->nr - 1) / bp.k->nr * bp.k->nr) *
-                                                 (size_t)((p->K + 1) / 2) * 4 || p->K == 0 || p->N == 0,
+        /* every KC block but the last: KC / 2 pairs a column; the last
+         * ceil(kc / 2) rounded up to the kernel's kstep */
+        size_t words = 0;
+        if (st == QKV_OK && p->K > 0) {
+            const int64_t KC = bp.k->kc, nblk = (p->K + KC - 1) / KC, last = (p->K - (nblk - 1) * KC + 1) / 2;
+            const int64_t step = bp.k->kstep > 1 ? bp.k->kstep : 1;
+            words = (size_t)((nblk - 1) * (KC / 2) + (last + step - 1) / step * step);
+        }
+        CHECK(st != QKV_OK || bp.bytes == (size_t)((p->N + bp.k->nr - 1) / bp.k->nr * bp.k->nr) * words * 4 ||
+                  p->K == 0 || p->N == 0,
               "%s: packed size %zu", what, bp.bytes);
         if (st == QKV_OK)
             st = mode == 1 ? qkv_gemm_bf16_packed_run(p->ta, p->M, p->alpha, p->A, p->lda, &bp, p->beta, C, p->ldc,
@@ -533,8 +542,11 @@ done:
  * kernel_of first). */
 static const qkv_gemm_bf16_kernel *bf16_kernel_of(int arch) { return &qkv_kernel_set_of(arch)->gemm_bf16; }
 
-static void test_bf16(int arch, int cases, uint64_t seed) {
-    const qkv_gemm_bf16_kernel *k = bf16_kernel_of(arch);
+/* kalt: a table other than the arch's (the AVX512-BF16 one where AMX
+ * replaces it), tested the same way but not through the public entry
+ * points, which take the arch's. */
+static void test_bf16(int arch, const qkv_gemm_bf16_kernel *kalt, int cases, uint64_t seed) {
+    const qkv_gemm_bf16_kernel *k = kalt ? kalt : bf16_kernel_of(arch);
     tu_rng r;
     tu_rng_seed(&r, seed);
     char what[256], tag[96];
@@ -549,7 +561,9 @@ static void test_bf16(int arch, int cases, uint64_t seed) {
         const int use_small = c % 2 == 1;
         if (use_small) {
             small.mc = 2 * k->mr;
-            small.kc = 2 + 2 * (int)(tu_rng_u64(&r) % 4);
+            /* a tile kernel's KC / 2 stays a multiple of its step */
+            small.kc = k->kstep > 1 ? 2 * k->kstep * (1 + (int)(tu_rng_u64(&r) % 2))
+                                    : 2 + 2 * (int)(tu_rng_u64(&r) % 4);
             small.nc = 2 * k->nr;
         }
         const qkv_gemm_bf16_kernel *use = use_small ? &small : k;
@@ -579,6 +593,7 @@ static void test_bf16(int arch, int cases, uint64_t seed) {
         free(q.B);
         problem_free(&p);
     }
+    if (kalt) return;
     /* the public entry points on this arch: the active table, the default and
      * explicit thread counts, the same bits as the table run on one thread */
     problem p, q;
@@ -886,7 +901,12 @@ int main(void) {
         test_small_blocks(k, 60, 2000 + (uint64_t)arch);
         test_threads(k, 3000 + (uint64_t)arch);
         test_threads_public(arch);
-        test_bf16(arch, 60, 4000 + (uint64_t)arch);
+        test_bf16(arch, NULL, 60, 4000 + (uint64_t)arch);
+        const qkv_gemm_bf16_kernel *under = qkv_gemm_bf16_kernel_replaced(arch);
+        if (under) { /* the table AMX took the place of */
+            test_bf16(arch, under, 60, 4100);
+            printf("arch %s: bf16 kernel %s also tested\n", qkv_arch_name(arch), under->name);
+        }
         test_few_rows(k, 5000 + (uint64_t)arch);
         test_epilogue(arch, 6000 + (uint64_t)arch);
         printf("arch %s (kernel %s, MC %d KC %d NC %d; bf16 kernel %s): %s\n", qkv_arch_name(arch), k->name,

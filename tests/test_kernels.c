@@ -379,10 +379,31 @@ typedef struct ukr_pair {
 static int ukr_mr(const ukr_pair *u, int gen) { return u->bf16 ? (gen ? u->GB : u->KB)->mr : (gen ? u->G : u->K)->mr; }
 static int ukr_nr(const ukr_pair *u, int gen) { return u->bf16 ? (gen ? u->GB : u->KB)->nr : (gen ? u->G : u->K)->nr; }
 
+/* A tile kernel (kstep > 1, a_rows, begin / end: kernels/gemm.h) gets the
+ * same panels as its layout holds them: A row by row, kc2 padded with zero
+ * pairs to its step, inside its begin and end. */
+static void bf16_tile_call(const qkv_gemm_bf16_kernel *k, int64_t kc2, const uint32_t *ap, const uint32_t *bp,
+                           float *c, int64_t ldc, float alpha, float beta, int m, int n) {
+    const int64_t step = k->kstep > 1 ? k->kstep : 1, kp = (kc2 + step - 1) / step * step;
+    uint32_t *a = calloc((size_t)(kp * k->mr), 4), *b = calloc((size_t)(kp * k->nr), 4);
+    if (!a || !b) exit(2);
+    for (int64_t t = 0; t < kc2; t++)
+        for (int i = 0; i < k->mr; i++) a[k->a_rows ? i * kp + t : t * k->mr + i] = ap[t * k->mr + i];
+    memcpy(b, bp, (size_t)(kc2 * k->nr) * 4);
+    if (k->begin) k->begin();
+    k->ukr(kp, a, b, c, ldc, alpha, beta, m, n);
+    if (k->end) k->end();
+    free(a);
+    free(b);
+}
+
 static void ukr_call(const ukr_pair *u, int gen, int64_t kc, const void *ap, const void *bp, float *c, int64_t ldc,
                      float alpha, float beta, int m, int n) {
-    if (u->bf16)
-        (gen ? u->GB : u->KB)->ukr(kc, ap, bp, c, ldc, alpha, beta, m, n);
+    const qkv_gemm_bf16_kernel *kb = u->bf16 ? (gen ? u->GB : u->KB) : NULL;
+    if (kb && (kb->kstep > 1 || kb->a_rows || kb->begin))
+        bf16_tile_call(kb, kc, ap, bp, c, ldc, alpha, beta, m, n);
+    else if (kb)
+        kb->ukr(kc, ap, bp, c, ldc, alpha, beta, m, n);
     else
         (gen ? u->G : u->K)->ukr(kc, ap, bp, c, ldc, alpha, beta, m, n);
 }
@@ -557,6 +578,30 @@ static void test_gemm_bf16(const qkv_gemm_bf16_kernel *K, const qkv_gemm_bf16_ke
                     }
                 CHECK(!bad, "gemm bf16 %s [%s] kc %lld w %d", hook ? "pack_pairs_rows" : "pack_pairs_t", K->name,
                       (long long)kc, w);
+                gb_free(&gs); gb_free(&gd);
+            }
+    }
+    /* a tile kernel's A panels row by row, kc2 padded to its step, exactly */
+    if (K->pack_a_rows) {
+        const int64_t step = K->kstep > 1 ? K->kstep : 1;
+        for (size_t ki = 0; ki < NSIZES; ki++)
+            for (int w = 1; w <= K->mr; w += w < 3 ? 1 : 13) {
+                const int64_t kc = (int64_t)SIZES[ki], kc2 = (kc + 1) / 2, kp = (kc2 + step - 1) / step * step;
+                const int64_t ld = kc + 5;
+                gbuf gs, gd;
+                float *src = fnew(&gs, (size_t)(w * ld), 1);
+                uint32_t *dst = gb_new(&gd, (size_t)(kp * w) * 4, 0);
+                for (int64_t i = 0; i < w * ld; i++) src[i] = i % 19 == 4 ? NAN : rnd(2.0);
+                K->pack_a_rows(src, ld, kc, w, kp, dst);
+                int bad = !gb_ok(&gd) || !gb_ok(&gs);
+                for (int i = 0; i < w; i++)
+                    for (int64_t t = 0; t < kp; t++) {
+                        float lo = t < kc2 ? src[i * ld + 2 * t] : 0.0f;
+                        float hi = 2 * t + 1 < kc ? src[i * ld + 2 * t + 1] : 0.0f;
+                        uint32_t want = (uint32_t)qkv_f32_to_bf16(lo) | ((uint32_t)qkv_f32_to_bf16(hi) << 16);
+                        bad |= dst[i * kp + t] != want;
+                    }
+                CHECK(!bad, "gemm bf16 pack_a_rows [%s] kc %lld w %d", K->name, (long long)kc, w);
                 gb_free(&gs); gb_free(&gd);
             }
     }
@@ -1254,6 +1299,8 @@ int main(void) {
         test_nn_ln_train(&s->nn, &gen->nn);
         test_nn_col_sums(&s->nn, &gen->nn);
         test_gemm_bf16(&s->gemm_bf16, &gen->gemm_bf16);
+        if (qkv_gemm_bf16_kernel_replaced(arch)) /* the AVX512-BF16 table where AMX took its place */
+            test_gemm_bf16(qkv_gemm_bf16_kernel_replaced(arch), &gen->gemm_bf16);
         CHECK(s->gemm_bf16.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512bf16()), "bf16 gemm table %s",
               s->gemm_bf16.name);
         printf("%s (gemm %s, bf16 gemm %s, kv %s, nn %s): %s\n", qkv_arch_name(arch), s->gemm.name, s->gemm_bf16.name,

@@ -1,7 +1,8 @@
 /* Run-time CPU detection (CPUID for the instruction sets, XGETBV for the OS
  * saving the wider registers: a CPU with AVX-512 under an OS that does not
  * save ZMM state must not run AVX-512 code), done once with pthread_once, and
- * the arch in use. The only place that reads CPUID or QKV_ARCH. */
+ * the arch in use. The only place that reads CPUID, QKV_ARCH or QKV_AMX. */
+#define _DEFAULT_SOURCE /* syscall (arch_prctl) */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -13,10 +14,16 @@
 #include <cpuid.h>
 #define QKV_CPU_X86 1
 #endif
+#if defined(QKV_CPU_X86) && defined(QKV_HAVE_AMX) && defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define QKV_CPU_AMX_LINUX 1
+#endif
 
 static int g_has[QKV_ARCH_COUNT];
 static int g_has_bf16;
 static int g_has_vnni;
+static int g_has_amx;
 static int g_default = QKV_ARCH_GENERIC;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static atomic_int g_forced = -1;
@@ -48,6 +55,17 @@ static void detect_x86(void) {
 #endif
     __cpuid_count(7, 0, a, b, c, d);
     g_has_vnni = g_has[QKV_ARCH_AVX512] && ((c >> 11) & 1); /* AVX512_VNNI */
+#ifdef QKV_CPU_AMX_LINUX
+    /* AMX-TILE (EDX[24]) and AMX-BF16 (EDX[22]), the OS saving the tile
+     * configuration and data (XCR0[17], XCR0[18]), and Linux granting this
+     * process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for
+     * XFEATURE_XTILEDATA = 18): without the grant the first tile
+     * instruction faults. The grant is for the whole process. */
+    const char *amx_env = getenv("QKV_AMX");
+    int amx_cpu = g_has_bf16 && ((d >> 24) & 1) && ((d >> 22) & 1) && (xcr0 & 0x60000) == 0x60000;
+    if (amx_cpu && !(amx_env && strcmp(amx_env, "0") == 0))
+        g_has_amx = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+#endif
 }
 #endif
 
@@ -84,6 +102,11 @@ int qkv_cpu_has_avx512bf16(void) {
 int qkv_cpu_has_avx512vnni(void) {
     pthread_once(&g_once, init_once);
     return g_has_vnni;
+}
+
+int qkv_cpu_has_amx_bf16(void) {
+    pthread_once(&g_once, init_once);
+    return g_has_amx;
 }
 
 qkv_arch qkv_cpu_arch(void) {

@@ -25,6 +25,13 @@ int qkv_cpu_has_avx512bf16(void);
  * QKV_ARCH_AVX512: the int8 kernels run within the AVX-512 ISA. */
 int qkv_cpu_has_avx512vnni(void);
 
+/* Whether AMX-BF16 tiles can run here (x86-64 Linux): the CPU has AMX-TILE
+ * and AMX-BF16 (CPUID.(7,0):EDX[24], [22]) and AVX512-BF16, the OS saves
+ * the tile state (XCR0[17:18]) and granted it to this process
+ * (arch_prctl), and the environment does not say QKV_AMX=0. The bf16
+ * product then runs on tiles within the AVX-512 ISA (kernels/amx/). */
+int qkv_cpu_has_amx_bf16(void);
+
 /* The arch in use: the forced one if any, else QKV_ARCH, else the best the
  * CPU has. Thread-safe; always one that qkv_cpu_has. */
 qkv_arch qkv_cpu_arch(void);

@@ -24,22 +24,30 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 #define ALIGN_WORDS 16 /* 64 bytes */
 
+/* Pairs per panel row of a KC block of kc values: ceil(kc / 2), rounded up
+ * to the kernel's kstep with zero pairs (a tile kernel's K step). */
+static int64_t pairs_of_kc(const qkv_gemm_bf16_kernel *k, int64_t kc) {
+    const int64_t kc2 = (kc + 1) / 2, step = k->kstep > 1 ? k->kstep : 1;
+    return (kc2 + step - 1) / step * step;
+}
+
 static uint32_t pair_of(float lo, float hi) {
     return (uint32_t)qkv_f32_to_bf16(lo) | ((uint32_t)qkv_f32_to_bf16(hi) << 16);
 }
 
-/* One panel of width W (w <= W valid) over kc values of K, zero past w and
- * past kc. by_rows: the pair's two values are in consecutive source rows
- * (src[2t*ld + i], src[(2t+1)*ld + i]); else they are adjacent in source
- * row i (src[i*ld + 2t], src[i*ld + 2t + 1]). */
+/* One panel of width W (w <= W valid) over kc values of K, kc2p pair rows,
+ * zero past w and past kc. by_rows: the pair's two values are in
+ * consecutive source rows (src[2t*ld + i], src[(2t+1)*ld + i]); else they
+ * are adjacent in source row i (src[i*ld + 2t], src[i*ld + 2t + 1]). */
 static void pack_panel(const qkv_gemm_bf16_kernel *k, int by_rows, const float *src, int64_t ld, int64_t kc, int w,
-                       int W, uint32_t *restrict dst) {
+                       int W, int64_t kc2p, uint32_t *restrict dst) {
     void (*simd)(const float *, int64_t, int64_t, int, uint32_t *) = by_rows ? k->pack_pairs_rows : k->pack_pairs_t;
+    const int64_t kc2 = (kc + 1) / 2;
+    if (kc2p > kc2) memset(dst + kc2 * W, 0, (size_t)((kc2p - kc2) * W) * sizeof *dst);
     if (w == W && simd) {
         simd(src, ld, kc, W, dst);
         return;
     }
-    const int64_t kc2 = (kc + 1) / 2;
     for (int64_t t = 0; t < kc2; t++) {
         const int two = 2 * t + 1 < kc;
         uint32_t *d = dst + t * W;
@@ -57,16 +65,40 @@ static void pack_panel(const qkv_gemm_bf16_kernel *k, int by_rows, const float *
     }
 }
 
+/* One A panel of a_rows kernels: dst[r*kc2p + t] for r < W (zero rows past
+ * w, zero pairs past kc); trans: op(A) stored [K, M]. */
+static void pack_a_rows(const qkv_gemm_bf16_kernel *k, int trans, const float *src, int64_t ld, int64_t kc, int w,
+                        int W, int64_t kc2p, uint32_t *restrict dst) {
+    if (!trans && k->pack_a_rows) {
+        k->pack_a_rows(src, ld, kc, w, kc2p, dst);
+    } else {
+        const int64_t kc2 = (kc + 1) / 2;
+        for (int r = 0; r < w; r++) {
+            uint32_t *d = dst + r * kc2p;
+            for (int64_t t = 0; t < kc2; t++) {
+                const int two = 2 * t + 1 < kc;
+                d[t] = trans ? pair_of(src[2 * t * ld + r], two ? src[(2 * t + 1) * ld + r] : 0.0f)
+                             : pair_of(src[r * ld + 2 * t], two ? src[r * ld + 2 * t + 1] : 0.0f);
+            }
+            memset(d + kc2, 0, (size_t)(kc2p - kc2) * sizeof *d);
+        }
+    }
+    if (w < W) memset(dst + w * kc2p, 0, (size_t)((W - w) * kc2p) * sizeof *dst);
+}
+
 /* op(A) rows [i0, i0 + mc), K [p0, p0 + kc) into MR-row panels (panel r at
- * ap + r * MR * kc2). */
+ * ap + r * MR * kc2p). */
 static void pack_a(const qkv_gemm_bf16_kernel *k, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
                    int64_t mc, int64_t kc, uint32_t *ap) {
     const int mr = k->mr;
-    const int64_t kc2 = (kc + 1) / 2;
+    const int64_t kc2p = pairs_of_kc(k, kc);
     for (int64_t i = 0; i < mc; i += mr) {
         const int w = (int)min64(mr, mc - i);
         const float *src = trans ? a + p0 * lda + i0 + i : a + (i0 + i) * lda + p0;
-        pack_panel(k, trans, src, lda, kc, w, mr, ap + i * kc2);
+        if (k->a_rows)
+            pack_a_rows(k, trans, src, lda, kc, w, mr, kc2p, ap + i * kc2p);
+        else
+            pack_panel(k, trans, src, lda, kc, w, mr, kc2p, ap + i * kc2p);
     }
 }
 
@@ -80,7 +112,8 @@ typedef struct {
     uint32_t *panels;
 } bpack_job;
 
-/* Words before KC block `blk` (every earlier block has kc = KC, even). */
+/* Words before KC block `blk` (every earlier block has kc = KC, KC / 2 a
+ * multiple of kstep). */
 static int64_t block_offset(const qkv_gemm_bf16_kernel *k, int64_t npanels, int64_t blk) {
     return blk * npanels * k->nr * (k->kc / 2);
 }
@@ -96,8 +129,9 @@ static void bpack_unit(void *ctx, int64_t unit, int t) {
     /* trans: B stored [N, K], the pair adjacent in row j; else [K, N], the
      * pair in rows p, p + 1. */
     const float *src = j->trans ? j->b + j0 * j->ldb + p0 : j->b + p0 * j->ldb + j0;
-    uint32_t *dst = j->panels + block_offset(k, j->npanels, blk) + j0 * ((kc + 1) / 2);
-    pack_panel(k, !j->trans, src, j->ldb, kc, w, k->nr, dst);
+    const int64_t kc2p = pairs_of_kc(k, kc);
+    uint32_t *dst = j->panels + block_offset(k, j->npanels, blk) + j0 * kc2p;
+    pack_panel(k, !j->trans, src, j->ldb, kc, w, k->nr, kc2p, dst);
 }
 
 static int b_args_ok(int trans_b, int64_t K, int64_t N, const float *B, int64_t ldb, qkv_status *st) {
@@ -116,7 +150,10 @@ qkv_status qkv_gemm_bf16_pack_b_with(const qkv_gemm_bf16_kernel *k, int trans_b,
     out->K = K;
     out->N = N;
     if (K == 0 || N == 0) return QKV_OK;
-    const int64_t npanels = ceil_div(N, k->nr), words_per_col = ceil_div(K, 2);
+    /* every KC block but the last has KC / 2 pairs per column */
+    const int64_t nblk = ceil_div(K, k->kc);
+    const int64_t npanels = ceil_div(N, k->nr),
+                  words_per_col = (nblk - 1) * (k->kc / 2) + pairs_of_kc(k, K - (nblk - 1) * k->kc);
     int64_t words;
     if (!qkv_mul_ok(npanels * k->nr, words_per_col, &words) ||
         (uint64_t)words > (SIZE_MAX - 64) / sizeof(uint32_t))
@@ -188,10 +225,11 @@ static void bgemm_thread(void *ctx, int64_t unit, int t) {
         return;
 
     uint32_t *ap = j->buf + (int64_t)t * j->ap_len;
+    if (k->begin) k->begin();
     for (int64_t jc = n0; jc < n1; jc += k->nc) {
         const int64_t nc = min64(k->nc, n1 - jc);
         for (int64_t pc = 0; pc < K; pc += k->kc) {
-            const int64_t kc = min64(k->kc, K - pc), kc2 = (kc + 1) / 2;
+            const int64_t kc = min64(k->kc, K - pc), kc2 = pairs_of_kc(k, kc);
             const float beta = pc == 0 ? j->beta : 1.0f;
             const int last = pc + kc == K;
             const uint32_t *bblock = j->B->panels + block_offset(k, j->B->npanels, pc / k->kc) + jc * kc2;
@@ -214,6 +252,7 @@ static void bgemm_thread(void *ctx, int64_t unit, int t) {
             }
         }
     }
+    if (k->end) k->end();
 }
 
 qkv_status qkv_gemm_bf16_packed_run(int trans_a, int64_t M, float alpha, const float *A, int64_t lda,
@@ -241,7 +280,7 @@ qkv_status qkv_gemm_bf16_packed_epi(int trans_a, int64_t M, float alpha, const f
                    .ntiles = ceil_div(N, k->nr), .epi = epi};
     qkv_gemm_grid(j.mtiles, j.ntiles, k->mr, k->nr, k->nc, threads, &j.tm, &j.tn);
     const int nthreads = j.tm * j.tn;
-    const int64_t rows = ceil_div(j.mtiles, j.tm) * k->mr, kc2 = (min64(k->kc, K) + 1) / 2;
+    const int64_t rows = ceil_div(j.mtiles, j.tm) * k->mr, kc2 = pairs_of_kc(k, min64(k->kc, K));
     j.ap_len = ceil_div(min64(k->mc, rows) * kc2, ALIGN_WORDS) * ALIGN_WORDS;
     void *raw;
     j.buf = qkv_gemm_alloc_aligned((size_t)nthreads * (size_t)j.ap_len * sizeof(uint32_t), &raw);

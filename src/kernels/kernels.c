@@ -5,6 +5,8 @@
 #include "kernels/kernels.h"
 
 static qkv_kernel_set g_set[QKV_ARCH_COUNT];
+static qkv_gemm_bf16_kernel g_replaced[QKV_ARCH_COUNT]; /* a bf16 table AMX took the place of */
+static int g_has_replaced[QKV_ARCH_COUNT];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void fill(int arch, qkv_kernel_set *s) {
@@ -32,6 +34,13 @@ static void fill(int arch, qkv_kernel_set *s) {
             qkv_half_init_avx512bf16(&s->half);
             qkv_gemm_bf16_init_avx512bf16(&s->gemm_bf16);
         }
+#ifdef QKV_HAVE_AMX
+        if (qkv_cpu_has_amx_bf16()) {
+            g_replaced[arch] = s->gemm_bf16;
+            g_has_replaced[arch] = 1;
+            qkv_gemm_bf16_init_amx(&s->gemm_bf16);
+        }
+#endif
         if (qkv_cpu_has_avx512vnni()) qkv_i8_init_avx512vnni(&s->i8);
     }
 #else
@@ -48,6 +57,11 @@ const qkv_kernel_set *qkv_kernel_set_of(int arch) {
     if (arch < 0 || arch >= QKV_ARCH_COUNT || !qkv_cpu_has((qkv_arch)arch)) return NULL;
     pthread_once(&g_once, init_once);
     return &g_set[arch];
+}
+
+const qkv_gemm_bf16_kernel *qkv_gemm_bf16_kernel_replaced(int arch) {
+    if (!qkv_kernel_set_of(arch)) return NULL;
+    return g_has_replaced[arch] ? &g_replaced[arch] : NULL;
 }
 
 const qkv_kernel_set *qkv_kernel_set_active(void) {

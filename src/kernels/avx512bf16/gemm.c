@@ -95,5 +95,5 @@ static void pack_pairs_rows_avx512bf16(const float *src, int64_t ld, int64_t kc,
  * A panel is 14 KB of pairs, a 512 x 32 B panel 32 KB). */
 void qkv_gemm_bf16_init_avx512bf16(qkv_gemm_bf16_kernel *k) {
     *k = (qkv_gemm_bf16_kernel){"avx512bf16 14x32", 1, MR, NR, MR * 8, 512, 4096, ukr_avx512bf16,
-                                pack_pairs_t_avx512bf16, pack_pairs_rows_avx512bf16};
+                                pack_pairs_t_avx512bf16, pack_pairs_rows_avx512bf16, 0, 0, NULL, NULL, NULL};
 }

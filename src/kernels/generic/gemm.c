@@ -93,5 +93,5 @@ static void ukr_bf16_generic(int64_t kc2, const uint32_t *ap, const uint32_t *bp
 
 /* KC = 512 (256 pairs) as for the float kernels. */
 void qkv_gemm_bf16_init_generic(qkv_gemm_bf16_kernel *k) {
-    *k = (qkv_gemm_bf16_kernel){"generic bf16 4x16", 0, BMR, BNR, 128, 512, 4096, ukr_bf16_generic, NULL, NULL};
+    *k = (qkv_gemm_bf16_kernel){"generic bf16 4x16", 0, BMR, BNR, 128, 512, 4096, ukr_bf16_generic, NULL, NULL, 0, 0, NULL, NULL, NULL};
 }
