@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "attn/half.h"
+#include "core/cpu.h"
 #include "core/half.h"
 #include "core/internal.h"
 #include "kernels/kernels.h"
@@ -324,12 +325,15 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
     /* The bf16 attention core pays for rounding q, k and v and for its
      * panels per block; below ENC_BF16_ATTN_MIN_LEN tokens the float one is
      * faster (sentences of 6-37 tokens: 15% of a bf16 call against 6% of a
-     * float32 one) */
+     * float32 one). On CPUs with AMX tiles (Intel's) vdpbf16ps runs at half
+     * the float FMA's rate (bench_gemm's peak lines), so the float core is
+     * faster at every length there (256 tokens: 44% of a bf16 call at 128
+     * GFLOP/s); their products run on the tiles. */
     int64_t longest = offsets ? 0 : rows;
     for (int64_t i = 0; offsets && i < count; i++)
         if (offsets[i + 1] - offsets[i] > longest) longest = offsets[i + 1] - offsets[i];
     const int attn_bf16 = e->info.precision == QKV_ENCODER_BF16 && longest >= ENC_BF16_ATTN_MIN_LEN &&
-                          qkv_half_fast_available();
+                          qkv_half_fast_available() && !qkv_cpu_has_amx_bf16();
     for (int64_t l = 0; l <= stop && l < e->info.layers; l++) {
         const enc_layer *L = &e->layer[l];
         double t0 = phase_start(e);
