@@ -30,6 +30,9 @@ qkv_status nn_linear_p(qkv_dtype prec, const float *x, int64_t rows, int64_t in,
     /* bf16: the bias is added in the product's merge, tile by tile:
      * y = (x Wᵀ) + b as below. */
     if (prec == QKV_BF16) return qkv_gemm_bf16(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, b, threads);
+    /* float32: the bias in the product's epilogue, panel by panel while it
+     * is in cache (the same additions as a pass after it) */
+    if (b && !qkv_gemm_uses_cblas()) return nn_linear_act(x, rows, in, w, b, out, y, QKV_NN_ACT_NONE, threads);
     qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
     if (s != QKV_OK || !b) return s;
     bias_job j = {y, (float *)b, rows, out, 0};
