@@ -388,7 +388,7 @@ static void bf16_tile_call(const qkv_gemm_bf16_kernel *k, int64_t kc2, const uin
     uint32_t *a = calloc((size_t)(kp * k->mr), 4), *b = calloc((size_t)(kp * k->nr), 4);
     if (!a || !b) exit(2);
     for (int64_t t = 0; t < kc2; t++)
-        for (int i = 0; i < k->mr; i++) a[k->a_rows ? i * kp + t : t * k->mr + i] = ap[t * k->mr + i];
+        for (int i = 0; i < k->mr; i++) a[k->a_rows ? (t - t % step) * k->mr + i * step + t % step : t * k->mr + i] = ap[t * k->mr + i];
     memcpy(b, bp, (size_t)(kc2 * k->nr) * 4);
     if (k->begin) k->begin();
     k->ukr(kp, a, b, c, ldc, alpha, beta, m, n);
@@ -590,16 +590,16 @@ static void test_gemm_bf16(const qkv_gemm_bf16_kernel *K, const qkv_gemm_bf16_ke
                 const int64_t ld = kc + 5;
                 gbuf gs, gd;
                 float *src = fnew(&gs, (size_t)(w * ld), 1);
-                uint32_t *dst = gb_new(&gd, (size_t)(kp * w) * 4, 0);
+                uint32_t *dst = gb_new(&gd, (size_t)(kp * K->mr) * 4, 0);
                 for (int64_t i = 0; i < w * ld; i++) src[i] = i % 19 == 4 ? NAN : rnd(2.0);
                 K->pack_a_rows(src, ld, kc, w, kp, dst);
                 int bad = !gb_ok(&gd) || !gb_ok(&gs);
-                for (int i = 0; i < w; i++)
+                for (int i = 0; i < K->mr; i++)
                     for (int64_t t = 0; t < kp; t++) {
-                        float lo = t < kc2 ? src[i * ld + 2 * t] : 0.0f;
-                        float hi = 2 * t + 1 < kc ? src[i * ld + 2 * t + 1] : 0.0f;
+                        float lo = i < w && t < kc2 ? src[i * ld + 2 * t] : 0.0f;
+                        float hi = i < w && 2 * t + 1 < kc ? src[i * ld + 2 * t + 1] : 0.0f;
                         uint32_t want = (uint32_t)qkv_f32_to_bf16(lo) | ((uint32_t)qkv_f32_to_bf16(hi) << 16);
-                        bad |= dst[i * kp + t] != want;
+                        bad |= dst[(t - t % step) * K->mr + i * step + t % step] != want;
                     }
                 CHECK(!bad, "gemm bf16 pack_a_rows [%s] kc %lld w %d", K->name, (long long)kc, w);
                 gb_free(&gs); gb_free(&gd);

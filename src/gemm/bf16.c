@@ -65,25 +65,25 @@ static void pack_panel(const qkv_gemm_bf16_kernel *k, int by_rows, const float *
     }
 }
 
-/* One A panel of a_rows kernels: dst[r*kc2p + t] for r < W (zero rows past
- * w, zero pairs past kc); trans: op(A) stored [K, M]. */
+/* One A panel of a_rows kernels (kernels/gemm.h: W rows of ks pairs per K
+ * step of ks = kstep pairs), zero on rows past w and pairs past kc; trans:
+ * op(A) stored [K, M]. */
 static void pack_a_rows(const qkv_gemm_bf16_kernel *k, int trans, const float *src, int64_t ld, int64_t kc, int w,
                         int W, int64_t kc2p, uint32_t *restrict dst) {
     if (!trans && k->pack_a_rows) {
         k->pack_a_rows(src, ld, kc, w, kc2p, dst);
-    } else {
-        const int64_t kc2 = (kc + 1) / 2;
-        for (int r = 0; r < w; r++) {
-            uint32_t *d = dst + r * kc2p;
-            for (int64_t t = 0; t < kc2; t++) {
-                const int two = 2 * t + 1 < kc;
-                d[t] = trans ? pair_of(src[2 * t * ld + r], two ? src[(2 * t + 1) * ld + r] : 0.0f)
-                             : pair_of(src[r * ld + 2 * t], two ? src[r * ld + 2 * t + 1] : 0.0f);
-            }
-            memset(d + kc2, 0, (size_t)(kc2p - kc2) * sizeof *d);
-        }
+        return;
     }
-    if (w < W) memset(dst + w * kc2p, 0, (size_t)((W - w) * kc2p) * sizeof *dst);
+    const int64_t kc2 = (kc + 1) / 2, ks = k->kstep > 1 ? k->kstep : 1;
+    for (int64_t t = 0; t < kc2p; t++)
+        for (int r = 0; r < W; r++) {
+            const int two = 2 * t + 1 < kc;
+            uint32_t v = 0;
+            if (r < w && t < kc2)
+                v = trans ? pair_of(src[2 * t * ld + r], two ? src[(2 * t + 1) * ld + r] : 0.0f)
+                          : pair_of(src[r * ld + 2 * t], two ? src[r * ld + 2 * t + 1] : 0.0f);
+            dst[(t - t % ks) * W + r * ks + t % ks] = v;
+        }
 }
 
 /* op(A) rows [i0, i0 + mc), K [p0, p0 + kc) into MR-row panels (panel r at

@@ -65,8 +65,9 @@ void qkv_gemm_init_avx512(qkv_gemm_kernel *k);
  * words (low half = the even k), the layout of vdpbf16ps, zero past the
  * matrix edge and past an odd kc:
  *     A panel:  ap[t * MR + i] = (op(A)[i0 + i][p0 + 2t], op(A)[i0 + i][p0 + 2t + 1])
- *               (a kernel with a_rows: ap[i * kc2 + t], each row's pairs in a row,
- *               as a tile load takes them)
+ *               (a kernel with a_rows: in steps of kstep pairs, each step MR rows of
+ *               kstep pairs, ap[(t - t % kstep) * MR + i * kstep + t % kstep]: a
+ *               tile is a contiguous block of rows)
  *     B panel:  bp[t * NR + j] = (op(B)[p0 + 2t][j0 + j], op(B)[p0 + 2t + 1][j0 + j])
  * for t < kc2 = ceil(kc / 2), rounded up to a multiple of the kernel's kstep
  * with zero pairs (kstep 0 or 1: no rounding; the kernel gets that kc2).
@@ -104,10 +105,12 @@ typedef struct qkv_gemm_bf16_kernel {
     void (*pack_pairs_rows)(const float *src, int64_t ld, int64_t kc, int w, uint32_t *dst);
     /* Tile kernels (0 / NULL for the register-tile ones):
      *   kstep:       kc2 padded to a multiple of it in both panels (kc / 2 is one)
-     *   a_rows:      A panels row by row (above); pack_pairs_t then packs B only
+     *   a_rows:      A panels by rows within each K step (above); pack_pairs_t
+     *                then packs B only
      *   pack_a_rows: optional SIMD packing of a whole A panel stored [M, K] in
-     *                that layout: dst[i*kc2p + t] = (src[i*ld + 2t], src[i*ld + 2t + 1])
-     *                for i < w, t < kc2p, zero past kc (kc2p >= ceil(kc / 2))
+     *                that layout, pair (src[i*ld + 2t], src[i*ld + 2t + 1]) for
+     *                i < w, t < kc2p (a multiple of kstep), zero past kc and on
+     *                rows w .. MR - 1
      *   begin, end:  each thread calls begin before its first micro-kernel of
      *                a product and end after its last (tile configuration and
      *                release); nothing else runs on the thread in between */

@@ -6,9 +6,10 @@
  *
  * Layouts: the B panels are the AVX512-BF16 table's (bp[t*32 + j]: a B
  * tile is 16 consecutive pair rows, the left or right 16 words of each,
- * row stride 128 bytes); the A panels are row by row (a_rows:
- * ap[i*kc2 + t], row stride kc2 words), and kc2 is a multiple of 16
- * (kstep) with zero pairs past K, so every step is a whole tile.
+ * row stride 128 bytes); the A panels hold each step's two tiles as
+ * contiguous 1 KB blocks (a_rows: step s at ap + 512 s, rows of 16 pairs),
+ * and kc2 is a multiple of 16 (kstep) with zero pairs past K, so every step
+ * is a whole tile.
  *
  * The tiles start at zero and tdpbf16ps adds each pair's two exact products
  * in turn, rounding each addition, subnormals flushed (the contract's sum
@@ -48,15 +49,14 @@ static void amx_end(void) { _tile_release(); }
 
 static void ukr_amx(int64_t kc2, const uint32_t *ap, const uint32_t *bp, float *c, int64_t ldc, float alpha,
                     float beta, int m, int n) {
-    const uint32_t *a1 = ap + 16 * kc2;
-    const long sa = (long)(kc2 * 4), sb = NR * 4;
+    const long sa = KSTEP * 4, sb = NR * 4;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t t = 0; t < kc2; t += KSTEP) {
-        _tile_loadd(4, ap + t, sa);
-        _tile_loadd(5, a1 + t, sa);
+        _tile_loadd(4, ap + t * MR, sa);
+        _tile_loadd(5, ap + t * MR + 16 * KSTEP, sa);
         _tile_loadd(6, bp + t * NR, sb);
         _tile_loadd(7, bp + t * NR + 16, sb);
         _tile_dpbf16ps(0, 4, 6);
@@ -89,14 +89,18 @@ static inline __mmask16 mask16(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
 
-/* dst[i*kc2p + t] = (src[i*ld + 2t], src[i*ld + 2t + 1]): each row's floats
+/* Row i's pairs t .. t + 15 at dst[t * MR + i * 16]: each row's floats
  * rounded to pairs in order (vcvtne2ps2bf16, nearest even as
- * qkv_f32_to_bf16), zero past kc and on rows w .. MR - 1 left to the caller. */
+ * qkv_f32_to_bf16), zero past kc and on rows w .. MR - 1. */
 static void pack_a_rows_amx(const float *src, int64_t ld, int64_t kc, int w, int64_t kc2p, uint32_t *dst) {
-    for (int i = 0; i < w; i++) {
-        const float *s = src + i * ld;
-        uint32_t *d = dst + i * kc2p;
+    for (int i = 0; i < MR; i++) {
+        const float *s = i < w ? src + i * ld : src;
+        uint32_t *d = dst + i * KSTEP;
         for (int64_t t = 0; t < kc2p; t += 16) {
+            if (i >= w) {
+                _mm512_storeu_si512((void *)(d + t * MR), _mm512_setzero_si512());
+                continue;
+            }
             const int64_t nf = kc - 2 * t; /* floats left in the row */
             __m512i x;
             if (nf >= 32) {
@@ -108,7 +112,7 @@ static void pack_a_rows_amx(const float *src, int64_t ld, int64_t kc, int w, int
             } else {
                 x = _mm512_setzero_si512();
             }
-            _mm512_storeu_si512((void *)(d + t), x);
+            _mm512_storeu_si512((void *)(d + t * MR), x);
         }
     }
 }
