@@ -134,10 +134,10 @@ static void test_qk(const qkv_kernels *K, const qkv_kernels *G) {
 static void test_pv(const qkv_kernels *K, const qkv_kernels *G) {
     static const size_t rowc[] = {1, 2, 3, 5, 7, 8, 17, 64};
     for (size_t ni = 0; ni < NSIZES; ni++)
-        for (size_t vi = 0; vi < NSIZES; vi++)
+        for (size_t vi = 0; vi <= NSIZES; vi++) /* and dv = 64, which has its own tiles */
             for (size_t ri = 0; ri < 8; ri++)
                 for (int mode = 0; mode < 3; mode++) { /* 0: alpha, 1: no alpha, 2: transposed p */
-                    const size_t nk = SIZES[ni], dv = SIZES[vi], rows = rowc[ri];
+                    const size_t nk = SIZES[ni], dv = vi < NSIZES ? SIZES[vi] : 64, rows = rowc[ri];
                     const size_t ldo = dv + 3, ldv = dv + 1, ldp = mode == 2 ? 1 : nk + 2, pcs = mode == 2 ? rows + 1 : 1;
                     const size_t np = mode == 2 ? nk * pcs : rows * ldp;
                     gbuf gp, gv, ga, g1, g2;

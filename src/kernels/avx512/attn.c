@@ -87,24 +87,57 @@ static void pv8(float *o, size_t ldo, const float *alpha, const float *p, size_t
         REP8(LOAD)
 #undef LOAD
         const float *vc = v + c;
-        for (size_t j = 0; j < nk; j++) {
-            __m512 v0 = _mm512_maskz_loadu_ps(m0, vc + j * ldv);
-            __m512 v1 = _mm512_maskz_loadu_ps(m1, vc + j * ldv + 16);
 #define FMA(r)                                                \
     {                                                         \
         __m512 x = _mm512_set1_ps(p[(r) * ldp + j * pcs]);    \
         a0[r] = _mm512_fmadd_ps(x, v0, a0[r]);                \
         a1[r] = _mm512_fmadd_ps(x, v1, a1[r]);                \
     }
-            REP8(FMA)
-#undef FMA
+        if (dv - c >= 32) { /* whole columns: plain loads */
+            for (size_t j = 0; j < nk; j++) {
+                __m512 v0 = _mm512_loadu_ps(vc + j * ldv), v1 = _mm512_loadu_ps(vc + j * ldv + 16);
+                REP8(FMA)
+            }
+        } else {
+            for (size_t j = 0; j < nk; j++) {
+                __m512 v0 = _mm512_maskz_loadu_ps(m0, vc + j * ldv);
+                __m512 v1 = _mm512_maskz_loadu_ps(m1, vc + j * ldv + 16);
+                REP8(FMA)
+            }
         }
+#undef FMA
 #define STORE(r)                                                            \
     _mm512_mask_storeu_ps(oc + (r) * ldo, m0, a0[r]);                       \
     _mm512_mask_storeu_ps(oc + (r) * ldo + 16, m1, a1[r]);
         REP8(STORE)
 #undef STORE
     }
+}
+
+/* R rows x 64 columns (4R accumulators): each step reads one whole row of
+ * V (256 bytes in order) for R rows of P. */
+QKV_INLINE void pv_rx64(const int R, float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
+                        size_t pcs, const float *v, size_t ldv, size_t nk) {
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < 4; q++) {
+            a[r][q] = _mm512_loadu_ps(o + r * ldo + 16 * q);
+            if (alpha) a[r][q] = _mm512_mul_ps(_mm512_set1_ps(alpha[r]), a[r][q]);
+        }
+    for (size_t j = 0; j < nk; j++) {
+        const float *vj = v + j * ldv;
+        __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), v2 = _mm512_loadu_ps(vj + 32),
+               v3 = _mm512_loadu_ps(vj + 48);
+        for (int r = 0; r < R; r++) {
+            __m512 x = _mm512_set1_ps(p[r * ldp + j * pcs]);
+            a[r][0] = _mm512_fmadd_ps(x, v0, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(x, v1, a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(x, v2, a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(x, v3, a[r][3]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < 4; q++) _mm512_storeu_ps(o + r * ldo + 16 * q, a[r][q]);
 }
 
 static void pv1(float *o, const float *alpha, const float *p, size_t pcs, const float *v, size_t ldv,
@@ -122,6 +155,10 @@ static void pv1(float *o, const float *alpha, const float *p, size_t pcs, const 
 static void pv_avx512(float *o, size_t ldo, const float *alpha, const float *p, size_t ldp,
                       size_t pcs, const float *v, size_t ldv, size_t nk, size_t dv, size_t rows) {
     size_t r = 0;
+    if (dv == 64) { /* 64 rows: 10 x 6 + 4 */
+        for (; r + 6 <= rows; r += 6) pv_rx64(6, o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, pcs, v, ldv, nk);
+        for (; r + 4 <= rows; r += 4) pv_rx64(4, o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, pcs, v, ldv, nk);
+    }
     for (; r + 8 <= rows; r += 8) pv8(o + r * ldo, ldo, alpha ? alpha + r : NULL, p + r * ldp, ldp, pcs, v, ldv, nk, dv);
     for (; r < rows; r++) pv1(o + r * ldo, alpha ? alpha + r : NULL, p + r * ldp, pcs, v, ldv, nk, dv);
 }
