@@ -1,7 +1,8 @@
 /* AVX-512F micro-kernels (compiled with -mavx512f/dq/bw/vl -mfma only here).
- * Register tiles of 8 rows x 32 columns (16 zmm accumulators) for both QK^T
- * and PV; tails use masked loads and stores, so nothing outside the given
- * ranges is read or written. */
+ * Register tiles of 8 rows x 32 columns (16 zmm accumulators) for QK^T and
+ * PV, and for PV at 64 value columns 6 (or 4) rows x 64 columns, so each
+ * step reads a whole row of V; tails use masked loads and stores, so
+ * nothing outside the given ranges is read or written. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
