@@ -104,7 +104,8 @@ int main(void) {
     float bias[2] = {0.25f, -3.0f};
     CHECK_STATUS(qkv_i8_linear(x, 1, 4, &m, bias, y, 2, 1), QKV_OK);
     CHECK(y[0] == 0.25f && y[1] == -3.0f, "a zero row gives the bias: %g %g", y[0], y[1]);
-    CHECK(qkv_i8_matrix_bytes(&m) == 32 * (4 + 8), "bytes held: %lld", (long long)qkv_i8_matrix_bytes(&m));
+    /* one panel of 32 channels, K = 4 padded to QKV_I8_KSTEP, a sum and a scale each */
+    CHECK(qkv_i8_matrix_bytes(&m) == 32 * (QKV_I8_KSTEP + 8), "bytes held: %lld", (long long)qkv_i8_matrix_bytes(&m));
     qkv_i8_matrix_free(&m);
     qkv_i8_matrix_free(NULL);
     return tu_finish();

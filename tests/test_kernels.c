@@ -1189,7 +1189,7 @@ static void test_nn_col_sums(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
 static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
     static const size_t KS[] = {1, 3, 4, 7, 63, 65, 129, 384};
     for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++) {
-        size_t k = KS[ki], kp = (k + 3) / 4 * 4;
+        size_t k = KS[ki], kp = (k + QKV_I8_KSTEP - 1) / QKV_I8_KSTEP * QKV_I8_KSTEP;
         /* quant_row: bitwise, with zeros, ties, NaN, outliers (none, some,
          * more than QKV_I8_MAX_OUT) and a zero row */
         gbuf gx, ga, gb;
@@ -1216,7 +1216,8 @@ static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
         gb_free(&gx);
         gb_free(&ga);
         gb_free(&gb);
-        /* tile: every m up to mr (both tables' mr), n 1..32, bitwise */
+        /* tile: every m up to the table's mr (the generic one run on blocks
+         * of its own mr rows), n 1..32, bitwise */
         int mmax = K->mr > G->mr ? K->mr : G->mr;
         size_t lda = kp + 4 * (ki & 1);
         uint8_t *A = malloc((size_t)mmax * lda);
@@ -1247,15 +1248,19 @@ static void test_i8(const qkv_i8_kernels *K, const qkv_i8_kernels *G) {
         }
         for (int m = 1; m <= mmax; m++)
             for (int n = 1; n <= QKV_I8_NR; n += (n < 3 || n > 29) ? 1 : 7) {
-                int mk = m < K->mr ? m : K->mr, mg = m < G->mr ? m : G->mr;
-                if (mk != m || mg != m) continue;
+                if (m > K->mr) continue;
                 gbuf gc, gd;
                 size_t ldc = (size_t)n + 3;
                 float *c = fnew(&gc, (size_t)m * ldc, 1), *d = fnew(&gd, (size_t)m * ldc, 1);
                 for (size_t i = 0; i < (size_t)m * ldc; i++) c[i] = d[i] = 7.0f;
                 const float *bb = (m + n) % 2 ? bias : NULL;
+                if (K->begin) K->begin();
                 K->tile(kp, A, lda, B, ws, sa, sw, bb, c, ldc, m, n, nout, oidx, oval);
-                G->tile(kp, A, lda, B, ws, sa, sw, bb, d, ldc, m, n, nout, oidx, oval);
+                if (K->end) K->end();
+                for (int r = 0; r < m; r += G->mr)
+                    G->tile(kp, A + (size_t)r * lda, lda, B, ws, sa + r, sw, bb, d + (size_t)r * ldc, ldc,
+                            m - r < G->mr ? m - r : G->mr, n, nout + r, oidx + r * QKV_I8_MAX_OUT,
+                            oval + r * QKV_I8_MAX_OUT);
                 CHECK(memcmp(c, d, (size_t)m * ldc * sizeof *c) == 0, "%s i8 tile k=%zu m=%d n=%d: same bits", g_isa,
                       k, m, n);
                 CHECK(gb_ok(&gc), "%s i8 tile k=%zu m=%d n=%d: guards", g_isa, k, m, n);
@@ -1330,6 +1335,11 @@ int main(void) {
         g_isa = s->i8.name;
         CHECK(s->i8.native == (arch == QKV_ARCH_AVX512 && qkv_cpu_has_avx512vnni()), "int8 table %s", g_isa);
         test_i8(&s->i8, &gen->i8);
+        if (qkv_i8_kernels_replaced(arch)) { /* the AVX512-VNNI table where AMX-INT8 took its place */
+            g_isa = qkv_i8_kernels_replaced(arch)->name;
+            test_i8(qkv_i8_kernels_replaced(arch), &gen->i8);
+            g_isa = s->i8.name;
+        }
         printf("%s int8 kernels: %s\n", s->i8.name, tu_failed == b3 ? "ok" : "FAILED");
     }
     if (!qkv_cpu_has_avx512vnni()) printf("avx512vnni: not available here, skipped\n");

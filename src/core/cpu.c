@@ -24,6 +24,7 @@ static int g_has[QKV_ARCH_COUNT];
 static int g_has_bf16;
 static int g_has_vnni;
 static int g_has_amx;
+static int g_has_amx_int8;
 static int g_default = QKV_ARCH_GENERIC;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static atomic_int g_forced = -1;
@@ -65,6 +66,7 @@ static void detect_x86(void) {
     int amx_cpu = g_has_bf16 && ((d >> 24) & 1) && ((d >> 22) & 1) && (xcr0 & 0x60000) == 0x60000;
     if (amx_cpu && !(amx_env && strcmp(amx_env, "0") == 0))
         g_has_amx = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+    g_has_amx_int8 = g_has_amx && g_has_vnni && ((d >> 25) & 1); /* AMX-INT8 */
 #endif
 }
 #endif
@@ -107,6 +109,11 @@ int qkv_cpu_has_avx512vnni(void) {
 int qkv_cpu_has_amx_bf16(void) {
     pthread_once(&g_once, init_once);
     return g_has_amx;
+}
+
+int qkv_cpu_has_amx_int8(void) {
+    pthread_once(&g_once, init_once);
+    return g_has_amx_int8;
 }
 
 qkv_arch qkv_cpu_arch(void) {

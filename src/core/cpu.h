@@ -32,6 +32,11 @@ int qkv_cpu_has_avx512vnni(void);
  * product then runs on tiles within the AVX-512 ISA (kernels/amx/). */
 int qkv_cpu_has_amx_bf16(void);
 
+/* Whether AMX-INT8 tiles can run here: qkv_cpu_has_amx_bf16, AVX512-VNNI
+ * and AMX-INT8 (CPUID.(7,0):EDX[25]). The int8 product then runs on tiles
+ * (QKV_AMX=0 turns both off). */
+int qkv_cpu_has_amx_int8(void);
+
 /* The arch in use: the forced one if any, else QKV_ARCH, else the best the
  * CPU has. Thread-safe; always one that qkv_cpu_has. */
 qkv_arch qkv_cpu_arch(void);

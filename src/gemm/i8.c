@@ -40,7 +40,7 @@ qkv_status qkv_i8_matrix_make(const float *w, int64_t n, int64_t k, int64_t ldw,
     if (!w || !out) return QKV_ERR_NULL_POINTER;
     memset(out, 0, sizeof *out);
     if (n < 1 || k < 1 || ldw < k || k > QKV_I8_MAX_K) return QKV_ERR_BAD_SIZE;
-    int64_t kp = ceil_div(k, 4) * 4, np = ceil_div(n, QKV_I8_NR), cols = np * QKV_I8_NR, bytes;
+    int64_t kp = ceil_div(k, QKV_I8_KSTEP) * QKV_I8_KSTEP, np = ceil_div(n, QKV_I8_NR), cols = np * QKV_I8_NR, bytes;
     if (!qkv_mul_ok(cols, kp, &bytes)) return QKV_ERR_SIZE_OVERFLOW;
     for (int64_t j = 0; j < n; j++)
         for (int64_t t = 0; t < k; t++)
@@ -116,6 +116,9 @@ static void i8_unit(void *ctx, int64_t unit, int thread) {
                                 oidx + i * QKV_I8_MAX_OUT, oval + i * QKV_I8_MAX_OUT, &nout[i]);
     }
     const int64_t mr = j->k->mr;
+    /* the rows a last, short tile may read past the block's: zeros */
+    if ((r1 - r0) % mr) memset(a + (r1 - r0) * w->kp, 128, (size_t)((mr - (r1 - r0) % mr) * w->kp));
+    if (j->k->begin) j->k->begin();
     for (int64_t i = r0; i < r1; i += mr) {
         int m = (int)(r1 - i < mr ? r1 - i : mr);
         for (int64_t p = p0; p < p1; p++) {
@@ -127,12 +130,14 @@ static void i8_unit(void *ctx, int64_t unit, int thread) {
                        oval + (i - r0) * QKV_I8_MAX_OUT);
         }
     }
+    if (j->k->end) j->k->end();
 }
 
 qkv_status qkv_i8_linear_with(const qkv_i8_kernels *k, const float *x, int64_t rows, int64_t ldx,
                               const qkv_i8_matrix *w, const float *b, float *y, int64_t ldy, int threads) {
     if (!k || !x || !w || !w->panels || !y) return QKV_ERR_NULL_POINTER;
     if (rows < 1 || ldx < w->k || ldy < w->n || threads < 0) return QKV_ERR_BAD_SIZE;
+    if (k->few && rows < k->mr) k = k->few;
     int t = qkv_threads_resolve(threads);
     int64_t work; /* ~2M products per extra thread */
     if (!qkv_mul_ok(rows, w->n, &work) || !qkv_mul_ok(work, w->kp, &work)) work = INT64_MAX;

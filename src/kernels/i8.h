@@ -8,7 +8,7 @@
  * one tile. Every sum is exact, so every ISA gives the same bits (the
  * dequantisation is the same float operations in the same order).
  *
- * Layouts, for K padded to kp (a multiple of 4) with zeros:
+ * Layouts, for K padded to kp (a multiple of QKV_I8_KSTEP) with zeros:
  *   a row      a[t] = q_t + 128, t < kp (128 past K: a zero)
  *   W panels   bp[(t / 4) * QKV_I8_NR * 4 + j * 4 + t % 4] = Wq[j0 + j][t]
  *              for j < QKV_I8_NR (0 past the last output channel)
@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #define QKV_I8_NR 32 /* output channels per packed panel, the same for every ISA */
+#define QKV_I8_KSTEP 64 /* kp's multiple: one AMX tile step (zeros cost no bits) */
 #define QKV_I8_MAX_K 65536 /* 255 * 127 * K stays inside int32 */
 
 /* A row's outliers: the values above QKV_I8_OUTLIER times the mean |x| of
@@ -51,14 +52,26 @@ typedef struct qkv_i8_kernels {
      * oval[i*QKV_I8_MAX_OUT + o] * (float)Wq[j][oidx[i*QKV_I8_MAX_OUT + o]]
      * (the int8 weight read from the panel); c[i*ldc + j] = v * sw[j] +
      * bias[j] (bias NULL: no addition); each operation rounded once, in this
-     * order. Nothing outside the m x n tile is written; rows >= m of a are
-     * not read. */
+     * order. Nothing outside the m x n tile is written; rows m .. mr - 1 of
+     * a may be read (the framework fills them with zeros, 128), their
+     * results are not stored. */
     void (*tile)(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp, const int32_t *wsum, const float *sa,
                  const float *sw, const float *bias, float *c, size_t ldc, int m, int n, const int *nout,
                  const int32_t *oidx, const float *oval);
+    /* Tile kernels (NULL elsewhere): each thread calls begin before its
+     * first tile of a product and end after its last. */
+    void (*begin)(void);
+    void (*end)(void);
+    /* The table for products of fewer than mr rows (NULL: this one): a
+     * tile kernel's fixed rows cost more than they give there. Sums are
+     * exact, so either gives the same bits. */
+    const struct qkv_i8_kernels *few;
 } qkv_i8_kernels;
 
 void qkv_i8_init_generic(qkv_i8_kernels *k);
 void qkv_i8_init_avx512vnni(qkv_i8_kernels *k);
+/* AMX-INT8 (kernels/amx/i8.c): the VNNI table's quant_row, a 32 x 32 tile
+ * of tdpbusd; only where qkv_cpu_has_amx_int8. */
+void qkv_i8_init_amx(qkv_i8_kernels *k);
 
 #endif

@@ -7,6 +7,8 @@
 static qkv_kernel_set g_set[QKV_ARCH_COUNT];
 static qkv_gemm_bf16_kernel g_replaced[QKV_ARCH_COUNT]; /* a bf16 table AMX took the place of */
 static int g_has_replaced[QKV_ARCH_COUNT];
+static qkv_i8_kernels g_replaced_i8[QKV_ARCH_COUNT]; /* an int8 table AMX took the place of */
+static int g_has_replaced_i8[QKV_ARCH_COUNT];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void fill(int arch, qkv_kernel_set *s) {
@@ -42,6 +44,13 @@ static void fill(int arch, qkv_kernel_set *s) {
         }
 #endif
         if (qkv_cpu_has_avx512vnni()) qkv_i8_init_avx512vnni(&s->i8);
+#ifdef QKV_HAVE_AMX
+        if (qkv_cpu_has_amx_int8()) {
+            g_replaced_i8[arch] = s->i8;
+            g_has_replaced_i8[arch] = 1;
+            qkv_i8_init_amx(&s->i8);
+        }
+#endif
     }
 #else
     (void)arch;
@@ -62,6 +71,11 @@ const qkv_kernel_set *qkv_kernel_set_of(int arch) {
 const qkv_gemm_bf16_kernel *qkv_gemm_bf16_kernel_replaced(int arch) {
     if (!qkv_kernel_set_of(arch)) return NULL;
     return g_has_replaced[arch] ? &g_replaced[arch] : NULL;
+}
+
+const qkv_i8_kernels *qkv_i8_kernels_replaced(int arch) {
+    if (!qkv_kernel_set_of(arch)) return NULL;
+    return g_has_replaced_i8[arch] ? &g_replaced_i8[arch] : NULL;
 }
 
 const qkv_kernel_set *qkv_kernel_set_active(void) {

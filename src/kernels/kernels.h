@@ -12,7 +12,7 @@
  *   KV decode         kernels/kv.h        kernels/<isa>/kv.c
  *   bf16 tiles        kernels/half.h      kernels/<isa>/half.c
  *   layer rows        kernels/nn.h        kernels/<isa>/nn.c
- *   int8 matmul       kernels/i8.h        kernels/<isa>/i8.c
+ *   int8 matmul       kernels/i8.h        kernels/{generic,avx512vnni,amx}/i8.c
  *   additive score    kernels/additive.h  kernels/<isa>/additive.c
  * with <isa> one of generic, avx2, avx512, avx512bf16, avx512vnni, amx, each folder compiled
  * with that ISA's flags only. */
@@ -45,6 +45,8 @@ const qkv_kernel_set *qkv_kernel_set_of(int arch);
 /* For tests: the bf16 product table of an arch that the AMX one replaced
  * in its set (the AVX512-BF16 one on a CPU with AMX-BF16), else NULL. */
 const qkv_gemm_bf16_kernel *qkv_gemm_bf16_kernel_replaced(int arch);
+/* Likewise the int8 table (the AVX512-VNNI one where AMX-INT8 runs). */
+const qkv_i8_kernels *qkv_i8_kernels_replaced(int arch);
 
 /* The set of the arch in use (qkv_cpu_arch), and its tables. Thread-safe;
  * never NULL. */

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/amx/amx.h"
 #include "kernels/avx512_common.h"
 #include "kernels/gemm.h"
 
@@ -43,9 +44,10 @@ typedef struct {
 static const tile_config g_cfg __attribute__((aligned(64))) = {
     1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
-static void amx_begin(void) { _tile_loadconfig(&g_cfg); }
+/* Shared with the int8 kernel (amx/i8.c), whose tiles have the same shapes. */
+void qkv_amx_tiles_begin(void) { _tile_loadconfig(&g_cfg); }
 
-static void amx_end(void) { _tile_release(); }
+void qkv_amx_tiles_end(void) { _tile_release(); }
 
 static void ukr_amx(int64_t kc2, const uint32_t *ap, const uint32_t *bp, float *c, int64_t ldc, float alpha,
                     float beta, int m, int n) {
@@ -132,6 +134,6 @@ void qkv_gemm_bf16_init_amx(qkv_gemm_bf16_kernel *k) {
     k->kstep = KSTEP;
     k->a_rows = 1;
     k->pack_a_rows = pack_a_rows_amx;
-    k->begin = amx_begin;
-    k->end = amx_end;
+    k->begin = qkv_amx_tiles_begin;
+    k->end = qkv_amx_tiles_end;
 }

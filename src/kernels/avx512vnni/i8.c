@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/avx512_i8_epi.h"
 #include "kernels/i8.h"
 
 #define MR 14
@@ -89,38 +90,13 @@ static void tile_vnni(size_t kp, const uint8_t *a, size_t lda, const int8_t *bp,
 #undef DOT
         bp += QKV_I8_NR * 4;
     }
-    __mmask16 k0 = tail_mask((size_t)n), k1 = n > 16 ? tail_mask((size_t)n - 16) : 0;
-    const __m512i w128_0 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(k0, wsum), 7);
-    const __m512i w128_1 = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(k1, wsum + 16), 7);
-    const __m512 sw0 = _mm512_maskz_loadu_ps(k0, sw), sw1 = _mm512_maskz_loadu_ps(k1, sw + 16);
-    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(k0, bias) : _mm512_setzero_ps();
-    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(k1, bias + 16) : _mm512_setzero_ps();
-#define ST(r)                                                                                       \
-    if ((r) < m) {                                                                                  \
-        __m512 s = _mm512_set1_ps(sa[r]);                                                           \
-        __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0_##r, w128_0)), s);         \
-        __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1_##r, w128_1)), s);         \
-        for (int o = 0; o < nout[r]; o++) { /* the row's outliers: weight bytes to floats */               \
-            int32_t col = oidx[(r) * QKV_I8_MAX_OUT + o];                                           \
-            const int8_t *blk = panel + (size_t)(col / 4) * QKV_I8_NR * 4;                          \
-            __m512i sh = _mm512_set1_epi32(24 - 8 * (col % 4));                                     \
-            __m512 w0 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_sllv_epi32(_mm512_loadu_si512(blk), sh), 24)); \
-            __m512 w1 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_sllv_epi32(_mm512_loadu_si512(blk + 64), sh), 24)); \
-            __m512 xv = _mm512_set1_ps(oval[(r) * QKV_I8_MAX_OUT + o]);                             \
-            v0 = _mm512_add_ps(v0, _mm512_mul_ps(xv, w0));                                          \
-            v1 = _mm512_add_ps(v1, _mm512_mul_ps(xv, w1));                                          \
-        }                                                                                           \
-        v0 = _mm512_mul_ps(v0, sw0);                                                                \
-        v1 = _mm512_mul_ps(v1, sw1);                                                                \
-        if (bias) {                                                                                 \
-            v0 = _mm512_add_ps(v0, b0);                                                             \
-            v1 = _mm512_add_ps(v1, b1);                                                             \
-        }                                                                                           \
-        _mm512_mask_storeu_ps(c + (size_t)(r) * ldc, k0, v0);                                       \
-        _mm512_mask_storeu_ps(c + (size_t)(r) * ldc + 16, k1, v1);                                  \
-    }
+    const qkv_i8_epi e = qkv_i8_epi_make(wsum, sw, bias, n);
+#define ST(r)                                                                                            \
+    if ((r) < m)                                                                                         \
+        qkv_i8_epi_row(&e, c0_##r, c1_##r, sa[r], nout[r], oidx + (r) * QKV_I8_MAX_OUT, oval + (r) * QKV_I8_MAX_OUT, \
+                       panel, c + (size_t)(r) * ldc);
     ROWS(ST)
 #undef ST
 }
 
-void qkv_i8_init_avx512vnni(qkv_i8_kernels *k) { *k = (qkv_i8_kernels){"avx512vnni", 1, MR, quant_row_vnni, tile_vnni}; }
+void qkv_i8_init_avx512vnni(qkv_i8_kernels *k) { *k = (qkv_i8_kernels){"avx512vnni", 1, MR, quant_row_vnni, tile_vnni, NULL, NULL, NULL}; }

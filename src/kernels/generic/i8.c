@@ -57,4 +57,4 @@ static void tile_generic(size_t kp, const uint8_t *a, size_t lda, const int8_t *
         }
 }
 
-void qkv_i8_init_generic(qkv_i8_kernels *k) { *k = (qkv_i8_kernels){"generic", 0, 4, quant_row_generic, tile_generic}; }
+void qkv_i8_init_generic(qkv_i8_kernels *k) { *k = (qkv_i8_kernels){"generic", 0, 4, quant_row_generic, tile_generic, NULL, NULL, NULL}; }
