@@ -65,13 +65,15 @@ typedef enum qkv_encoder_precision {
     QKV_ENCODER_BF16 = 1, /* weights rounded to bf16 at load (a copy of half their size;
                              the mapped float32 ones are no longer read), activations
                              rounded to bf16 as the products read them, products
-                             summed in float32 (AVX512-BF16 where present, portable
-                             code elsewhere, the same bits) */
+                             summed in float32 (AMX tiles or AVX512-BF16 where
+                             present, portable code elsewhere, within float32's sum
+                             bound of each other; docs/HALF.md) */
     QKV_ENCODER_INT8 = 2  /* weights quantised to int8 per output channel at load (a
                              copy of about a quarter of their size; the mapped float32
                              ones are no longer read), activations to int8 per row at
-                             run time, products summed exactly in int32 (AVX512-VNNI
-                             where present, portable code elsewhere, the same bits);
+                             run time, products summed exactly in int32 (AMX-INT8 or
+                             AVX512-VNNI where present, portable code elsewhere, the
+                             same bits);
                              docs/ENCODER.md gives the accuracy measured */
 } qkv_encoder_precision;
 
