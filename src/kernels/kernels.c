@@ -5,10 +5,9 @@
 #include "kernels/kernels.h"
 
 static qkv_kernel_set g_set[QKV_ARCH_COUNT];
-static qkv_gemm_bf16_kernel g_replaced[QKV_ARCH_COUNT]; /* a bf16 table AMX took the place of */
-static int g_has_replaced[QKV_ARCH_COUNT];
-static qkv_i8_kernels g_replaced_i8[QKV_ARCH_COUNT]; /* an int8 table AMX took the place of */
-static int g_has_replaced_i8[QKV_ARCH_COUNT];
+/* The bf16 and int8 tables AMX took the place of (name NULL: none). */
+static qkv_gemm_bf16_kernel g_replaced[QKV_ARCH_COUNT];
+static qkv_i8_kernels g_replaced_i8[QKV_ARCH_COUNT];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void fill(int arch, qkv_kernel_set *s) {
@@ -39,7 +38,6 @@ static void fill(int arch, qkv_kernel_set *s) {
 #ifdef QKV_HAVE_AMX
         if (qkv_cpu_has_amx_bf16()) {
             g_replaced[arch] = s->gemm_bf16;
-            g_has_replaced[arch] = 1;
             qkv_gemm_bf16_init_amx(&s->gemm_bf16);
         }
 #endif
@@ -47,7 +45,6 @@ static void fill(int arch, qkv_kernel_set *s) {
 #ifdef QKV_HAVE_AMX
         if (qkv_cpu_has_amx_int8()) {
             g_replaced_i8[arch] = s->i8;
-            g_has_replaced_i8[arch] = 1;
             qkv_i8_init_amx(&s->i8);
         }
 #endif
@@ -70,12 +67,12 @@ const qkv_kernel_set *qkv_kernel_set_of(int arch) {
 
 const qkv_gemm_bf16_kernel *qkv_gemm_bf16_kernel_replaced(int arch) {
     if (!qkv_kernel_set_of(arch)) return NULL;
-    return g_has_replaced[arch] ? &g_replaced[arch] : NULL;
+    return g_replaced[arch].name ? &g_replaced[arch] : NULL;
 }
 
 const qkv_i8_kernels *qkv_i8_kernels_replaced(int arch) {
     if (!qkv_kernel_set_of(arch)) return NULL;
-    return g_has_replaced_i8[arch] ? &g_replaced_i8[arch] : NULL;
+    return g_replaced_i8[arch].name ? &g_replaced_i8[arch] : NULL;
 }
 
 const qkv_kernel_set *qkv_kernel_set_active(void) {

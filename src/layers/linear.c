@@ -6,19 +6,13 @@
 #include "kernels/kernels.h"
 #include "layers/linear.h"
 
-/* y[r] += b, one chunk of rows per unit; db += Σ_r dy[r], one chunk of
- * columns per unit with the rows in order (the serial sum's order). */
+/* y[r] = act(y[r] + b), one chunk of rows per unit; db += Σ_r dy[r], one
+ * chunk of columns per unit with the rows in order (the serial sum's order). */
 typedef struct {
     float *y, *b;
     int64_t rows, out;
     int act; /* act_rows: a QKV_NN_ACT_* */
 } bias_job;
-
-static void bias_add_rows(void *ctx, int64_t r0, int64_t r1) {
-    const bias_job *j = ctx;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t o = 0; o < j->out; o++) j->y[r * j->out + o] += j->b[o];
-}
 
 static void bias_grad_cols(void *ctx, int64_t c0, int64_t c1) {
     const bias_job *j = ctx;
@@ -31,13 +25,9 @@ qkv_status nn_linear_p(qkv_dtype prec, const float *x, int64_t rows, int64_t in,
      * y = (x Wᵀ) + b as below. */
     if (prec == QKV_BF16) return qkv_gemm_bf16(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, b, threads);
     /* float32: the bias in the product's epilogue, panel by panel while it
-     * is in cache (the same additions as a pass after it) */
-    if (b && !qkv_gemm_uses_cblas()) return nn_linear_act(x, rows, in, w, b, out, y, QKV_NN_ACT_NONE, threads);
-    qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
-    if (s != QKV_OK || !b) return s;
-    bias_job j = {y, (float *)b, rows, out, 0};
-    qkv_par_range(threads, rows, out, bias_add_rows, &j);
-    return QKV_OK;
+     * is in cache (a pass after the system BLAS) */
+    if (!b) return qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
+    return nn_linear_act(x, rows, in, w, b, out, y, QKV_NN_ACT_NONE, threads);
 }
 
 qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
