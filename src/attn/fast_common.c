@@ -151,21 +151,24 @@ void fa_pack_kv(fa_ctx *c) {
     qkv_parallel_for(c->threads, c->B * ((c->nk + FA_PACK_ROWS - 1) / FA_PACK_ROWS), pack_kv_unit, c);
 }
 
-int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, int64_t *hi,
-                    int64_t *blo, int64_t *bhi) {
+int fa_range_bounds(const int64_t *lo, const int64_t *hi, int n, int64_t *blo, int64_t *bhi) {
     int any = 0;
     int64_t l0 = INT64_MAX, h0 = 0;
-    for (int r = 0; r < n; r++) {
-        qkv_plan_key_range(c->p, b, i0 + r, &lo[r], &hi[r]);
+    for (int r = 0; r < n; r++)
         if (lo[r] < hi[r]) {
             any = 1;
             if (lo[r] < l0) l0 = lo[r];
             if (hi[r] > h0) h0 = hi[r];
         }
-    }
     *blo = any ? l0 : 0;
     *bhi = any ? h0 : 0;
     return any;
+}
+
+int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, int64_t *hi,
+                    int64_t *blo, int64_t *bhi) {
+    for (int r = 0; r < n; r++) qkv_plan_key_range(c->p, b, i0 + r, &lo[r], &hi[r]);
+    return fa_range_bounds(lo, hi, n, blo, bhi);
 }
 
 /* Tile entries [x, y) of one row (or column) to natural logits: times the

@@ -125,6 +125,8 @@ void fa_pack_block(const qkv_kernels *K, float *panels, int64_t pstride, float *
  * returns 1 if any is non-empty and sets *blo, *bhi to the union's bounds. */
 int fa_query_ranges(const fa_ctx *c, int64_t b, int64_t i0, int n, int64_t *lo, int64_t *hi,
                     int64_t *blo, int64_t *bhi);
+/* The same for ranges already in lo, hi (n rows). */
+int fa_range_bounds(const int64_t *lo, const int64_t *hi, int n, int64_t *blo, int64_t *bhi);
 
 /* Turn a row-major tile of raw scores q.k (rows = queries i0+r, r < nr;
  * columns = keys kt+col, col < ncols) into tile units (see the top): in

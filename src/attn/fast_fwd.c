@@ -12,7 +12,9 @@
  * block never straddles two (qkv_plan_query_blocks); when every sequence
  * fits one block V is read in place, and when each block's keys also fit
  * one tile the block packs them itself (a third schedule: nothing packed
- * before the units, every tile inside the mask). Memory: that, per-thread
+ * before the units, every tile inside the mask; a unit is then one block of
+ * one batch row with all its heads in turn, its rows of Q, K, V and O
+ * prefetched into L2 first, and its key ranges found once for all heads). Memory: that, per-thread
  * tiles; the attention matrix only when the caller passes one, filled block
  * by block from the saved log-sum-exp in a second sweep over the block's
  * tiles. */
@@ -225,6 +227,19 @@ static void prefetch_rows(const float *src, int64_t ld, int64_t r0, int64_t r1, 
 #endif
 }
 
+/* Rows r0 .. r1 - 1 of d floats into L2 (write: for writing). */
+static void prefetch_rows_l2(const float *src, int64_t ld, int64_t r0, int64_t r1, int64_t d, int write) {
+#if defined(__GNUC__)
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t x = 0; x < d; x += 16) {
+            if (write) __builtin_prefetch(src + r * ld + x, 1, 2);
+            else __builtin_prefetch(src + r * ld + x, 0, 2);
+        }
+#else
+    (void)src, (void)ld, (void)r0, (void)r1, (void)d, (void)write;
+#endif
+}
+
 /* One unit's constants, for the parts of fwd_block below. */
 typedef struct fwd_blk {
     const float *ktb, *vb; /* the packed K of its kv head, its V rows (Dv floats each) */
@@ -383,7 +398,7 @@ QKV_INLINE void block_store(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w) {
             f->m2[at] = empty || w->m[r] == -INFINITY ? 0.0f : w->m[r];
             f->lg2[at] = empty ? INFINITY : (float)log2((double)w->l[r]);
         }
-        if (softmax) w->cnt[r] = empty ? 0.0f : 1.0f / w->l[r];
+        if (softmax) w->cnt[r] = mul;
     }
     if (want_o && f->stream) c->K->stream_fence();
 }
@@ -430,7 +445,10 @@ static void block_attn(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w, int any, i
 
 /* One unit (a query block of one (b, h)) with the packed K of its kv head
  * at ktb and its V rows (Dv floats each) at vb. */
-static void fwd_block(fwd_ctx *f, int64_t unit, int t, const float *ktb, const float *vb, size_t ldvb) {
+/* same_rows: the thread's previous call was the same query block of another
+ * head (fwd_local_unit), whose key ranges are still in w.lo, w.hi. */
+static void fwd_block(fwd_ctx *f, int64_t unit, int t, const float *ktb, const float *vb, size_t ldvb,
+                      int same_rows) {
     const fa_ctx *c = &f->c;
     fwd_ws w;
     fwd_ws_layout(f, f->ws + (size_t)t * f->ws_stride, &w);
@@ -459,7 +477,8 @@ static void fwd_block(fwd_ctx *f, int64_t unit, int t, const float *ktb, const f
     u.want_o = f->out != NULL;
     u.ldob = (size_t)f->ldob;
     int64_t blo, bhi;
-    int any = fa_query_ranges(c, u.b, u.i0, u.nr, w.lo, w.hi, &blo, &bhi);
+    int any = same_rows ? fa_range_bounds(w.lo, w.hi, u.nr, &blo, &bhi)
+                        : fa_query_ranges(c, u.b, u.i0, u.nr, w.lo, w.hi, &blo, &bhi);
     /* Keys every row of the block sees: [clo, chi). A tile inside it, in raw
      * mode with softmax, needs no per-row work at all (tile_inside). */
     int64_t clo = 0, chi = INT64_MAX;
@@ -492,19 +511,33 @@ static void fwd_block(fwd_ctx *f, int64_t unit, int t, const float *ktb, const f
     if (f->attn) block_attn(f, &u, &w, any, kstart, bhi);
 }
 
+/* Every sequence within one block, its keys within a tile (klocal): a
+ * unit is one block of one batch row with all its heads, in turn, its rows
+ * of Q, K and V (all heads) fetched into L2 first. */
+static void fwd_local_unit(void *vf, int64_t u, int t) {
+    fwd_ctx *f = vf;
+    const fa_ctx *c = &f->c;
+    const int64_t b = u / f->nqb, qb = f->nqb - 1 - u % f->nqb, r0 = f->qstart[qb], r1 = f->qstart[qb + 1];
+    prefetch_rows_l2(c->q + b * c->nq * c->ldq, c->ldq, r0, r1, c->H * c->D, 0);
+    prefetch_rows_l2(c->k + b * c->nk * c->ldk, c->ldk, r0, r1, c->Hkv * c->D, 0);
+    prefetch_rows_l2(c->v + b * c->nk * c->ldv, c->ldv, r0, r1, c->Hkv * c->Dv, 0);
+    if (f->out) prefetch_rows_l2(f->out + b * c->nq * c->ldo, c->ldo, r0, r1, c->H * c->Dv, 1);
+    for (int64_t h = 0; h < c->H; h++)
+        fwd_block(f, (b * c->H + h) * f->nqb + f->nqb - 1 - qb, t, NULL,
+                  c->v + b * c->nk * c->ldv + h / c->G * c->Dv, (size_t)c->ldv, h > 0);
+}
+
 /* The usual schedule: K and V of every head packed first (fa_pack_kv). */
 static void fwd_unit(void *vf, int64_t u, int t) {
     fwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
     const int64_t bh = u / f->nqb, b = bh / c->H, kv = bh % c->H / c->G;
-    if (f->klocal)
-        fwd_block(f, u, t, NULL, c->v + b * c->nk * c->ldv + kv * c->Dv, (size_t)c->ldv);
-    else if (c->v_direct)
+    if (c->v_direct)
         fwd_block(f, u, t, c->kt + (b * c->Hkv + kv) * c->kt_stride, c->v + b * c->nk * c->ldv + kv * c->Dv,
-                  (size_t)c->ldv);
+                  (size_t)c->ldv, 0);
     else
         fwd_block(f, u, t, c->kt + (b * c->Hkv + kv) * c->kt_stride, c->vr + (b * c->Hkv + kv) * c->nk * c->Dv,
-                  (size_t)c->Dv);
+                  (size_t)c->Dv, 0);
 }
 
 /* Heads owned by threads (head_sched.h): a slot holds one kv head's K
@@ -539,7 +572,7 @@ static void fwd_head_unit(void *vf, int64_t head, int64_t j, const void *slot, i
     const float *vb = c->v_direct ? c->v + b * c->nk * c->ldv + kv * c->Dv
                       : c->Hkv > 1  ? slot_vrows(f, slot)
                                     : c->v + b * c->nk * c->Dv;
-    fwd_block(f, (b * c->H + h) * f->nqb + j % f->nqb, t, slot, vb, c->v_direct ? (size_t)c->ldv : (size_t)c->Dv);
+    fwd_block(f, (b * c->H + h) * f->nqb + j % f->nqb, t, slot, vb, c->v_direct ? (size_t)c->ldv : (size_t)c->Dv, 0);
 }
 
 /* Whether every query block (starts from qkv_plan_query_blocks, packed,
@@ -631,8 +664,10 @@ static qkv_status fast_forward(const qkv_plan *p, const float *q, const float *k
             unsigned char *state = f.ws + f.ws_stride * (size_t)threads;
             fa_heads_run(threads, heads, f.c.G * f.nqb, state, state + state_bytes, slot_stride, fwd_head_pack,
                          fwd_head_unit, &f);
+        } else if (f.klocal) {
+            qkv_parallel_for(threads, f.c.B * f.nqb, fwd_local_unit, &f);
         } else {
-            if (!f.klocal) fa_pack_kv(&f.c);
+            fa_pack_kv(&f.c);
             qkv_parallel_for(threads, units, fwd_unit, &f);
         }
     }
