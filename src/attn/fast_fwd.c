@@ -14,10 +14,10 @@
  * one tile the block packs them itself (a third schedule: nothing packed
  * before the units, every tile inside the mask; a unit is then one block of
  * one batch row with all its heads in turn, its rows of Q, K, V and O
- * prefetched into L2 first, and its key ranges found once for all heads). Memory: that, per-thread
- * tiles; the attention matrix only when the caller passes one, filled block
- * by block from the saved log-sum-exp in a second sweep over the block's
- * tiles. */
+ * prefetched into L2 first, and its key ranges found once for all heads).
+ * Memory: that, per-thread tiles; the attention matrix only when the caller
+ * passes one, filled block by block from the saved log-sum-exp in a second
+ * sweep over the block's tiles. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -217,26 +217,20 @@ static void edge_rows(fwd_ws *w, float *s, int nr, int rows, int64_t kt, int nco
 }
 
 /* One head's rows of Q, K or V lie H * D floats apart (2 KB at 8 heads of
- * 64): a new page every few rows, where the hardware prefetchers stop. */
-static void prefetch_rows(const float *src, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
-#if defined(__GNUC__)
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t x = 0; x < d; x += 16) __builtin_prefetch(src + r * ld + x, 0, 3);
-#else
-    (void)src, (void)ld, (void)r0, (void)r1, (void)d;
-#endif
-}
-
-/* Rows r0 .. r1 - 1 of d floats into L2 (write: for writing). */
-static void prefetch_rows_l2(const float *src, int64_t ld, int64_t r0, int64_t r1, int64_t d, int write) {
+ * 64): a new page every few rows, where the hardware prefetchers stop.
+ * Rows r0 .. r1 - 1 of d floats, into L1 or (PF_L2, PF_L2_WRITE) into L2. */
+enum { PF_L1, PF_L2, PF_L2_WRITE };
+static void prefetch_rows(const float *src, int64_t ld, int64_t r0, int64_t r1, int64_t d, int how) {
 #if defined(__GNUC__)
     for (int64_t r = r0; r < r1; r++)
         for (int64_t x = 0; x < d; x += 16) {
-            if (write) __builtin_prefetch(src + r * ld + x, 1, 2);
-            else __builtin_prefetch(src + r * ld + x, 0, 2);
+            const float *a = src + r * ld + x;
+            if (how == PF_L1) __builtin_prefetch(a, 0, 3);
+            else if (how == PF_L2) __builtin_prefetch(a, 0, 2);
+            else __builtin_prefetch(a, 1, 2);
         }
 #else
-    (void)src, (void)ld, (void)r0, (void)r1, (void)d, (void)write;
+    (void)src, (void)ld, (void)r0, (void)r1, (void)d, (void)how;
 #endif
 }
 
@@ -259,7 +253,7 @@ QKV_INLINE void block_load(const fa_ctx *c, const fwd_blk *u, fwd_ws *w) {
      * process; the causal call faster in six, by up to 3%, the full one
      * within 2% either way). */
     const float *qrows = c->q + ((u->b * c->nq + u->i0) * c->H + u->h) * D; /* row stride ldq */
-    prefetch_rows(qrows, c->ldq, 0, u->nr, D);
+    prefetch_rows(qrows, c->ldq, 0, u->nr, D, PF_L1);
     for (int r = 0; r < u->rows; r++) {
         float *dst = w->qb + (size_t)r * D;
         if (r < u->nr) memcpy(dst, qrows + r * c->ldq, (size_t)D * sizeof(float));
@@ -444,9 +438,9 @@ static void block_attn(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w, int any, i
 }
 
 /* One unit (a query block of one (b, h)) with the packed K of its kv head
- * at ktb and its V rows (Dv floats each) at vb. */
-/* same_rows: the thread's previous call was the same query block of another
- * head (fwd_local_unit), whose key ranges are still in w.lo, w.hi. */
+ * at ktb and its V rows (Dv floats each) at vb. same_rows: the thread's
+ * previous call was the same query block of another head (fwd_local_unit),
+ * whose key ranges are still in w.lo, w.hi. */
 static void fwd_block(fwd_ctx *f, int64_t unit, int t, const float *ktb, const float *vb, size_t ldvb,
                       int same_rows) {
     const fa_ctx *c = &f->c;
@@ -513,18 +507,19 @@ static void fwd_block(fwd_ctx *f, int64_t unit, int t, const float *ktb, const f
 
 /* Every sequence within one block, its keys within a tile (klocal): a
  * unit is one block of one batch row with all its heads, in turn, its rows
- * of Q, K and V (all heads) fetched into L2 first. */
+ * of Q, K, V and O (all heads) fetched into L2 first. */
 static void fwd_local_unit(void *vf, int64_t u, int t) {
     fwd_ctx *f = vf;
     const fa_ctx *c = &f->c;
-    const int64_t b = u / f->nqb, qb = f->nqb - 1 - u % f->nqb, r0 = f->qstart[qb], r1 = f->qstart[qb + 1];
-    prefetch_rows_l2(c->q + b * c->nq * c->ldq, c->ldq, r0, r1, c->H * c->D, 0);
-    prefetch_rows_l2(c->k + b * c->nk * c->ldk, c->ldk, r0, r1, c->Hkv * c->D, 0);
-    prefetch_rows_l2(c->v + b * c->nk * c->ldv, c->ldv, r0, r1, c->Hkv * c->Dv, 0);
-    if (f->out) prefetch_rows_l2(f->out + b * c->nq * c->ldo, c->ldo, r0, r1, c->H * c->Dv, 1);
+    const int64_t b = u / f->nqb, j = u % f->nqb, qb = f->nqb - 1 - j; /* fwd_block's order */
+    const int64_t r0 = f->qstart[qb], r1 = f->qstart[qb + 1];
+    prefetch_rows(c->q + b * c->nq * c->ldq, c->ldq, r0, r1, c->H * c->D, PF_L2);
+    prefetch_rows(c->k + b * c->nk * c->ldk, c->ldk, r0, r1, c->Hkv * c->D, PF_L2);
+    prefetch_rows(c->v + b * c->nk * c->ldv, c->ldv, r0, r1, c->Hkv * c->Dv, PF_L2);
+    if (f->out) prefetch_rows(f->out + b * c->nq * c->ldo, c->ldo, r0, r1, c->H * c->Dv, PF_L2_WRITE);
     for (int64_t h = 0; h < c->H; h++)
-        fwd_block(f, (b * c->H + h) * f->nqb + f->nqb - 1 - qb, t, NULL,
-                  c->v + b * c->nk * c->ldv + h / c->G * c->Dv, (size_t)c->ldv, h > 0);
+        fwd_block(f, (b * c->H + h) * f->nqb + j, t, NULL, c->v + b * c->nk * c->ldv + h / c->G * c->Dv,
+                  (size_t)c->ldv, h > 0);
 }
 
 /* The usual schedule: K and V of every head packed first (fa_pack_kv). */
@@ -558,8 +553,8 @@ static void fwd_head_pack(void *vf, int64_t head, void *slot) {
     float *vd = slot_vrows(f, slot);
     for (int64_t r0 = 0; r0 < nk; r0 += QKV_PANEL) {
         int64_t r1 = nk - r0 < QKV_PANEL ? nk : r0 + QKV_PANEL, r2 = nk - r1 < QKV_PANEL ? nk : r1 + QKV_PANEL;
-        prefetch_rows(ks, c->ldk, r1, r2, c->D);
-        if (c->Hkv > 1 && !c->v_direct) prefetch_rows(vs, c->ldv, r1, r2, c->Dv);
+        prefetch_rows(ks, c->ldk, r1, r2, c->D, PF_L1);
+        if (c->Hkv > 1 && !c->v_direct) prefetch_rows(vs, c->ldv, r1, r2, c->Dv, PF_L1);
         fa_pack_block(c->K, slot, 0, NULL, ks, c->ldk, 0, nk, 1, c->D, r0, r1, 0);
         if (c->Hkv > 1 && !c->v_direct) fa_pack_block(c->K, NULL, 0, vd, vs, c->ldv, 0, nk, 1, c->Dv, r0, r1, 0);
     }
