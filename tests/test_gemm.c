@@ -884,6 +884,112 @@ static void test_epilogue(int arch, uint64_t seed) {
     CHECK_STATUS(nn_linear_bf16_act(NULL, 2, NULL, NULL, NULL, 0, 1), QKV_ERR_NULL_POINTER);
 }
 
+/* Products sharing A (qkv_gemm_run_segs) bitwise as one qkv_gemm_run_epi
+ * per segment: two or three segments whose widths are multiples of NR (one
+ * joined product) or not (one after the other), each with its own strides
+ * and epilogue, awkward M and K, K = 0, alpha = 0, real and small blockings,
+ * 1-3 threads; and nn_linear_multi bitwise as nn_linear on each. */
+static void test_segments(int arch, uint64_t seed) {
+    const qkv_gemm_kernel *k0 = kernel_of(arch);
+    qkv_gemm_kernel small = *k0;
+    small.mc = small.mr * 2;
+    small.kc = 32;
+    small.nc = small.nr * 2;
+    const int64_t nr = k0->nr;
+    const int64_t WIDTHS[][3] = {{nr, nr, nr}, {2 * nr, nr, 5}, {nr, 3 * nr, 0}, {7, nr, nr}, {nr + 1, 3, 0},
+                                 {0, nr, 2 * nr + 3}};
+    static const int64_t MS[] = {1, 15, 129}, KS[] = {0, 1, 70, 600};
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    for (size_t wi = 0; wi < sizeof WIDTHS / sizeof WIDTHS[0]; wi++)
+        for (size_t a = 0; a < 3; a++)
+            for (size_t c = 0; c < 4; c++)
+                for (int variant = 0; variant < 6; variant++) {
+                    const int nseg = WIDTHS[wi][2] ? 3 : 2, threads = 1 + variant % 3;
+                    const int64_t M = MS[a], K = KS[c];
+                    const qkv_gemm_kernel *k = (variant % 2) ? &small : k0;
+                    const float alpha = variant == 5 ? 0.0f : 1.0f;
+                    float *A = malloc((size_t)(M * (K + 1) + 1) * sizeof *A);
+                    tu_fill_normal_f32(&r, A, (size_t)(M * (K + 1) + 1), 1.0);
+                    float *B[3], *C1[3], *C2[3];
+                    unsigned char *seen[3];
+                    epi_probe pr[3];
+                    qkv_gemm_epi e[3];
+                    qkv_gemm_seg seg[3];
+                    int bad = 0;
+                    for (int t = 0; t < nseg; t++) {
+                        const int64_t n = WIDTHS[wi][t], ldb = K + 2 + t, ldc = n + 1 + t;
+                        B[t] = malloc((size_t)(n * ldb + 1) * sizeof *B[t]);
+                        C1[t] = malloc((size_t)(M * ldc + 1) * sizeof *C1[t]);
+                        C2[t] = malloc((size_t)(M * ldc + 1) * sizeof *C2[t]);
+                        seen[t] = calloc((size_t)(M * n + 1), 1);
+                        tu_fill_normal_f32(&r, B[t], (size_t)(n * ldb + 1), 1.0);
+                        tu_fill_normal_f32(&r, C1[t], (size_t)(M * ldc + 1), 1.0);
+                        memcpy(C2[t], C1[t], (size_t)(M * ldc + 1) * sizeof *C1[t]);
+                        pr[t] = (epi_probe){C2[t], ldc, n, seen[t], 0};
+                        e[t] = (qkv_gemm_epi){probe_epi, &pr[t]};
+                        seg[t] = (qkv_gemm_seg){B[t], ldb, C2[t], ldc, n, &e[t]};
+                        bad |= qkv_gemm_run(k, 0, 1, M, n, K, alpha, A, K + 1, B[t], ldb, 0.5f, C1[t], ldc, threads) !=
+                               QKV_OK;
+                    }
+                    bad |= qkv_gemm_run_segs(k, 0, 1, M, K, alpha, A, K + 1, 0.5f, seg, nseg, threads) != QKV_OK;
+                    for (int t = 0; t < nseg; t++) {
+                        const int64_t n = WIDTHS[wi][t], ldc = n + 1 + t;
+                        bad |= pr[t].bad;
+                        for (int64_t i = 0; i < M; i++)
+                            for (int64_t j = 0; j < ldc; j++) {
+                                const float want = j < n ? 2.0f * C1[t][i * ldc + j] + 1.0f : C1[t][i * ldc + j];
+                                if (memcmp(&want, &C2[t][i * ldc + j], sizeof want) != 0) bad = 1;
+                                if (j < n && seen[t][i * n + j] != 1) bad = 1;
+                            }
+                        free(B[t]); free(C1[t]); free(C2[t]); free(seen[t]);
+                    }
+                    CHECK(!bad, "segments %s widths %lld %lld %lld M=%lld K=%lld threads=%d alpha=%g%s",
+                          qkv_arch_name(arch), (long long)WIDTHS[wi][0], (long long)WIDTHS[wi][1],
+                          (long long)WIDTHS[wi][2], (long long)M, (long long)K, threads, alpha,
+                          (variant % 2) ? " small blocks" : "");
+                    free(A);
+                }
+    /* three linear layers of one input, as the encoder's Q, K and V */
+    static const int64_t RS[] = {1, 17, 200};
+    for (size_t a = 0; a < 3; a++)
+        for (int shape = 0; shape < 2; shape++) {
+            const int64_t rows = RS[a], in = 37;
+            const int64_t out[3] = {shape ? 64 : 5, 64, shape ? 128 : 130};
+            float *x = malloc((size_t)(rows * in) * sizeof *x), *w[3], *bias[3], *y1[3], *y2[3];
+            tu_fill_normal_f32(&r, x, (size_t)(rows * in), 1.0);
+            for (int t = 0; t < 3; t++) {
+                w[t] = malloc((size_t)(out[t] * in) * sizeof *w[t]);
+                bias[t] = malloc((size_t)out[t] * sizeof *bias[t]);
+                y1[t] = malloc((size_t)(rows * out[t]) * sizeof *y1[t]);
+                y2[t] = malloc((size_t)(rows * out[t]) * sizeof *y2[t]);
+                tu_fill_normal_f32(&r, w[t], (size_t)(out[t] * in), 1.0);
+                tu_fill_normal_f32(&r, bias[t], (size_t)out[t], 1.0);
+            }
+            int bad = 0;
+            for (int t = 0; t < 3; t++) /* the middle one without a bias */
+                bad |= nn_linear(x, rows, in, w[t], t == 1 ? NULL : bias[t], out[t], y1[t], 2) != QKV_OK;
+            const float *const wc[3] = {w[0], w[1], w[2]}, *const bc[3] = {bias[0], NULL, bias[2]};
+            bad |= nn_linear_multi(x, rows, in, 3, wc, bc, out, y2, 2) != QKV_OK;
+            for (int t = 0; t < 3; t++) {
+                bad |= memcmp(y1[t], y2[t], (size_t)(rows * out[t]) * sizeof *y1[t]) != 0;
+                free(w[t]); free(bias[t]); free(y1[t]); free(y2[t]);
+            }
+            CHECK(!bad, "nn_linear_multi %s rows=%lld outs %lld %lld %lld", qkv_arch_name(arch), (long long)rows,
+                  (long long)out[0], (long long)out[1], (long long)out[2]);
+            free(x);
+        }
+    const int64_t o2[2] = {4, 4}, oneg[2] = {4, -1};
+    float buf[64] = {0};
+    const float *const wv[2] = {buf, buf}, *const bv[2] = {NULL, NULL}, *const wnull[2] = {buf, NULL};
+    float *const yv[2] = {buf, buf + 16};
+    CHECK_STATUS(nn_linear_multi(buf, 2, 3, 2, wnull, bv, o2, yv, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(nn_linear_multi(buf, 2, 3, 2, wv, bv, oneg, yv, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(nn_linear_multi(buf, 2, 3, QKV_GEMM_MAX_SEGS + 1, wv, bv, o2, yv, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(nn_linear_multi(buf, 2, 3, 2, NULL, bv, o2, yv, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(nn_linear_multi(buf, -1, 3, 2, wv, bv, o2, yv, 1), QKV_ERR_BAD_SIZE);
+}
+
 int main(void) {
     int archs = 0;
     if (qkv_gemm_uses_cblas())
@@ -909,6 +1015,7 @@ int main(void) {
         }
         test_few_rows(k, 5000 + (uint64_t)arch);
         test_epilogue(arch, 6000 + (uint64_t)arch);
+        test_segments(arch, 7000 + (uint64_t)arch);
         printf("arch %s (kernel %s, MC %d KC %d NC %d; bf16 kernel %s): %s\n", qkv_arch_name(arch), k->name,
                k->mc, k->kc, k->nc, bf16_kernel_of(arch)->name, tu_failed == before ? "ok" : "FAILED");
     }

@@ -49,17 +49,38 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 typedef struct gemm_job {
     const qkv_gemm_kernel *k;
     int trans_a, trans_b;
-    int64_t M, N, K;
+    int64_t M, N, K;         /* N: the segments' columns together */
     float alpha, beta;
-    const float *A, *B;
-    int64_t lda, ldb, ldc;
-    float *C;
+    const float *A;
+    int64_t lda;
+    const qkv_gemm_seg *seg; /* nseg products sharing A; their columns follow */
+    int nseg;                /* one another, each but the last a multiple of NR */
+    int64_t off[QKV_GEMM_MAX_SEGS + 1]; /* seg s: columns [off[s], off[s + 1]) */
     int tm, tn;              /* thread grid: tm row bands x tn column bands */
     int64_t mtiles, ntiles;  /* MR-row / NR-column tiles of C */
     float *buf;              /* per thread: ap_len floats, then bp_len floats */
     int64_t ap_len, bp_len;
-    const qkv_gemm_epi *epi; /* NULL: none */
 } gemm_job;
+
+/* The segment holding column col of the joined product. */
+static int seg_of(const gemm_job *j, int64_t col) {
+    int s = 0;
+    while (s + 1 < j->nseg && col >= j->off[s + 1]) s++;
+    return s;
+}
+
+/* op(B)'s rows [pc, pc + kc) and columns [c0, c1) packed from dst on (c0 a
+ * panel border), segment by segment: each piece starts a whole panel (the
+ * segments' borders are multiples of NR). */
+static void pack_b_cols(const gemm_job *j, int64_t pc, int64_t kc, int64_t c0, int64_t c1, float *dst) {
+    for (int64_t x = c0; x < c1;) {
+        int s = seg_of(j, x);
+        int64_t x1 = min64(c1, j->off[s + 1]);
+        qkv_gemm_pack_b(j->k, j->trans_b, j->seg[s].B, j->seg[s].ldb, pc, x - j->off[s], kc, x1 - x,
+                        dst + (x - c0) * kc);
+        x = x1;
+    }
+}
 
 void qkv_gemm_split(int64_t tiles, int parts, int idx, int64_t *lo, int64_t *hi) {
     int64_t base = tiles / parts, rem = tiles % parts;
@@ -108,19 +129,21 @@ static void gemm_thread(void *ctx, int64_t unit, int t) {
         for (int64_t pc = 0; pc < j->K; pc += k->kc) {
             int64_t kc = min64(k->kc, j->K - pc);
             float beta = pc == 0 ? j->beta : 1.0f;
-            qkv_gemm_pack_b(k, j->trans_b, j->B, j->ldb, pc, jc, kc, nc, bp);
+            pack_b_cols(j, pc, kc, jc, jc + nc, bp);
             for (int64_t ic = m0; ic < m1; ic += k->mc) {
                 int64_t mc = min64(k->mc, m1 - ic);
                 qkv_gemm_pack_a(k, j->trans_a, j->A, j->lda, ic, pc, mc, kc, ap);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
+                    const qkv_gemm_seg *sg = &j->seg[seg_of(j, jc + jr)];
+                    const int64_t col = jc + jr - j->off[sg - j->seg], ldc = sg->ldc;
                     int n = (int)min64(NR, nc - jr);
                     const float *b = bp + jr * kc;
-                    float *c = j->C + ic * j->ldc + jc + jr;
+                    float *c = sg->C + ic * ldc + col;
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int m = (int)min64(MR, mc - ir);
-                        k->ukr(kc, ap + ir * kc, b, c + ir * j->ldc, j->ldc, j->alpha, beta, m, n);
+                        k->ukr(kc, ap + ir * kc, b, c + ir * ldc, ldc, j->alpha, beta, m, n);
                     }
-                    if (j->epi && pc + kc == j->K) j->epi->fn(j->epi->ctx, c, j->ldc, ic, jc + jr, mc, n);
+                    if (sg->epi && pc + kc == j->K) sg->epi->fn(sg->epi->ctx, c, ldc, ic, col, mc, n);
                 }
             }
         }
@@ -173,30 +196,49 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
 qkv_status qkv_gemm_run_epi(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                             float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                             float *C, int64_t ldc, int threads, const qkv_gemm_epi *epi) {
-    if (M == 0 || N == 0) return QKV_OK;
+    const qkv_gemm_seg seg = {B, ldb, C, ldc, N, epi};
+    return qkv_gemm_run_segs(k, trans_a, trans_b, M, K, alpha, A, lda, beta, &seg, 1, threads);
+}
+
+qkv_status qkv_gemm_run_segs(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t K, float alpha,
+                             const float *A, int64_t lda, float beta, const qkv_gemm_seg *seg, int nseg,
+                             int threads) {
+    int joined = nseg == 1 || (nseg <= QKV_GEMM_MAX_SEGS && k->nc % k->nr == 0);
+    for (int s = 0; joined && s + 1 < nseg; s++) joined = seg[s].n % k->nr == 0;
+    if (M == 0 || nseg < 1) return QKV_OK;
     if (K == 0 || alpha == 0.0f) {
-        qkv_gemm_scale_c(M, N, beta, C, ldc);
-        if (epi) epi->fn(epi->ctx, C, ldc, 0, 0, M, N);
+        for (int s = 0; s < nseg; s++) {
+            if (seg[s].n == 0) continue;
+            qkv_gemm_scale_c(M, seg[s].n, beta, seg[s].C, seg[s].ldc);
+            if (seg[s].epi) seg[s].epi->fn(seg[s].epi->ctx, seg[s].C, seg[s].ldc, 0, 0, M, seg[s].n);
+        }
+        return QKV_OK;
+    }
+    if (!joined) { /* one product after the other */
+        for (int s = 0; s < nseg; s++) {
+            qkv_status st = qkv_gemm_run_segs(k, trans_a, trans_b, M, K, alpha, A, lda, beta, seg + s, 1, threads);
+            if (st != QKV_OK) return st;
+        }
         return QKV_OK;
     }
     gemm_job j;
-    j.epi = epi;
     j.k = k;
     j.trans_a = trans_a != 0;
     j.trans_b = trans_b != 0;
     j.M = M;
-    j.N = N;
     j.K = K;
     j.alpha = alpha;
     j.beta = beta;
     j.A = A;
-    j.B = B;
-    j.C = C;
     j.lda = lda;
-    j.ldb = ldb;
-    j.ldc = ldc;
+    j.seg = seg;
+    j.nseg = nseg;
+    j.off[0] = 0;
+    for (int s = 0; s < nseg; s++) j.off[s + 1] = j.off[s] + seg[s].n;
+    j.N = j.off[nseg];
+    if (j.N == 0) return QKV_OK;
     j.mtiles = ceil_div(M, k->mr);
-    j.ntiles = ceil_div(N, k->nr);
+    j.ntiles = ceil_div(j.N, k->nr);
 
     qkv_gemm_grid(j.mtiles, j.ntiles, k->mr, k->nr, k->nc, threads, &j.tm, &j.tn);
     int nthreads = j.tm * j.tn;

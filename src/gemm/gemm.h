@@ -40,6 +40,27 @@ qkv_status qkv_gemm_run_epi(const qkv_gemm_kernel *k, int trans_a, int trans_b, 
                             float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                             float *C, int64_t ldc, int threads, const qkv_gemm_epi *epi);
 
+/* Products sharing A: for each segment s < nseg, C_s [M, n_s] (row stride
+ * ldc_s) = alpha op(A) op(B_s) + beta C_s, then the segment's epilogue
+ * (NULL: none) with i0, j0 relative to C_s. When every segment but the last
+ * has a multiple of NR columns (and nseg <= QKV_GEMM_MAX_SEGS) they run as
+ * one product over the columns of all (Q, K and V from one packing of A,
+ * one thread team); otherwise one after the other. Either way every element
+ * gets the bits qkv_gemm_run_epi gives it. Returns QKV_OK or
+ * QKV_ERR_OUT_OF_MEMORY. */
+#define QKV_GEMM_MAX_SEGS 4
+typedef struct qkv_gemm_seg {
+    const float *B;
+    int64_t ldb;
+    float *C;
+    int64_t ldc;
+    int64_t n;
+    const qkv_gemm_epi *epi;
+} qkv_gemm_seg;
+qkv_status qkv_gemm_run_segs(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t K, float alpha,
+                             const float *A, int64_t lda, float beta, const qkv_gemm_seg *seg, int nseg,
+                             int threads);
+
 /* 1 when this build forwards qkv_sgemm to a system CBLAS (CMake option
  * QKV_USE_CBLAS found one): then the `threads` argument and the allocator
  * hooks do not apply to it (the BLAS threads and allocates on its own). */

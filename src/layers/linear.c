@@ -75,6 +75,40 @@ qkv_status nn_linear_act(const float *x, int64_t rows, int64_t in, const float *
                             qkv_gemm_threads_for(rows, out, in, threads), &e);
 }
 
+qkv_status nn_linear_multi(const float *x, int64_t rows, int64_t in, int count, const float *const *w,
+                           const float *const *b, const int64_t *out, float *const *y, int threads) {
+    if (count < 0 || count > QKV_GEMM_MAX_SEGS || (count > 0 && (!w || !b || !out || !y)))
+        return count < 0 || count > QKV_GEMM_MAX_SEGS ? QKV_ERR_BAD_SIZE : QKV_ERR_NULL_POINTER;
+    if (rows < 0 || in < 0 || threads < 0) return QKV_ERR_BAD_SIZE;
+    int64_t total = 0;
+    for (int s = 0; s < count; s++) {
+        if (out[s] < 0) return QKV_ERR_BAD_SIZE;
+        if ((rows > 0 && out[s] > 0 && !y[s]) || (rows > 0 && in > 0 && !x) || (in > 0 && out[s] > 0 && !w[s]))
+            return QKV_ERR_NULL_POINTER;
+        if (!qkv_gemm_extent_ok(rows, in, in) || !qkv_gemm_extent_ok(out[s], in, in) ||
+            !qkv_gemm_extent_ok(rows, out[s], out[s]) || out[s] > INT64_MAX - total)
+            return QKV_ERR_SIZE_OVERFLOW;
+        total += out[s];
+    }
+    if (qkv_gemm_uses_cblas()) {
+        for (int s = 0; s < count; s++) {
+            qkv_status st = nn_linear_act(x, rows, in, w[s], b[s], out[s], y[s], QKV_NN_ACT_NONE, threads);
+            if (st != QKV_OK) return st;
+        }
+        return QKV_OK;
+    }
+    act_epi_ctx a[QKV_GEMM_MAX_SEGS];
+    qkv_gemm_epi e[QKV_GEMM_MAX_SEGS];
+    qkv_gemm_seg seg[QKV_GEMM_MAX_SEGS];
+    for (int s = 0; s < count; s++) {
+        a[s] = (act_epi_ctx){b[s], QKV_NN_ACT_NONE};
+        e[s] = (qkv_gemm_epi){act_epi, &a[s]};
+        seg[s] = (qkv_gemm_seg){w[s], in, y[s], out[s], out[s], b[s] ? &e[s] : NULL};
+    }
+    return qkv_gemm_run_segs(qkv_gemm_kernel_active(), 0, 1, rows, in, 1.0f, x, in, 0.0f, seg, count,
+                             qkv_gemm_threads_for(rows, total, in, threads));
+}
+
 qkv_status nn_linear_bf16_act(const float *x, int64_t rows, const qkv_gemm_bf16_b *w, const float *b, float *y,
                               int act, int threads) {
     if (!w) return QKV_ERR_NULL_POINTER;

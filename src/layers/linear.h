@@ -20,6 +20,14 @@ qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, c
 qkv_status nn_linear_act(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
                          float *y, int act, int threads);
 
+/* y_s = x W_sᵀ + b_s for s < count (<= QKV_GEMM_MAX_SEGS): several linear
+ * layers of one input, W_s [out_s, in], b_s [out_s] or NULL, y_s [rows,
+ * out_s], as one product where their shapes allow (gemm/gemm.h,
+ * qkv_gemm_run_segs: A packed once, one thread team); the same bits as
+ * nn_linear on each. */
+qkv_status nn_linear_multi(const float *x, int64_t rows, int64_t in, int count, const float *const *w,
+                           const float *const *b, const int64_t *out, float *const *y, int threads);
+
 /* The same for weights packed for the bf16 product (gemm/gemm.h): y [rows,
  * w->N] = act(x [rows, w->K] Wᵀ + b), the bias added in the product's
  * tiles, the activation in its epilogue. */

@@ -337,11 +337,23 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
     for (int64_t l = 0; l <= stop && l < e->info.layers; l++) {
         const enc_layer *L = &e->layer[l];
         double t0 = phase_start(e);
-        if ((s = project(e, L, ENC_W_Q, e->x, rows, e->q)) != QKV_OK ||
-            (s = project(e, L, ENC_W_K, e->x, rows, e->k)) != QKV_OK)
-            return s;
-        if (l == stop) return QKV_OK;
-        if ((s = project(e, L, ENC_W_V, e->x, rows, e->v)) != QKV_OK) return s;
+        if (l == stop) { /* the attention drawn: its queries and keys */
+            if ((s = project(e, L, ENC_W_Q, e->x, rows, e->q)) != QKV_OK ||
+                (s = project(e, L, ENC_W_K, e->x, rows, e->k)) != QKV_OK)
+                return s;
+            return QKV_OK;
+        }
+        if (e->info.precision == QKV_ENCODER_FP32 && rows > QKV_GEMM_FEW_ROWS) {
+            /* Q, K and V as one product: x packed once */
+            const float *const w[3] = {L->wq, L->wk, L->wv}, *const b[3] = {L->bq, L->bk, L->bv};
+            const int64_t out[3] = {e->info.hidden, e->info.hidden, e->info.hidden};
+            float *const y[3] = {e->q, e->k, e->v};
+            s = nn_linear_multi(e->x, rows, e->info.hidden, 3, w, b, out, y, th);
+        } else if ((s = project(e, L, ENC_W_Q, e->x, rows, e->q)) == QKV_OK &&
+                   (s = project(e, L, ENC_W_K, e->x, rows, e->k)) == QKV_OK) {
+            s = project(e, L, ENC_W_V, e->x, rows, e->v);
+        }
+        if (s != QKV_OK) return s;
         phase_end(e, ENC_PH_QKV, &t0);
         s = attn_bf16 ? attend_bf16(e, &d, rows)
                 : qkv_attention_forward(&d, e->q, e->k, e->v, e->ctx, NULL, NULL);
