@@ -134,8 +134,9 @@ static void gemm_thread(void *ctx, int64_t unit, int t) {
                 int64_t mc = min64(k->mc, m1 - ic);
                 qkv_gemm_pack_a(k, j->trans_a, j->A, j->lda, ic, pc, mc, kc, ap);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
-                    const qkv_gemm_seg *sg = &j->seg[seg_of(j, jc + jr)];
-                    const int64_t col = jc + jr - j->off[sg - j->seg], ldc = sg->ldc;
+                    const int si = seg_of(j, jc + jr);
+                    const qkv_gemm_seg *sg = &j->seg[si];
+                    const int64_t col = jc + jr - j->off[si], ldc = sg->ldc;
                     int n = (int)min64(NR, nc - jr);
                     const float *b = bp + jr * kc;
                     float *c = sg->C + ic * ldc + col;

@@ -55,13 +55,21 @@ static void act_rows(void *ctx, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) k->bias_act(j->y + r * j->out, j->b, (size_t)j->out, j->act);
 }
 
-qkv_status nn_linear_act(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
-                         float *y, int act, int threads) {
+/* The arguments of one linear layer y [rows, out] = x [rows, in] Wᵀ. */
+static qkv_status linear_check(const float *x, int64_t rows, int64_t in, const float *w, int64_t out, const float *y,
+                               int threads) {
     if (rows < 0 || in < 0 || out < 0 || threads < 0) return QKV_ERR_BAD_SIZE;
     if ((rows > 0 && out > 0 && !y) || (rows > 0 && in > 0 && !x) || (in > 0 && out > 0 && !w))
         return QKV_ERR_NULL_POINTER;
     if (!qkv_gemm_extent_ok(rows, in, in) || !qkv_gemm_extent_ok(out, in, in) || !qkv_gemm_extent_ok(rows, out, out))
         return QKV_ERR_SIZE_OVERFLOW;
+    return QKV_OK;
+}
+
+qkv_status nn_linear_act(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                         float *y, int act, int threads) {
+    qkv_status st = linear_check(x, rows, in, w, out, y, threads);
+    if (st != QKV_OK) return st;
     if (qkv_gemm_uses_cblas()) { /* the system BLAS has no epilogue: a pass after it */
         qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
         if (s != QKV_OK) return s;
@@ -82,12 +90,9 @@ qkv_status nn_linear_multi(const float *x, int64_t rows, int64_t in, int count, 
     if (rows < 0 || in < 0 || threads < 0) return QKV_ERR_BAD_SIZE;
     int64_t total = 0;
     for (int s = 0; s < count; s++) {
-        if (out[s] < 0) return QKV_ERR_BAD_SIZE;
-        if ((rows > 0 && out[s] > 0 && !y[s]) || (rows > 0 && in > 0 && !x) || (in > 0 && out[s] > 0 && !w[s]))
-            return QKV_ERR_NULL_POINTER;
-        if (!qkv_gemm_extent_ok(rows, in, in) || !qkv_gemm_extent_ok(out[s], in, in) ||
-            !qkv_gemm_extent_ok(rows, out[s], out[s]) || out[s] > INT64_MAX - total)
-            return QKV_ERR_SIZE_OVERFLOW;
+        qkv_status st = linear_check(x, rows, in, w[s], out[s], y[s], threads);
+        if (st != QKV_OK) return st;
+        if (out[s] > INT64_MAX - total) return QKV_ERR_SIZE_OVERFLOW;
         total += out[s];
     }
     if (qkv_gemm_uses_cblas()) {

@@ -338,10 +338,8 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
         const enc_layer *L = &e->layer[l];
         double t0 = phase_start(e);
         if (l == stop) { /* the attention drawn: its queries and keys */
-            if ((s = project(e, L, ENC_W_Q, e->x, rows, e->q)) != QKV_OK ||
-                (s = project(e, L, ENC_W_K, e->x, rows, e->k)) != QKV_OK)
-                return s;
-            return QKV_OK;
+            if ((s = project(e, L, ENC_W_Q, e->x, rows, e->q)) != QKV_OK) return s;
+            return project(e, L, ENC_W_K, e->x, rows, e->k);
         }
         if (e->info.precision == QKV_ENCODER_FP32 && rows > QKV_GEMM_FEW_ROWS) {
             /* Q, K and V as one product: x packed once */
