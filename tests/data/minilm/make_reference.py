@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the sentence-transformers reference for tests/test_minilm.c.
 
-    python make_reference.py [MODEL_DIR]
+    python make_reference.py [MODEL_DIR] [--only sentences|retrieval]
 
 MODEL_DIR is all-MiniLM-L6-v2 as scripts/fetch-model.sh puts it (default:
 models/all-MiniLM-L6-v2 under the repository root). For every line of
@@ -15,6 +15,15 @@ it writes, beside this script:
   embeddings.npy  float32 [sentences, 384]: SentenceTransformer.encode() of
                   each sentence alone (no padding), with the model's own
                   modules: mean pooling, then its Normalize module
+
+and for retrieval.txt (200 plain English sentences, 50 topics of four
+sentences each: the set on which the int8 and bf16 encoders' nearest
+neighbours are counted, docs/ENCODER.md "Precision"):
+
+  retrieval_embeddings.npy  float32 [200, 384], encode() of each line alone
+                  as above
+
+--only writes just one of the two sets (both by default).
 
 It asserts, for every line, that the fast tokenizer and transformers' Python
 (slow) BertTokenizer give the same ids: qkv's tokenizer follows the slow
@@ -38,12 +47,39 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 
 
-def main():
-    model_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "models", "all-MiniLM-L6-v2")
-    with open(os.path.join(HERE, "sentences.txt"), encoding="utf-8", newline="\n") as f:
+def read_lines(name):
+    with open(os.path.join(HERE, name), encoding="utf-8", newline="\n") as f:
         text = f.read()
-    assert text.endswith("\n"), "sentences.txt must end with a newline"
-    sentences = text[:-1].split("\n")
+    assert text.endswith("\n"), name + " must end with a newline"
+    return text[:-1].split("\n")
+
+
+def encode_each(model, sentences, rows):
+    """encode() of each sentence alone, after checking its ids are rows'."""
+    emb = []
+    with torch.no_grad():
+        for s, ids in zip(sentences, rows):
+            feats = model.preprocess([s])
+            assert feats["input_ids"][0].tolist() == ids
+            e = model.encode([s], batch_size=1, convert_to_numpy=True, show_progress_bar=False)
+            emb.append(e[0])
+    emb = np.asarray(emb, dtype=np.float32)
+    assert emb.shape == (len(sentences), 384), emb.shape
+    norms = np.linalg.norm(emb.astype(np.float64), axis=1)
+    assert np.all(np.abs(norms - 1) < 1e-5), "encode() did not normalise"
+    return emb
+
+
+def main():
+    args = sys.argv[1:]
+    only = None
+    if "--only" in args:
+        at = args.index("--only")
+        assert at + 1 < len(args) and args[at + 1] in ("sentences", "retrieval"), "--only sentences|retrieval"
+        only = args[at + 1]
+        del args[at:at + 2]
+    model_dir = args[0] if args else os.path.join(ROOT, "models", "all-MiniLM-L6-v2")
+    sentences = read_lines("sentences.txt")
 
     torch.manual_seed(0)
     model = SentenceTransformer(model_dir, device="cpu")
@@ -58,6 +94,20 @@ def main():
     slow = slow_class.from_pretrained(model_dir)
     assert not slow.is_fast, type(slow)
 
+    if only != "sentences":
+        retrieval = read_lines("retrieval.txt")
+        assert len(retrieval) == 200 and all(retrieval), "retrieval.txt: 200 non-empty lines"
+        ids = []
+        for i, s in enumerate(retrieval):
+            ids.append(fast(s, truncation=True, max_length=max_len)["input_ids"])
+            assert ids[-1] == slow(s, truncation=True, max_length=max_len)["input_ids"], \
+                "retrieval.txt line %d: the fast and slow tokenizers differ: %r" % (i + 1, s)
+            assert len(fast(s)["input_ids"]) <= max_len, "retrieval.txt line %d is truncated" % (i + 1)
+        np.save(os.path.join(HERE, "retrieval_embeddings.npy"), encode_each(model, retrieval, ids))
+        print("retrieval: %d sentences, %d tokens in all" % (len(retrieval), sum(len(r) for r in ids)))
+    if only == "retrieval":
+        return
+
     rows = []
     truncated = 0
     for i, s in enumerate(sentences):
@@ -71,19 +121,8 @@ def main():
         rows.append(ids)
     assert truncated >= 1, "no sentence longer than max_seq_length"
 
-    emb = []
-    with torch.no_grad():
-        for s, ids in zip(sentences, rows):
-            # encode() tokenizes as above: check that it is the same ids.
-            feats = model.preprocess([s])
-            assert feats["input_ids"][0].tolist() == ids
-            e = model.encode([s], batch_size=1, convert_to_numpy=True, show_progress_bar=False)
-            emb.append(e[0])
-    emb = np.asarray(emb, dtype=np.float32)
-    assert emb.shape == (len(sentences), 384), emb.shape
-    norms = np.linalg.norm(emb.astype(np.float64), axis=1)
-    assert np.all(np.abs(norms - 1) < 1e-5), "encode() did not normalise"
-
+    # encode() tokenizes as above: encode_each checks that it is the same ids.
+    emb = encode_each(model, sentences, rows)
     np.save(os.path.join(HERE, "embeddings.npy"), emb)
     with open(os.path.join(HERE, "token_ids.txt"), "w", encoding="ascii", newline="\n") as f:
         for ids in rows:
