@@ -23,7 +23,8 @@
  *                   [--bf16]
  * --settle: pause before each timed call (default 150 ms, see settle()).
  * --sweep: instead, the cache-block sweep behind the kernels' MC / KC (the
- *   active kernel at M = 4096, N = K = 512, NT, one thread, best of 7, timed
+ *   active kernel at M = 4096, N = K = 512 or the --shape given, NT, one
+ *   thread, best of 7, timed
  *   in process CPU time so that other processes on a shared machine do not
  *   distort it).
  * --cpu: time in process CPU time instead of wall time (use with
@@ -217,9 +218,8 @@ static result bench_one(int tb, long M, long N, long K, int threads, int reps) {
     return r;
 }
 
-static int sweep(void) {
-    const long M = 4096, N = 512, K = 512;
-    static const int KCS[] = {128, 256, 384, 512};
+static int sweep(long M, long N, long K) {
+    static const int KCS[] = {128, 256, 384, 512, 768};
     static const int MCS[] = {4, 8, 16, 32}; /* MC in MR-row panels */
     float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
     float *C = malloc(sizeof(float) * (size_t)(M * N));
@@ -232,11 +232,11 @@ static int sweep(void) {
     for (long i = 0; i < M * K; i++) A[i] = frand();
     for (long i = 0; i < K * N; i++) B[i] = frand();
     qkv_gemm_kernel k = *qkv_gemm_kernel_active();
-    double best[4][4];
-    for (int a = 0; a < 4; a++)
+    double best[5][4];
+    for (int a = 0; a < 5; a++)
         for (int b = 0; b < 4; b++) best[a][b] = 1e30;
     for (int rep = 0; rep < 7; rep++)
-        for (int a = 0; a < 4; a++)
+        for (int a = 0; a < 5; a++)
             for (int b = 0; b < 4; b++) {
                 k.kc = KCS[a];
                 k.mc = MCS[b] * k.mr;
@@ -250,7 +250,7 @@ static int sweep(void) {
     printf("%8s", "KC \\ MC");
     for (int b = 0; b < 4; b++) printf(" %7d", MCS[b] * k.mr);
     printf("\n");
-    for (int a = 0; a < 4; a++) {
+    for (int a = 0; a < 5; a++) {
         printf("%8d", KCS[a]);
         for (int b = 0; b < 4; b++) printf(" %7.1f", 2.0 * (double)(M * N * K) / best[a][b] * 1e-9);
         printf("\n");
@@ -339,14 +339,14 @@ static int bench_bf16(int threads, int reps) {
 }
 
 int main(int argc, char **argv) {
-    int reps = 11, quick = 0, nn = 0, peak = 1, only_threads = 0, bf16 = 0, settle_set = 0;
+    int reps = 11, quick = 0, nn = 0, peak = 1, only_threads = 0, bf16 = 0, settle_set = 0, sweep_ = 0;
     long sm = 0, sn = 0, sk = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--nn")) nn = 1;
         else if (!strcmp(argv[i], "--no-peak")) peak = 0;
-        else if (!strcmp(argv[i], "--sweep")) return sweep();
+        else if (!strcmp(argv[i], "--sweep")) sweep_ = 1;
         else if (!strcmp(argv[i], "--cpu")) g_clock = cpu_now;
         else if (!strcmp(argv[i], "--settle") && i + 1 < argc) {
             g_settle_s = atof(argv[++i]) * 1e-3;
@@ -363,6 +363,7 @@ int main(int argc, char **argv) {
         }
     }
     if (reps < 1) reps = 1;
+    if (sweep_) return sm > 0 ? sweep(sm, sn, sk) : sweep(4096, 512, 512);
     if (bf16) { /* no OpenBLAS workers to wait for: a short pause */
         if (!settle_set) g_settle_s = 0.02;
         return bench_bf16(only_threads, reps);
