@@ -866,11 +866,11 @@ static void test_epilogue(int arch, uint64_t seed) {
                     if (bfp) {
                         bad |= qkv_gemm_bf16_pack_b(1, in, out, w, in, 2, &bp) != QKV_OK;
                         bad |= qkv_gemm_bf16_packed(0, rows, 1.0f, x, in, &bp, 0.0f, y1, out, bias, 2) != QKV_OK;
-                        for (int64_t i = 0; i < rows; i++) nk->bias_act(y1 + i * out, NULL, (size_t)out, act);
+                        nk->bias_act(y1, (size_t)out, (size_t)rows, NULL, (size_t)out, act);
                         bad |= nn_linear_bf16_act(x, rows, &bp, bias, y2, act, 2) != QKV_OK;
                     } else {
                         bad |= nn_linear(x, rows, in, w, NULL, out, y1, 2) != QKV_OK;
-                        for (int64_t i = 0; i < rows; i++) nk->bias_act(y1 + i * out, bias, (size_t)out, act);
+                        nk->bias_act(y1, (size_t)out, (size_t)rows, bias, (size_t)out, act);
                         bad |= nn_linear_act(x, rows, in, w, bias, out, y2, act, 2) != QKV_OK;
                     }
                     bad |= memcmp(y1, y2, (size_t)(rows * out) * sizeof *y1) != 0;

@@ -944,8 +944,8 @@ static void test_nn_bias_act(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
                 if (!use_b)
                     for (size_t i = 0; i < n; i++) b[i] = 0.0f;
                 memcpy(w, y, n * sizeof *w);
-                G->bias_act(w, b, n, act);
-                K->bias_act(y, use_b ? b : NULL, n, act);
+                G->bias_act(w, n, 1, b, n, act);
+                K->bias_act(y, n, 1, use_b ? b : NULL, n, act);
                 if (use_b && act == QKV_NN_ACT_NONE) { /* a sum: one rounding, exact */
                     for (size_t i = 0; i < n; i++)
                         if (!same_bits(y[i], w[i])) CHECK(0, "%s bias_act none n=%zu [%zu]", g_isa, n, i);
@@ -963,6 +963,31 @@ static void test_nn_bias_act(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
                 gb_free(&gb);
                 free(w);
             }
+    /* several rows in one call, apart by ldy > n: each row as a call of
+     * its own gives it, bitwise; the gaps between the rows untouched */
+    for (int act = QKV_NN_ACT_NONE; act <= QKV_NN_ACT_RELU; act++)
+        for (size_t si = 0; si < NSIZES; si++) {
+            const size_t n = SIZES[si], rows = 5, ldy = n + 3 + si % 5;
+            const float gap = -1234.5f;
+            gbuf gy;
+            float *y = fnew(&gy, rows * ldy, 0), *w = malloc(rows * ldy * sizeof *w), *b = malloc(n * sizeof *b);
+            for (size_t i = 0; i < rows * ldy; i++)
+                y[i] = i % ldy < n ? (float)((tu_rng_uniform(&g_rng) * 2 - 1) * 6.0) : gap;
+            for (size_t i = 0; i < n; i++) b[i] = rnd(0.1);
+            memcpy(w, y, rows * ldy * sizeof *w);
+            const float *bias = si & 1 ? b : NULL;
+            K->bias_act(y, ldy, rows, bias, n, act);
+            for (size_t r = 0; r < rows; r++) K->bias_act(w + r * ldy, n, 1, bias, n, act);
+            int bad = 0;
+            for (size_t i = 0; i < rows * ldy && !bad; i++)
+                bad = !same_bits(y[i], w[i]) || (i % ldy >= n && y[i] != gap);
+            CHECK(!bad, "%s bias_act act=%d n=%zu: %zu rows apart by %zu in one call differ from row calls", g_isa, act,
+                  n, rows, ldy);
+            CHECK(gb_ok(&gy), "%s bias_act act=%d n=%zu: nothing outside the rows", g_isa, act, n);
+            gb_free(&gy);
+            free(w);
+            free(b);
+        }
     /* the special values of the activations */
     const float nan = NAN, inf = INFINITY;
     float v[4] = {nan, inf, -inf, 0.0f};
@@ -970,8 +995,8 @@ static void test_nn_bias_act(const qkv_nn_kernels *K, const qkv_nn_kernels *G) {
         float x[4], r[4];
         memcpy(x, v, sizeof x);
         memcpy(r, v, sizeof r);
-        K->bias_act(x, NULL, 4, act);
-        G->bias_act(r, NULL, 4, act);
+        K->bias_act(x, 4, 1, NULL, 4, act);
+        G->bias_act(r, 4, 1, NULL, 4, act);
         CHECK(isnan(x[0]), "%s act=%d: NaN stays NaN", g_isa, act);
         CHECK(x[1] == inf && r[1] == inf, "%s act=%d: +inf -> +inf", g_isa, act);
         CHECK(x[3] == 0.0f, "%s act=%d: 0 -> 0", g_isa, act);

@@ -35,9 +35,12 @@ enum {
 
 typedef struct qkv_nn_kernels {
     const char *name;
-    /* y[i] = act(y[i] + bias[i]) for i < n (bias NULL: y[i] alone). NaN
-     * stays NaN; GELU(+inf) = +inf. */
-    void (*bias_act)(float *y, const float *bias, size_t n, int act);
+    /* For each of `rows` rows at y + r * ldy (ldy >= n): y[i] = act(y[i] +
+     * bias[i]) for i < n (bias NULL: y[i] alone); nothing between the rows
+     * is touched, and a row's result does not depend on the others. NaN
+     * stays NaN; GELU(+inf) = +inf. One call for a block of rows keeps the
+     * constants of the activation in registers across them. */
+    void (*bias_act)(float *y, size_t ldy, size_t rows, const float *bias, size_t n, int act);
     /* With z = x + res (res NULL: z = x) over i < n: x[i] = (z[i] - mean)
      * / sqrt(var + eps) * g[i] + b[i], mean and biased variance of z. */
     void (*add_layernorm)(float *x, const float *res, const float *g, const float *b, size_t n, float eps);

@@ -46,13 +46,13 @@ static void act_epi(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, in
     (void)i0;
     const act_epi_ctx *a = ctx;
     const qkv_nn_kernels *k = qkv_nn_kernels_active();
-    for (int64_t r = 0; r < m; r++) k->bias_act(c + r * ldc, a->b ? a->b + j0 : NULL, (size_t)n, a->act);
+    k->bias_act(c, (size_t)ldc, (size_t)m, a->b ? a->b + j0 : NULL, (size_t)n, a->act);
 }
 
 static void act_rows(void *ctx, int64_t r0, int64_t r1) {
     const bias_job *j = ctx;
     const qkv_nn_kernels *k = qkv_nn_kernels_active();
-    for (int64_t r = r0; r < r1; r++) k->bias_act(j->y + r * j->out, j->b, (size_t)j->out, j->act);
+    k->bias_act(j->y + r0 * j->out, (size_t)j->out, (size_t)(r1 - r0), j->b, (size_t)j->out, j->act);
 }
 
 /* The arguments of one linear layer y [rows, out] = x [rows, in] Wᵀ. */

@@ -223,7 +223,7 @@ static void ln_rows(void *ctx, int64_t r0, int64_t r1) {
 
 static void act_rows(void *ctx, int64_t r0, int64_t r1) {
     const row_job *j = ctx;
-    for (int64_t r = r0; r < r1; r++) j->k->bias_act(j->x + r * j->width, j->b, (size_t)j->width, j->act);
+    j->k->bias_act(j->x + r0 * j->width, (size_t)j->width, (size_t)(r1 - r0), j->b, (size_t)j->width, j->act);
 }
 
 static void layer_norm(qkv_encoder *e, float *x, const float *res, const float *g, const float *b, int64_t rows) {

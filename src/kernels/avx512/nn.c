@@ -43,13 +43,15 @@ static inline __m512d hi8(__m512 x) { return _mm512_cvtps_pd(_mm512_extractf32x8
 
 /* exp(-x^2 / 2) = 2^a, a = -x^2 log2(e) / 2 carried as a float pair a + lo
  * (x^2 split exactly by an FMA, the constant in two floats): the argument
- * keeps the accuracy it had in double, without the conversions. */
+ * keeps the accuracy it had in double, without the conversions. Only for
+ * |x| <= 6 sqrt 2 (phi_ps clamps it): a >= -52, where 2^a needs neither
+ * exp2_ps' clamps nor its underflow test. */
 static inline __m512 exp_neg_half_sq_ps(__m512 x) {
     const __m512 ch = _mm512_set1_ps(-0.72134751081466675f), cl = _mm512_set1_ps(-9.62981494545545e-09f);
     __m512 h = _mm512_mul_ps(x, x), l = _mm512_fmsub_ps(x, x, h);
     __m512 a = _mm512_mul_ps(h, ch);
     __m512 lo = _mm512_add_ps(_mm512_fmsub_ps(h, ch, a), _mm512_fmadd_ps(l, ch, _mm512_mul_ps(h, cl)));
-    return _mm512_mul_ps(exp2_ps(a), _mm512_fmadd_ps(lo, _mm512_set1_ps(0.69314718055994530942f), _mm512_set1_ps(1.0f)));
+    return _mm512_mul_ps(exp2_core_ps(a), _mm512_fmadd_ps(lo, _mm512_set1_ps(0.69314718055994530942f), _mm512_set1_ps(1.0f)));
 }
 
 /* Phi(x), the standard normal distribution function; 1 / (1 + z / 2) by
@@ -62,20 +64,21 @@ static inline __m512 phi_ps(__m512 x) {
     __m512 zc = _mm512_mul_ps(xc, _mm512_set1_ps(0.70710678118654752440f));
     __m512 d = _mm512_fmadd_ps(zc, half, one), r = _mm512_rcp14_ps(d);
     __m512 t = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
-    __m512 q = _mm512_set1_ps(3.974774480e-02f);
-    q = FMA_C(q, t, -2.805910110e-01f);
-    q = FMA_C(q, t, 8.235822916e-01f);
-    q = FMA_C(q, t, -1.239815116e+00f);
-    q = FMA_C(q, t, 9.447966814e-01f);
-    q = FMA_C(q, t, -4.177131951e-01f);
-    q = FMA_C(q, t, 3.564386070e-01f);
-    q = FMA_C(q, t, 2.030815035e-01f);
-    q = FMA_C(q, t, 2.889880240e-01f);
-    q = FMA_C(q, t, 2.814583182e-01f);
-    q = FMA_C(q, t, 2.614825462e-05f);
-    __m512 erfc_z = _mm512_mul_ps(exp_neg_half_sq_ps(xc), q);
+    /* P / 2 (each coefficient halved, exactly): erfc(z) / 2 with no
+     * multiplication by one half, the same bits */
+    __m512 q = _mm512_set1_ps(0.5f * 3.974774480e-02f);
+    q = FMA_C(q, t, 0.5f * -2.805910110e-01f);
+    q = FMA_C(q, t, 0.5f * 8.235822916e-01f);
+    q = FMA_C(q, t, 0.5f * -1.239815116e+00f);
+    q = FMA_C(q, t, 0.5f * 9.447966814e-01f);
+    q = FMA_C(q, t, 0.5f * -4.177131951e-01f);
+    q = FMA_C(q, t, 0.5f * 3.564386070e-01f);
+    q = FMA_C(q, t, 0.5f * 2.030815035e-01f);
+    q = FMA_C(q, t, 0.5f * 2.889880240e-01f);
+    q = FMA_C(q, t, 0.5f * 2.814583182e-01f);
+    q = FMA_C(q, t, 0.5f * 2.614825462e-05f);
+    __m512 lower = _mm512_mul_ps(exp_neg_half_sq_ps(xc), q);
     /* Phi(x) = erfc(z) / 2 for x < 0, 1 - erfc(z) / 2 otherwise */
-    __m512 lower = _mm512_mul_ps(half, erfc_z);
     __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
     return _mm512_mask_blend_ps(neg, _mm512_sub_ps(one, lower), lower);
 }
@@ -102,13 +105,17 @@ static inline __m512 act_ps(__m512 x, int act) {
     }
 }
 
-static void bias_act_avx512(float *y, const float *bias, size_t n, int act) {
+static void bias_act_row(float *y, const float *bias, size_t n, int act) {
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
         __m512 x = _mm512_maskz_loadu_ps(m, y + i);
         if (bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, bias + i));
         _mm512_mask_storeu_ps(y + i, m, act_ps(x, act));
     }
+}
+
+static void bias_act_avx512(float *y, size_t ldy, size_t rows, const float *bias, size_t n, int act) {
+    for (size_t r = 0; r < rows; r++, y += ldy) bias_act_row(y, bias, n, act);
 }
 
 /* Sums in 16 float lanes (rows of a few hundred to a few thousand), the

@@ -14,11 +14,12 @@ static double act_of(double x, int act) {
     }
 }
 
-static void bias_act_generic(float *y, const float *bias, size_t n, int act) {
-    for (size_t i = 0; i < n; i++) {
-        float z = bias ? y[i] + bias[i] : y[i];
-        y[i] = (float)act_of(z, act);
-    }
+static void bias_act_generic(float *y, size_t ldy, size_t rows, const float *bias, size_t n, int act) {
+    for (size_t r = 0; r < rows; r++, y += ldy)
+        for (size_t i = 0; i < n; i++) {
+            float z = bias ? y[i] + bias[i] : y[i];
+            y[i] = (float)act_of(z, act);
+        }
 }
 
 static void add_layernorm_generic(float *x, const float *res, const float *g, const float *b, size_t n, float eps) {
