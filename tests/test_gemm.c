@@ -773,14 +773,17 @@ static void test_few_rows(const qkv_gemm_kernel *k, uint64_t seed) {
 /* Epilogues (gemm/gemm.h): every element of C passes through exactly one
  * block, after its sum (and, for bf16, its bias) is complete, with c at
  * C[i0][j0]: an epilogue c = 2c + 1 gives 2 (the plain product) + 1 bitwise,
- * for awkward shapes, K = 0, small blockings and 1-3 threads; and
- * nn_linear_act / nn_linear_bf16_act are bitwise the product followed by
- * bias_act over the rows. */
+ * for awkward shapes, K = 0, small blockings and 1-3 threads; the rows
+ * step after it (c = 3c) sees every row exactly once, whole (every element
+ * already through fn), with c at C[i0][0]; and nn_linear_act /
+ * nn_linear_bf16_act are bitwise the product followed by bias_act over the
+ * rows, their _then forms that followed by the rows step. */
 typedef struct {
     float *C;
     int64_t ldc, N;
     unsigned char *seen;
     int bad;
+    unsigned char *rows_seen; /* per row: calls of probe_rows */
 } epi_probe;
 
 static void probe_epi(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n) {
@@ -791,6 +794,35 @@ static void probe_epi(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, 
             p->seen[(i0 + i) * p->N + j0 + j]++;
             c[i * ldc + j] = 2.0f * c[i * ldc + j] + 1.0f;
         }
+}
+
+static void probe_rows(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t m) {
+    epi_probe *p = ctx;
+    if (c != p->C + i0 * p->ldc || ldc != p->ldc || m < 1) p->bad = 1;
+    for (int64_t i = 0; i < m; i++) {
+        p->rows_seen[i0 + i]++;
+        for (int64_t j = 0; j < p->N; j++) {
+            if (p->seen[(i0 + i) * p->N + j] != 1) p->bad = 1; /* not yet through fn */
+            c[i * ldc + j] = 3.0f * c[i * ldc + j];
+        }
+    }
+}
+
+/* A step on whole rows for the _then linear layers: y = y / 2 + row. */
+typedef struct {
+    float *y;
+    int64_t out;
+    unsigned char *rows_seen;
+    int bad;
+} row_step_probe;
+
+static void row_step(void *ctx, float *y, int64_t ldy, int64_t i0, int64_t m) {
+    row_step_probe *p = ctx;
+    if (y != p->y + i0 * p->out || ldy != p->out) p->bad = 1;
+    for (int64_t i = 0; i < m; i++) {
+        p->rows_seen[i0 + i]++;
+        for (int64_t j = 0; j < p->out; j++) y[i * ldy + j] = y[i * ldy + j] * 0.5f + (float)(i0 + i);
+    }
 }
 
 static void test_epilogue(int arch, uint64_t seed) {
@@ -812,14 +844,14 @@ static void test_epilogue(int arch, uint64_t seed) {
                     float *A = malloc((size_t)(M * K + 1) * sizeof *A), *B = malloc((size_t)(N * K + 1) * sizeof *B);
                     float *bias = malloc((size_t)N * sizeof *bias), *C1 = malloc((size_t)(M * ldc) * sizeof *C1);
                     float *C2 = malloc((size_t)(M * ldc) * sizeof *C2);
-                    unsigned char *seen = calloc((size_t)(M * N), 1);
+                    unsigned char *seen = calloc((size_t)(M * N), 1), *rows_seen = calloc((size_t)M, 1);
                     tu_fill_normal_f32(&r, A, (size_t)(M * K + 1), 1.0);
                     tu_fill_normal_f32(&r, B, (size_t)(N * K + 1), 1.0);
                     tu_fill_normal_f32(&r, bias, (size_t)N, 1.0);
                     tu_fill_normal_f32(&r, C1, (size_t)(M * ldc), 1.0);
                     memcpy(C2, C1, (size_t)(M * ldc) * sizeof *C1);
-                    epi_probe pr = {C2, ldc, N, seen, 0};
-                    const qkv_gemm_epi e = {probe_epi, &pr};
+                    epi_probe pr = {C2, ldc, N, seen, 0, rows_seen};
+                    const qkv_gemm_epi e = {probe_epi, &pr, probe_rows};
                     qkv_status s1, s2;
                     if (!bf) {
                         s1 = qkv_gemm_run(k, 0, 1, M, N, K, 1.0f, A, K ? K : 1, B, K ? K : 1, 0.5f, C1, ldc, threads);
@@ -838,13 +870,14 @@ static void test_epilogue(int arch, uint64_t seed) {
                     int bad = s1 != QKV_OK || s2 != QKV_OK || pr.bad;
                     for (int64_t i = 0; i < M; i++)
                         for (int64_t j = 0; j < ldc; j++) {
-                            const float want = j < N ? 2.0f * C1[i * ldc + j] + 1.0f : C1[i * ldc + j];
+                            const float want = j < N ? 3.0f * (2.0f * C1[i * ldc + j] + 1.0f) : C1[i * ldc + j];
                             if (memcmp(&want, &C2[i * ldc + j], sizeof want) != 0) bad = 1;
                             if (j < N && seen[i * N + j] != 1) bad = 1;
+                            if (j == 0 && rows_seen[i] != 1) bad = 1;
                         }
                     CHECK(!bad, "epilogue %s M=%lld N=%lld K=%lld threads=%d %s%s", qkv_arch_name(arch), (long long)M,
                           (long long)N, (long long)K, threads, bf ? "bf16" : "fp32", (variant % 2) ? " small blocks" : "");
-                    free(A); free(B); free(bias); free(C1); free(C2); free(seen);
+                    free(A); free(B); free(bias); free(C1); free(C2); free(seen); free(rows_seen);
                 }
     /* the fused linear layers against the product and one bias_act pass (the active tables) */
     const qkv_nn_kernels *nk = qkv_nn_kernels_active();
@@ -879,7 +912,52 @@ static void test_epilogue(int arch, uint64_t seed) {
                 CHECK(!bad, "nn_linear_act rows=%lld out=%lld act=%d", (long long)rows, (long long)out, act);
                 free(x); free(w); free(bias); free(y1); free(y2);
             }
+    /* the _then forms: the product, its bias and activation, then the step
+     * on whole rows, bitwise; 1-3 threads */
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (int threads = 1; threads <= 3; threads++) {
+                const int64_t rows = RS[a], out = OS[b], in = 37;
+                const int act = (int)(a + b) % (QKV_NN_ACT_RELU + 1);
+                float *x = malloc((size_t)(rows * in) * sizeof *x), *w = malloc((size_t)(out * in) * sizeof *w);
+                float *bias = malloc((size_t)out * sizeof *bias), *y1 = malloc((size_t)(rows * out) * sizeof *y1);
+                float *y2 = malloc((size_t)(rows * out) * sizeof *y2);
+                unsigned char *rows_seen = calloc((size_t)rows, 1);
+                tu_fill_normal_f32(&r, x, (size_t)(rows * in), 1.0);
+                tu_fill_normal_f32(&r, w, (size_t)(out * in), 1.0);
+                tu_fill_normal_f32(&r, bias, (size_t)out, 1.0);
+                int bad = 0;
+                for (int bfp = 0; bfp < 2; bfp++) {
+                    qkv_gemm_bf16_b bp;
+                    memset(&bp, 0, sizeof bp);
+                    memset(rows_seen, 0, (size_t)rows);
+                    row_step_probe pr = {y2, out, rows_seen, 0};
+                    const nn_rows_step then = {row_step, &pr};
+                    if (bfp) {
+                        bad |= qkv_gemm_bf16_pack_b(1, in, out, w, in, 2, &bp) != QKV_OK;
+                        bad |= nn_linear_bf16_act(x, rows, &bp, bias, y1, act, threads) != QKV_OK;
+                        bad |= nn_linear_bf16_act_then(x, rows, &bp, bias, y2, act, &then, threads) != QKV_OK;
+                    } else {
+                        bad |= nn_linear_act(x, rows, in, w, bias, out, y1, act, threads) != QKV_OK;
+                        bad |= nn_linear_act_then(x, rows, in, w, bias, out, y2, act, &then, threads) != QKV_OK;
+                    }
+                    for (int64_t i = 0; i < rows; i++) {
+                        bad |= rows_seen[i] != 1;
+                        for (int64_t j = 0; j < out; j++) {
+                            const float want = y1[i * out + j] * 0.5f + (float)i;
+                            bad |= memcmp(&want, &y2[i * out + j], sizeof want) != 0;
+                        }
+                    }
+                    bad |= pr.bad;
+                    qkv_gemm_bf16_b_free(&bp);
+                }
+                CHECK(!bad, "nn_linear_act_then rows=%lld out=%lld act=%d threads=%d", (long long)rows, (long long)out,
+                      act, threads);
+                free(x); free(w); free(bias); free(y1); free(y2); free(rows_seen);
+            }
     CHECK_STATUS(nn_linear_act(NULL, 2, 3, NULL, NULL, 4, NULL, 0, 1), QKV_ERR_NULL_POINTER);
+    CHECK_STATUS(nn_linear_act_then(NULL, -1, 3, NULL, NULL, 4, NULL, 0, NULL, 1), QKV_ERR_BAD_SIZE);
+    CHECK_STATUS(nn_linear_bf16_act_then(NULL, 2, NULL, NULL, NULL, 0, NULL, 1), QKV_ERR_NULL_POINTER);
     CHECK_STATUS(nn_linear_act(NULL, -1, 3, NULL, NULL, 4, NULL, 0, 1), QKV_ERR_BAD_SIZE);
     CHECK_STATUS(nn_linear_bf16_act(NULL, 2, NULL, NULL, NULL, 0, 1), QKV_ERR_NULL_POINTER);
 }
@@ -912,7 +990,7 @@ static void test_segments(int arch, uint64_t seed) {
                     float *A = malloc((size_t)(M * (K + 1) + 1) * sizeof *A);
                     tu_fill_normal_f32(&r, A, (size_t)(M * (K + 1) + 1), 1.0);
                     float *B[3], *C1[3], *C2[3];
-                    unsigned char *seen[3];
+                    unsigned char *seen[3], *rows_seen[3];
                     epi_probe pr[3];
                     qkv_gemm_epi e[3];
                     qkv_gemm_seg seg[3];
@@ -923,11 +1001,12 @@ static void test_segments(int arch, uint64_t seed) {
                         C1[t] = malloc((size_t)(M * ldc + 1) * sizeof *C1[t]);
                         C2[t] = malloc((size_t)(M * ldc + 1) * sizeof *C2[t]);
                         seen[t] = calloc((size_t)(M * n + 1), 1);
+                        rows_seen[t] = calloc((size_t)M, 1);
                         tu_fill_normal_f32(&r, B[t], (size_t)(n * ldb + 1), 1.0);
                         tu_fill_normal_f32(&r, C1[t], (size_t)(M * ldc + 1), 1.0);
                         memcpy(C2[t], C1[t], (size_t)(M * ldc + 1) * sizeof *C1[t]);
-                        pr[t] = (epi_probe){C2[t], ldc, n, seen[t], 0};
-                        e[t] = (qkv_gemm_epi){probe_epi, &pr[t]};
+                        pr[t] = (epi_probe){C2[t], ldc, n, seen[t], 0, rows_seen[t]};
+                        e[t] = (qkv_gemm_epi){probe_epi, &pr[t], probe_rows};
                         seg[t] = (qkv_gemm_seg){B[t], ldb, C2[t], ldc, n, &e[t]};
                         bad |= qkv_gemm_run(k, 0, 1, M, n, K, alpha, A, K + 1, B[t], ldb, 0.5f, C1[t], ldc, threads) !=
                                QKV_OK;
@@ -938,11 +1017,13 @@ static void test_segments(int arch, uint64_t seed) {
                         bad |= pr[t].bad;
                         for (int64_t i = 0; i < M; i++)
                             for (int64_t j = 0; j < ldc; j++) {
-                                const float want = j < n ? 2.0f * C1[t][i * ldc + j] + 1.0f : C1[t][i * ldc + j];
+                                const float want =
+                                    j < n ? 3.0f * (2.0f * C1[t][i * ldc + j] + 1.0f) : C1[t][i * ldc + j];
                                 if (memcmp(&want, &C2[t][i * ldc + j], sizeof want) != 0) bad = 1;
                                 if (j < n && seen[t][i * n + j] != 1) bad = 1;
+                                if (j == 0 && rows_seen[t][i] != (n > 0)) bad = 1;
                             }
-                        free(B[t]); free(C1[t]); free(C2[t]); free(seen[t]);
+                        free(B[t]); free(C1[t]); free(C2[t]); free(seen[t]); free(rows_seen[t]);
                     }
                     CHECK(!bad, "segments %s widths %lld %lld %lld M=%lld K=%lld threads=%d alpha=%g%s",
                           qkv_arch_name(arch), (long long)WIDTHS[wi][0], (long long)WIDTHS[wi][1],

@@ -209,6 +209,7 @@ typedef struct {
     uint32_t *buf; /* per thread: ap_len words */
     int64_t ap_len;
     const qkv_gemm_epi *epi; /* NULL: none */
+    int rows_inside;         /* epi->rows called in the loop nest */
 } bgemm_job;
 
 static void add_bias(float *restrict c, int64_t ldc, const float *restrict bias, int m, int n) {
@@ -249,6 +250,8 @@ static void bgemm_thread(void *ctx, int64_t unit, int t) {
                     if (last && j->bias) add_bias(c, j->ldc, j->bias + jc + jr, (int)mc, n);
                     if (last && j->epi) j->epi->fn(j->epi->ctx, c, j->ldc, ic, jc + jr, mc, n);
                 }
+                if (last && j->rows_inside && j->epi->rows) /* rows ic .. ic + mc - 1 are whole */
+                    j->epi->rows(j->epi->ctx, j->C + ic * j->ldc, j->ldc, ic, mc);
             }
         }
     }
@@ -272,6 +275,7 @@ qkv_status qkv_gemm_bf16_packed_epi(int trans_a, int64_t M, float alpha, const f
             for (int64_t i = 0; i < M; i++)
                 for (int64_t jj = 0; jj < N; jj++) C[i * ldc + jj] += bias[jj];
         if (epi) epi->fn(epi->ctx, C, ldc, 0, 0, M, N);
+        qkv_gemm_rows_after(epi, C, ldc, M, threads);
         return QKV_OK;
     }
     const qkv_gemm_bf16_kernel *k = Bp->k;
@@ -285,8 +289,10 @@ qkv_status qkv_gemm_bf16_packed_epi(int trans_a, int64_t M, float alpha, const f
     void *raw;
     j.buf = qkv_gemm_alloc_aligned((size_t)nthreads * (size_t)j.ap_len * sizeof(uint32_t), &raw);
     if (!j.buf) return QKV_ERR_OUT_OF_MEMORY;
+    j.rows_inside = epi && qkv_gemm_rows_inside(j.tn, N, k->nc);
     qkv_gemm_run_units(nthreads, bgemm_thread, &j);
     qkv_free(raw);
+    if (!j.rows_inside) qkv_gemm_rows_after(epi, C, ldc, M, threads);
     return QKV_OK;
 }
 

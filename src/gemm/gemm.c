@@ -60,6 +60,7 @@ typedef struct gemm_job {
     int64_t mtiles, ntiles;  /* MR-row / NR-column tiles of C */
     float *buf;              /* per thread: ap_len floats, then bp_len floats */
     int64_t ap_len, bp_len;
+    int rows_inside;         /* epilogues' rows called in the loop nest */
 } gemm_job;
 
 /* The segment holding column col of the joined product. */
@@ -146,9 +147,34 @@ static void gemm_thread(void *ctx, int64_t unit, int t) {
                     }
                     if (sg->epi && pc + kc == j->K) sg->epi->fn(sg->epi->ctx, c, ldc, ic, col, mc, n);
                 }
+                if (j->rows_inside && pc + kc == j->K) /* rows ic .. ic + mc - 1 are whole */
+                    for (int s = 0; s < j->nseg; s++) {
+                        const qkv_gemm_seg *sg = &j->seg[s];
+                        if (sg->n > 0 && sg->epi && sg->epi->rows)
+                            sg->epi->rows(sg->epi->ctx, sg->C + ic * sg->ldc, sg->ldc, ic, mc);
+                    }
             }
         }
     }
+}
+
+int qkv_gemm_rows_inside(int tn, int64_t N, int64_t nc) { return tn == 1 && N <= nc; }
+
+typedef struct rows_job {
+    const qkv_gemm_epi *epi;
+    float *C;
+    int64_t ldc;
+} rows_job;
+
+static void rows_chunk(void *ctx, int64_t r0, int64_t r1) {
+    const rows_job *j = ctx;
+    j->epi->rows(j->epi->ctx, j->C + r0 * j->ldc, j->ldc, r0, r1 - r0);
+}
+
+void qkv_gemm_rows_after(const qkv_gemm_epi *epi, float *C, int64_t ldc, int64_t M, int threads) {
+    if (!epi || !epi->rows || M <= 0) return;
+    rows_job j = {epi, C, ldc};
+    qkv_par_range(threads, M, 8 * ldc, rows_chunk, &j);
 }
 
 void qkv_gemm_scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
@@ -212,6 +238,7 @@ qkv_status qkv_gemm_run_segs(const qkv_gemm_kernel *k, int trans_a, int trans_b,
             if (seg[s].n == 0) continue;
             qkv_gemm_scale_c(M, seg[s].n, beta, seg[s].C, seg[s].ldc);
             if (seg[s].epi) seg[s].epi->fn(seg[s].epi->ctx, seg[s].C, seg[s].ldc, 0, 0, M, seg[s].n);
+            qkv_gemm_rows_after(seg[s].epi, seg[s].C, seg[s].ldc, M, threads);
         }
         return QKV_OK;
     }
@@ -253,8 +280,12 @@ qkv_status qkv_gemm_run_segs(const qkv_gemm_kernel *k, int trans_a, int trans_b,
     void *raw;
     j.buf = qkv_gemm_alloc_aligned((size_t)nthreads * (size_t)(j.ap_len + j.bp_len) * sizeof(float), &raw);
     if (!j.buf) return QKV_ERR_OUT_OF_MEMORY;
+    j.rows_inside = qkv_gemm_rows_inside(j.tn, j.N, k->nc);
     qkv_gemm_run_units(nthreads, gemm_thread, &j);
     qkv_free(raw);
+    if (!j.rows_inside)
+        for (int s = 0; s < nseg; s++)
+            if (seg[s].n > 0) qkv_gemm_rows_after(seg[s].epi, seg[s].C, seg[s].ldc, M, threads);
     return QKV_OK;
 }
 

@@ -29,11 +29,28 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
  * through exactly one block, once its sum (and beta C, and a bf16
  * product's bias) is complete, on the thread that computed it. The block
  * boundaries depend on the blocking and the thread grid, so fn must treat
- * each element alone (then the results do not depend on them). */
+ * each element alone (then the results do not depend on them).
+ *
+ * rows (NULL: none) is for what needs whole rows, as a LayerNorm does:
+ * rows(ctx, c, ldc, i0, m) on rows i0 .. i0 + m - 1 of C (c at C[i0][0]),
+ * once every element of them has been through fn. Each row passes through
+ * exactly one call (none for a product or segment without columns). When one thread computes whole rows (the thread grid
+ * splits rows only and the columns fit one NC block) it is called on that
+ * thread for each block of MC rows, while they are in cache; otherwise
+ * after the product, over the rows split among the threads
+ * (qkv_gemm_rows_after). Either way rows must treat each row alone. */
 typedef struct qkv_gemm_epi {
     void (*fn)(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n);
     void *ctx;
+    void (*rows)(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t m);
 } qkv_gemm_epi;
+
+/* Whether a product of N columns blocked by k_nc, on a tm x tn thread
+ * grid, calls an epilogue's rows inside its loop nest: tn == 1, N <= nc. */
+int qkv_gemm_rows_inside(int tn, int64_t N, int64_t nc);
+/* epi->rows over rows [0, M) of C in chunks on up to `threads` threads
+ * (nothing when epi or epi->rows is NULL). */
+void qkv_gemm_rows_after(const qkv_gemm_epi *epi, float *C, int64_t ldc, int64_t M, int threads);
 
 /* qkv_gemm_run with an epilogue (NULL: none). */
 qkv_status qkv_gemm_run_epi(const qkv_gemm_kernel *k, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,

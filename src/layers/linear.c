@@ -36,17 +36,27 @@ qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, c
 }
 
 /* The bias and the activation of a finished block of y (an epilogue of the
- * product, gemm/gemm.h), row by row through the nn kernel. */
+ * product, gemm/gemm.h) through the nn kernel; then, on whole rows, the
+ * caller's step. */
 typedef struct {
     const float *b;
     int act;
+    const nn_rows_step *then; /* NULL: none */
 } act_epi_ctx;
 
 static void act_epi(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n) {
     (void)i0;
     const act_epi_ctx *a = ctx;
-    const qkv_nn_kernels *k = qkv_nn_kernels_active();
-    k->bias_act(c, (size_t)ldc, (size_t)m, a->b ? a->b + j0 : NULL, (size_t)n, a->act);
+    qkv_nn_kernels_active()->bias_act(c, (size_t)ldc, (size_t)m, a->b ? a->b + j0 : NULL, (size_t)n, a->act);
+}
+
+static void then_epi(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t m) {
+    const act_epi_ctx *a = ctx;
+    a->then->fn(a->then->ctx, c, ldc, i0, m);
+}
+
+static qkv_gemm_epi act_epi_of(const act_epi_ctx *a) {
+    return (qkv_gemm_epi){act_epi, (void *)(uintptr_t)a, a->then && a->then->fn ? then_epi : NULL};
 }
 
 static void act_rows(void *ctx, int64_t r0, int64_t r1) {
@@ -68,17 +78,23 @@ static qkv_status linear_check(const float *x, int64_t rows, int64_t in, const f
 
 qkv_status nn_linear_act(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
                          float *y, int act, int threads) {
+    return nn_linear_act_then(x, rows, in, w, b, out, y, act, NULL, threads);
+}
+
+qkv_status nn_linear_act_then(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                              float *y, int act, const nn_rows_step *then, int threads) {
     qkv_status st = linear_check(x, rows, in, w, out, y, threads);
     if (st != QKV_OK) return st;
-    if (qkv_gemm_uses_cblas()) { /* the system BLAS has no epilogue: a pass after it */
+    const act_epi_ctx a = {b, act, then};
+    const qkv_gemm_epi e = act_epi_of(&a);
+    if (qkv_gemm_uses_cblas()) { /* the system BLAS has no epilogue: passes after it */
         qkv_status s = qkv_sgemm(0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out, threads);
         if (s != QKV_OK) return s;
         bias_job j = {y, (float *)b, rows, out, act};
         qkv_par_range(threads, rows, 4 * out, act_rows, &j);
+        qkv_gemm_rows_after(&e, y, out, rows, threads);
         return QKV_OK;
     }
-    act_epi_ctx a = {b, act};
-    const qkv_gemm_epi e = {act_epi, &a};
     return qkv_gemm_run_epi(qkv_gemm_kernel_active(), 0, 1, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out,
                             qkv_gemm_threads_for(rows, out, in, threads), &e);
 }
@@ -106,8 +122,8 @@ qkv_status nn_linear_multi(const float *x, int64_t rows, int64_t in, int count, 
     qkv_gemm_epi e[QKV_GEMM_MAX_SEGS];
     qkv_gemm_seg seg[QKV_GEMM_MAX_SEGS];
     for (int s = 0; s < count; s++) {
-        a[s] = (act_epi_ctx){b[s], QKV_NN_ACT_NONE};
-        e[s] = (qkv_gemm_epi){act_epi, &a[s]};
+        a[s] = (act_epi_ctx){b[s], QKV_NN_ACT_NONE, NULL};
+        e[s] = act_epi_of(&a[s]);
         seg[s] = (qkv_gemm_seg){w[s], in, y[s], out[s], out[s], b[s] ? &e[s] : NULL};
     }
     return qkv_gemm_run_segs(qkv_gemm_kernel_active(), 0, 1, rows, in, 1.0f, x, in, 0.0f, seg, count,
@@ -116,11 +132,16 @@ qkv_status nn_linear_multi(const float *x, int64_t rows, int64_t in, int count, 
 
 qkv_status nn_linear_bf16_act(const float *x, int64_t rows, const qkv_gemm_bf16_b *w, const float *b, float *y,
                               int act, int threads) {
+    return nn_linear_bf16_act_then(x, rows, w, b, y, act, NULL, threads);
+}
+
+qkv_status nn_linear_bf16_act_then(const float *x, int64_t rows, const qkv_gemm_bf16_b *w, const float *b, float *y,
+                                   int act, const nn_rows_step *then, int threads) {
     if (!w) return QKV_ERR_NULL_POINTER;
     if (rows < 0 || threads < 0) return QKV_ERR_BAD_SIZE;
     if ((rows > 0 && w->N > 0 && !y) || (rows > 0 && w->K > 0 && !x)) return QKV_ERR_NULL_POINTER;
-    act_epi_ctx a = {NULL, act}; /* the product adds b in its tiles */
-    const qkv_gemm_epi e = {act_epi, &a};
+    const act_epi_ctx a = {NULL, act, then}; /* the product adds b in its tiles */
+    const qkv_gemm_epi e = act_epi_of(&a);
     return qkv_gemm_bf16_packed_epi(0, rows, 1.0f, x, w->K, w, 0.0f, y, w->N, b,
                                     qkv_gemm_threads_for(rows, w->N, w->K, threads), &e);
 }

@@ -20,6 +20,21 @@ qkv_status nn_linear(const float *x, int64_t rows, int64_t in, const float *w, c
 qkv_status nn_linear_act(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
                          float *y, int act, int threads);
 
+/* A step on whole rows of y after a linear layer (a residual + LayerNorm):
+ * fn(ctx, y_i0, ldy, i0, m) on rows i0 .. i0 + m - 1 (y_i0 at their first),
+ * each row exactly once, after its bias and activation; in the product's
+ * loop nest while the rows are in cache where its thread grid keeps rows
+ * whole on one thread, else in a pass after it (gemm/gemm.h,
+ * qkv_gemm_epi.rows). fn must treat each row alone. */
+typedef struct nn_rows_step {
+    void (*fn)(void *ctx, float *y, int64_t ldy, int64_t i0, int64_t m);
+    void *ctx;
+} nn_rows_step;
+
+/* nn_linear_act, then `then` (NULL: nothing) on the rows of y. */
+qkv_status nn_linear_act_then(const float *x, int64_t rows, int64_t in, const float *w, const float *b, int64_t out,
+                              float *y, int act, const nn_rows_step *then, int threads);
+
 /* y_s = x W_sᵀ + b_s for s < count (<= QKV_GEMM_MAX_SEGS): several linear
  * layers of one input, W_s [out_s, in], b_s [out_s] or NULL, y_s [rows,
  * out_s], as one product where their shapes allow (gemm/gemm.h,
@@ -34,6 +49,8 @@ qkv_status nn_linear_multi(const float *x, int64_t rows, int64_t in, int count, 
 struct qkv_gemm_bf16_b;
 qkv_status nn_linear_bf16_act(const float *x, int64_t rows, const struct qkv_gemm_bf16_b *w, const float *b,
                               float *y, int act, int threads);
+qkv_status nn_linear_bf16_act_then(const float *x, int64_t rows, const struct qkv_gemm_bf16_b *w, const float *b,
+                                   float *y, int act, const nn_rows_step *then, int threads);
 
 /* The backward of nn_linear given dy [rows, out]: dW += dyᵀ x (when dw is
  * not NULL), db += Σ_r dy[r] (when db is not NULL; columns in parallel

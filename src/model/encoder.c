@@ -7,6 +7,7 @@
  * all-MiniLM-L6-v2, rows enough for the matrix products to run at speed). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -14,6 +15,7 @@
 #include "core/cpu.h"
 #include "core/half.h"
 #include "core/internal.h"
+#include "core/threads.h"
 #include "kernels/kernels.h"
 #include "layers/linear.h"
 #include "model/encoder_internal.h"
@@ -276,6 +278,62 @@ static qkv_status project(const qkv_encoder *e, const enc_layer *L, int which, c
     return nn_linear(x, rows, in, w[which], b[which], out, y, e->threads);
 }
 
+/* x = LayerNorm(x + y) on the rows of a projection's output y as the
+ * product finishes them (nn_linear_act_then): y's rows still in cache.
+ * When timing, each call's duration is summed (ns, any thread). */
+typedef struct ln_step {
+    row_job j;
+    int timing;
+    atomic_llong ns;
+} ln_step;
+
+static void ln_step_rows(void *ctx, float *y, int64_t ldy, int64_t i0, int64_t m) {
+    ln_step *s = ctx;
+    const row_job *j = &s->j;
+    struct timespec t0, t1;
+    if (s->timing) clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t r = 0; r < m; r++)
+        j->k->add_layernorm(j->x + (i0 + r) * j->width, y + r * ldy, j->g, j->b, (size_t)j->width, j->eps);
+    if (s->timing) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        atomic_fetch_add(&s->ns, (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec));
+    }
+}
+
+/* y [rows, out] = x W^T + b for projection `which` (ENC_W_O or ENC_W_O2) of
+ * layer L, then e->x = LayerNorm(e->x + y) with (g, b): inside the product
+ * for the packed float32 and bf16 products, a pass after it otherwise.
+ * The phase timer `ph` gets the product; ENC_PH_LN the LayerNorm (inside
+ * the product: its thread time over the call's threads). */
+static qkv_status project_ln(qkv_encoder *e, const enc_layer *L, int which, const float *x, int64_t rows, float *y,
+                             const float *g, const float *b, int ph, double *t0) {
+    const int64_t H = e->info.hidden, in = which == ENC_W_O2 ? e->info.intermediate : H;
+    ln_step s = {{qkv_nn_kernels_active(), e->x, NULL, g, b, H, (float)e->info.layer_norm_eps, 0}, e->prof != NULL, 0};
+    const nn_rows_step then = {ln_step_rows, &s};
+    const float *bias = which == ENC_W_O2 ? L->bo2 : L->bo;
+    qkv_status st;
+    if (e->info.precision == QKV_ENCODER_FP32 && rows > QKV_GEMM_FEW_ROWS)
+        st = nn_linear_act_then(x, rows, in, which == ENC_W_O2 ? L->wo2 : L->wo, bias, H, y, QKV_NN_ACT_NONE, &then,
+                                e->threads);
+    else if (e->info.precision == QKV_ENCODER_BF16)
+        st = nn_linear_bf16_act_then(x, rows, &L->bf[which], bias, y, QKV_NN_ACT_NONE, &then, e->threads);
+    else {
+        if ((st = project(e, L, which, x, rows, y)) != QKV_OK) return st;
+        phase_end(e, ph, t0);
+        layer_norm(e, e->x, y, g, b, rows);
+        phase_end(e, ENC_PH_LN, t0);
+        return QKV_OK;
+    }
+    if (st != QKV_OK) return st;
+    if (e->prof) {
+        const double t = now_seconds(), ln = 1e-9 * (double)atomic_load(&s.ns) / qkv_threads_resolve(e->threads);
+        e->prof[ph] += t - *t0 - ln;
+        e->prof[ENC_PH_LN] += ln;
+        *t0 = t;
+    }
+    return QKV_OK;
+}
+
 /* bf16 attention of the bf16 encoder: q, k, v rounded to bf16 into the
  * halves of buffers idle during attention (tmp: q, k; inter: v, the
  * output), the AVX512-BF16 forward on them, the output widened into ctx.
@@ -357,10 +415,9 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
                 : qkv_attention_forward(&d, e->q, e->k, e->v, e->ctx, NULL, NULL);
         if (s != QKV_OK) return s;
         phase_end(e, ENC_PH_ATTN, &t0);
-        if ((s = project(e, L, ENC_W_O, e->ctx, rows, e->tmp)) != QKV_OK) return s;
-        phase_end(e, ENC_PH_OUT, &t0);
-        layer_norm(e, e->x, e->tmp, L->ln1_g, L->ln1_b, rows); /* x = LN(x + attn) */
-        phase_end(e, ENC_PH_LN, &t0);
+        /* x = LN(x + attn) */
+        if ((s = project_ln(e, L, ENC_W_O, e->ctx, rows, e->tmp, L->ln1_g, L->ln1_b, ENC_PH_OUT, &t0)) != QKV_OK)
+            return s;
         /* The packed float32 and bf16 products apply bias + activation in
          * their epilogue, block by block while it is in cache; the few-rows
          * and int8 products add the bias, then one pass applies the
@@ -377,10 +434,9 @@ static qkv_status forward(qkv_encoder *e, int64_t rows, const int64_t *offsets, 
             qkv_par_range(th, rows, 4 * I, act_rows, &j);
         }
         if (s != QKV_OK) return s;
-        if ((s = project(e, L, ENC_W_O2, e->inter, rows, e->tmp)) != QKV_OK) return s;
-        phase_end(e, ENC_PH_MLP, &t0);
-        layer_norm(e, e->x, e->tmp, L->ln2_g, L->ln2_b, rows); /* x = LN(x + mlp) */
-        phase_end(e, ENC_PH_LN, &t0);
+        /* x = LN(x + mlp) */
+        if ((s = project_ln(e, L, ENC_W_O2, e->inter, rows, e->tmp, L->ln2_g, L->ln2_b, ENC_PH_MLP, &t0)) != QKV_OK)
+            return s;
     }
     return QKV_OK;
 }
