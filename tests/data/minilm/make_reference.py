@@ -16,8 +16,8 @@ it writes, beside this script:
                   each sentence alone (no padding), with the model's own
                   modules: mean pooling, then its Normalize module
 
-and for retrieval.txt (200 plain English sentences, 50 topics of four
-sentences each: the set on which the int8 and bf16 encoders' nearest
+and for retrieval.txt (100 pairs of paraphrases, 200 plain English
+sentences: the set on which the int8 and bf16 encoders' nearest
 neighbours are counted, docs/ENCODER.md "Precision"):
 
   retrieval_embeddings.npy  float32 [200, 384], encode() of each line alone
