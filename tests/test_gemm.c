@@ -879,7 +879,8 @@ static void test_epilogue(int arch, uint64_t seed) {
                           (long long)N, (long long)K, threads, bf ? "bf16" : "fp32", (variant % 2) ? " small blocks" : "");
                     free(A); free(B); free(bias); free(C1); free(C2); free(seen); free(rows_seen);
                 }
-    /* the fused linear layers against the product and one bias_act pass (the active tables) */
+    /* the fused linear layers against the product and one bias_act pass (the active tables);
+     * their _then forms against that followed by the step on whole rows, on 1-3 threads */
     const qkv_nn_kernels *nk = qkv_nn_kernels_active();
     static const int64_t RS[] = {1, 17, 200}, OS[] = {5, 64, 130};
     for (size_t a = 0; a < 3; a++)
@@ -888,72 +889,46 @@ static void test_epilogue(int arch, uint64_t seed) {
                 const int64_t rows = RS[a], out = OS[b], in = 37;
                 float *x = malloc((size_t)(rows * in) * sizeof *x), *w = malloc((size_t)(out * in) * sizeof *w);
                 float *bias = malloc((size_t)out * sizeof *bias), *y1 = malloc((size_t)(rows * out) * sizeof *y1);
-                float *y2 = malloc((size_t)(rows * out) * sizeof *y2);
+                float *y2 = malloc((size_t)(rows * out) * sizeof *y2), *y3 = malloc((size_t)(rows * out) * sizeof *y3);
+                unsigned char *rows_seen = calloc((size_t)rows, 1);
+                const int threads = 1 + (int)(a + b + (size_t)act) % 3;
                 tu_fill_normal_f32(&r, x, (size_t)(rows * in), 1.0);
                 tu_fill_normal_f32(&r, w, (size_t)(out * in), 1.0);
                 tu_fill_normal_f32(&r, bias, (size_t)out, 1.0);
-                int bad = 0;
+                int bad = 0, bad_then = 0;
                 for (int bfp = 0; bfp < 2; bfp++) {
                     qkv_gemm_bf16_b bp;
                     memset(&bp, 0, sizeof bp);
+                    memset(rows_seen, 0, (size_t)rows);
+                    row_step_probe pr = {y3, out, rows_seen, 0};
+                    const nn_rows_step then = {row_step, &pr};
                     if (bfp) {
                         bad |= qkv_gemm_bf16_pack_b(1, in, out, w, in, 2, &bp) != QKV_OK;
                         bad |= qkv_gemm_bf16_packed(0, rows, 1.0f, x, in, &bp, 0.0f, y1, out, bias, 2) != QKV_OK;
                         nk->bias_act(y1, (size_t)out, (size_t)rows, NULL, (size_t)out, act);
                         bad |= nn_linear_bf16_act(x, rows, &bp, bias, y2, act, 2) != QKV_OK;
+                        bad_then |= nn_linear_bf16_act_then(x, rows, &bp, bias, y3, act, &then, threads) != QKV_OK;
                     } else {
                         bad |= nn_linear(x, rows, in, w, NULL, out, y1, 2) != QKV_OK;
                         nk->bias_act(y1, (size_t)out, (size_t)rows, bias, (size_t)out, act);
                         bad |= nn_linear_act(x, rows, in, w, bias, out, y2, act, 2) != QKV_OK;
+                        bad_then |= nn_linear_act_then(x, rows, in, w, bias, out, y3, act, &then, threads) != QKV_OK;
                     }
                     bad |= memcmp(y1, y2, (size_t)(rows * out) * sizeof *y1) != 0;
+                    for (int64_t i = 0; i < rows; i++) {
+                        bad_then |= rows_seen[i] != 1;
+                        for (int64_t j = 0; j < out; j++) {
+                            const float want = y1[i * out + j] * 0.5f + (float)i;
+                            bad_then |= memcmp(&want, &y3[i * out + j], sizeof want) != 0;
+                        }
+                    }
+                    bad_then |= pr.bad;
                     qkv_gemm_bf16_b_free(&bp);
                 }
                 CHECK(!bad, "nn_linear_act rows=%lld out=%lld act=%d", (long long)rows, (long long)out, act);
-                free(x); free(w); free(bias); free(y1); free(y2);
-            }
-    /* the _then forms: the product, its bias and activation, then the step
-     * on whole rows, bitwise; 1-3 threads */
-    for (size_t a = 0; a < 3; a++)
-        for (size_t b = 0; b < 3; b++)
-            for (int threads = 1; threads <= 3; threads++) {
-                const int64_t rows = RS[a], out = OS[b], in = 37;
-                const int act = (int)(a + b) % (QKV_NN_ACT_RELU + 1);
-                float *x = malloc((size_t)(rows * in) * sizeof *x), *w = malloc((size_t)(out * in) * sizeof *w);
-                float *bias = malloc((size_t)out * sizeof *bias), *y1 = malloc((size_t)(rows * out) * sizeof *y1);
-                float *y2 = malloc((size_t)(rows * out) * sizeof *y2);
-                unsigned char *rows_seen = calloc((size_t)rows, 1);
-                tu_fill_normal_f32(&r, x, (size_t)(rows * in), 1.0);
-                tu_fill_normal_f32(&r, w, (size_t)(out * in), 1.0);
-                tu_fill_normal_f32(&r, bias, (size_t)out, 1.0);
-                int bad = 0;
-                for (int bfp = 0; bfp < 2; bfp++) {
-                    qkv_gemm_bf16_b bp;
-                    memset(&bp, 0, sizeof bp);
-                    memset(rows_seen, 0, (size_t)rows);
-                    row_step_probe pr = {y2, out, rows_seen, 0};
-                    const nn_rows_step then = {row_step, &pr};
-                    if (bfp) {
-                        bad |= qkv_gemm_bf16_pack_b(1, in, out, w, in, 2, &bp) != QKV_OK;
-                        bad |= nn_linear_bf16_act(x, rows, &bp, bias, y1, act, threads) != QKV_OK;
-                        bad |= nn_linear_bf16_act_then(x, rows, &bp, bias, y2, act, &then, threads) != QKV_OK;
-                    } else {
-                        bad |= nn_linear_act(x, rows, in, w, bias, out, y1, act, threads) != QKV_OK;
-                        bad |= nn_linear_act_then(x, rows, in, w, bias, out, y2, act, &then, threads) != QKV_OK;
-                    }
-                    for (int64_t i = 0; i < rows; i++) {
-                        bad |= rows_seen[i] != 1;
-                        for (int64_t j = 0; j < out; j++) {
-                            const float want = y1[i * out + j] * 0.5f + (float)i;
-                            bad |= memcmp(&want, &y2[i * out + j], sizeof want) != 0;
-                        }
-                    }
-                    bad |= pr.bad;
-                    qkv_gemm_bf16_b_free(&bp);
-                }
-                CHECK(!bad, "nn_linear_act_then rows=%lld out=%lld act=%d threads=%d", (long long)rows, (long long)out,
-                      act, threads);
-                free(x); free(w); free(bias); free(y1); free(y2); free(rows_seen);
+                CHECK(!bad_then, "nn_linear_act_then rows=%lld out=%lld act=%d threads=%d", (long long)rows,
+                      (long long)out, act, threads);
+                free(x); free(w); free(bias); free(y1); free(y2); free(y3); free(rows_seen);
             }
     CHECK_STATUS(nn_linear_act(NULL, 2, 3, NULL, NULL, 4, NULL, 0, 1), QKV_ERR_NULL_POINTER);
     CHECK_STATUS(nn_linear_act_then(NULL, -1, 3, NULL, NULL, 4, NULL, 0, NULL, 1), QKV_ERR_BAD_SIZE);
