@@ -234,12 +234,14 @@ static void test_random_shapes(int arch, int cases, uint64_t seed) {
 }
 
 /* A copy of a kernel table with tiny cache blocks, so that the NC, KC and MC
- * loops (and the beta' = 1 merges of later K blocks) run many times. */
+ * loops (and the beta' = 1 merges of later K blocks) run many times, and
+ * op(A) shared by several NC blocks is packed in bands of two MC blocks. */
 static qkv_gemm_kernel small_blocks(const qkv_gemm_kernel *k, int kc) {
     qkv_gemm_kernel s = *k;
     s.mc = 2 * k->mr;
     s.kc = kc;
     s.nc = 2 * k->nr;
+    s.mb = 2 * s.mc;
     return s;
 }
 
@@ -832,6 +834,7 @@ static void test_epilogue(int arch, uint64_t seed) {
     small.mc = small.mr * 2;
     small.kc = 32;
     small.nc = small.nr * 2;
+    small.mb = small.mc * 2; /* M = 129: three bands of op(A) */
     tu_rng r;
     tu_rng_seed(&r, seed);
     for (size_t a = 0; a < 4; a++)

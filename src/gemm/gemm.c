@@ -45,6 +45,9 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * thread's buffers start aligned. */
 #define ALIGN_FLOATS 16
 #define PACK_WEIGHT 8
+/* The most floats of packed op(A) a thread keeps for its NC blocks to share
+ * unless the kernel table says how many rows (4 MB: 2048 rows of K = 512). */
+#define GEMM_BAND_FLOATS ((int64_t)1 << 20)
 
 typedef struct gemm_job {
     const qkv_gemm_kernel *k;
@@ -61,6 +64,7 @@ typedef struct gemm_job {
     float *buf;              /* per thread: ap_len floats, then bp_len floats */
     int64_t ap_len, bp_len;
     int rows_inside;         /* epilogues' rows called in the loop nest */
+    int64_t band_rows;       /* > 0: op(A) packed that many rows at a time, once per K block */
 } gemm_job;
 
 /* The segment holding column col of the joined product. */
@@ -115,44 +119,81 @@ void qkv_gemm_run_units(int nthreads, void (*fn)(void *ctx, int64_t unit, int t)
         qkv_parallel_for(nthreads, nthreads, fn, ctx);
 }
 
+/* Rows [ic, ic + mc) of C against the packed op(B) block bp (columns [jc,
+ * jc + nc), K rows [pc, pc + kc)), op(A)'s rows packed at ap; the blocks'
+ * epilogues once the last K block is in. */
+static void gemm_macro(const gemm_job *j, const float *ap, const float *bp, int64_t ic, int64_t mc, int64_t jc,
+                       int64_t nc, int64_t pc, int64_t kc) {
+    const qkv_gemm_kernel *k = j->k;
+    const int64_t MR = k->mr, NR = k->nr;
+    const float beta = pc == 0 ? j->beta : 1.0f;
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+        const int si = seg_of(j, jc + jr);
+        const qkv_gemm_seg *sg = &j->seg[si];
+        const int64_t col = jc + jr - j->off[si], ldc = sg->ldc;
+        int n = (int)min64(NR, nc - jr);
+        const float *b = bp + jr * kc;
+        float *c = sg->C + ic * ldc + col;
+        for (int64_t ir = 0; ir < mc; ir += MR) {
+            int m = (int)min64(MR, mc - ir);
+            k->ukr(kc, ap + ir * kc, b, c + ir * ldc, ldc, j->alpha, beta, m, n);
+        }
+        if (sg->epi && pc + kc == j->K) sg->epi->fn(sg->epi->ctx, c, ldc, ic, col, mc, n);
+    }
+}
+
+/* The epilogues' step on rows [ic, ic + mc), whole once their last block is in. */
+static void gemm_rows(const gemm_job *j, int64_t ic, int64_t mc) {
+    for (int s = 0; s < j->nseg; s++) {
+        const qkv_gemm_seg *sg = &j->seg[s];
+        if (sg->n > 0 && sg->epi && sg->epi->rows) sg->epi->rows(sg->epi->ctx, sg->C + ic * sg->ldc, sg->ldc, ic, mc);
+    }
+}
+
 static void gemm_thread(void *ctx, int64_t unit, int t) {
     const gemm_job *j = ctx;
     const qkv_gemm_kernel *k = j->k;
-    const int64_t MR = k->mr, NR = k->nr;
     int64_t m0, m1, n0, n1;
     if (!qkv_gemm_rect(unit, j->tm, j->tn, j->mtiles, j->ntiles, k->mr, k->nr, j->M, j->N, &m0, &m1, &n0, &n1))
         return;
 
     float *ap = j->buf + (int64_t)t * (j->ap_len + j->bp_len);
     float *bp = ap + j->ap_len;
+    if (j->band_rows > 0) {
+        /* Several NC blocks of columns: op(A) is packed once per K block for
+         * up to band_rows rows and read from there by every NC block, so
+         * each kc x nc block of op(B) stays in L2 while all those rows pass
+         * it, and no row of A is packed twice. */
+        for (int64_t pc = 0; pc < j->K; pc += k->kc) {
+            int64_t kc = min64(k->kc, j->K - pc);
+            for (int64_t b0 = m0; b0 < m1; b0 += j->band_rows) {
+                int64_t b1 = min64(m1, b0 + j->band_rows);
+                for (int64_t ic = b0; ic < b1; ic += k->mc)
+                    qkv_gemm_pack_a(k, j->trans_a, j->A, j->lda, ic, pc, min64(k->mc, b1 - ic), kc,
+                                    ap + (ic - b0) * kc);
+                for (int64_t jc = n0; jc < n1; jc += k->nc) {
+                    int64_t nc = min64(k->nc, n1 - jc);
+                    pack_b_cols(j, pc, kc, jc, jc + nc, bp);
+                    for (int64_t ic = b0; ic < b1; ic += k->mc) {
+                        int64_t mc = min64(k->mc, b1 - ic);
+                        gemm_macro(j, ap + (ic - b0) * kc, bp, ic, mc, jc, nc, pc, kc);
+                        if (j->rows_inside && pc + kc == j->K && jc + nc == n1) gemm_rows(j, ic, mc);
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (int64_t jc = n0; jc < n1; jc += k->nc) {
         int64_t nc = min64(k->nc, n1 - jc);
         for (int64_t pc = 0; pc < j->K; pc += k->kc) {
             int64_t kc = min64(k->kc, j->K - pc);
-            float beta = pc == 0 ? j->beta : 1.0f;
             pack_b_cols(j, pc, kc, jc, jc + nc, bp);
             for (int64_t ic = m0; ic < m1; ic += k->mc) {
                 int64_t mc = min64(k->mc, m1 - ic);
                 qkv_gemm_pack_a(k, j->trans_a, j->A, j->lda, ic, pc, mc, kc, ap);
-                for (int64_t jr = 0; jr < nc; jr += NR) {
-                    const int si = seg_of(j, jc + jr);
-                    const qkv_gemm_seg *sg = &j->seg[si];
-                    const int64_t col = jc + jr - j->off[si], ldc = sg->ldc;
-                    int n = (int)min64(NR, nc - jr);
-                    const float *b = bp + jr * kc;
-                    float *c = sg->C + ic * ldc + col;
-                    for (int64_t ir = 0; ir < mc; ir += MR) {
-                        int m = (int)min64(MR, mc - ir);
-                        k->ukr(kc, ap + ir * kc, b, c + ir * ldc, ldc, j->alpha, beta, m, n);
-                    }
-                    if (sg->epi && pc + kc == j->K) sg->epi->fn(sg->epi->ctx, c, ldc, ic, col, mc, n);
-                }
-                if (j->rows_inside && pc + kc == j->K) /* rows ic .. ic + mc - 1 are whole */
-                    for (int s = 0; s < j->nseg; s++) {
-                        const qkv_gemm_seg *sg = &j->seg[s];
-                        if (sg->n > 0 && sg->epi && sg->epi->rows)
-                            sg->epi->rows(sg->epi->ctx, sg->C + ic * sg->ldc, sg->ldc, ic, mc);
-                    }
+                gemm_macro(j, ap, bp, ic, mc, jc, nc, pc, kc);
+                if (j->rows_inside && pc + kc == j->K) gemm_rows(j, ic, mc); /* rows ic .. ic + mc - 1 are whole */
             }
         }
     }
@@ -275,12 +316,22 @@ qkv_status qkv_gemm_run_segs(const qkv_gemm_kernel *k, int trans_a, int trans_b,
      * of memory is reported before C is touched. */
     int64_t rows = ceil_div(j.mtiles, j.tm) * k->mr, cols = ceil_div(j.ntiles, j.tn) * k->nr;
     int64_t kc = min64(k->kc, K);
-    j.ap_len = ceil_div(min64(k->mc, rows) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
+    /* A thread with several NC blocks of columns packs its rows of op(A)
+     * once per K block, in bands of at most GEMM_BAND_FLOATS floats (whole
+     * MC blocks); with one NC block, one MC block at a time. */
+    j.band_rows = 0;
+    if (cols > k->nc && rows > k->mc) {
+        int64_t mcs = k->mb > 0 ? k->mb / k->mc : GEMM_BAND_FLOATS / (k->mc * kc);
+        j.band_rows = (mcs < 1 ? 1 : mcs) * k->mc;
+        if (j.band_rows > rows) j.band_rows = ceil_div(rows, k->mc) * k->mc;
+    }
+    j.ap_len = ceil_div((j.band_rows > 0 ? j.band_rows : min64(k->mc, rows)) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
     j.bp_len = ceil_div(min64(k->nc, cols) * kc, ALIGN_FLOATS) * ALIGN_FLOATS;
     void *raw;
     j.buf = qkv_gemm_alloc_aligned((size_t)nthreads * (size_t)(j.ap_len + j.bp_len) * sizeof(float), &raw);
     if (!j.buf) return QKV_ERR_OUT_OF_MEMORY;
-    j.rows_inside = qkv_gemm_rows_inside(j.tn, j.N, k->nc);
+    /* In bands, a thread's rows are whole after its last NC block. */
+    j.rows_inside = j.band_rows > 0 ? j.tn == 1 : qkv_gemm_rows_inside(j.tn, j.N, k->nc);
     qkv_gemm_run_units(nthreads, gemm_thread, &j);
     qkv_free(raw);
     if (!j.rows_inside)

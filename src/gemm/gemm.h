@@ -34,10 +34,11 @@ qkv_status qkv_gemm_run(const qkv_gemm_kernel *k, int trans_a, int trans_b, int6
  * rows (NULL: none) is for what needs whole rows, as a LayerNorm does:
  * rows(ctx, c, ldc, i0, m) on rows i0 .. i0 + m - 1 of C (c at C[i0][0]),
  * once every element of them has been through fn. Each row passes through
- * exactly one call (none for a product or segment without columns). When one thread computes whole rows (the thread grid
- * splits rows only and the columns fit one NC block) it is called on that
- * thread for each block of MC rows, while they are in cache; otherwise
- * after the product, over the rows split among the threads
+ * exactly one call (none for a product or segment without columns). When
+ * one thread computes whole rows (the thread grid splits rows only, and the
+ * columns fit one NC block or op(A) is packed in bands) it is called on that
+ * thread for each block of MC rows after its last block, while they are in
+ * cache; otherwise after the product, over the rows split among the threads
  * (qkv_gemm_rows_after). Either way rows must treat each row alone. */
 typedef struct qkv_gemm_epi {
     void (*fn)(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t m, int64_t n);
@@ -45,8 +46,9 @@ typedef struct qkv_gemm_epi {
     void (*rows)(void *ctx, float *c, int64_t ldc, int64_t i0, int64_t m);
 } qkv_gemm_epi;
 
-/* Whether a product of N columns blocked by k_nc, on a tm x tn thread
- * grid, calls an epilogue's rows inside its loop nest: tn == 1, N <= nc. */
+/* Whether a product of N columns blocked by nc, on a tm x tn thread grid,
+ * calls an epilogue's rows for each MC block inside a loop nest without
+ * bands (the bf16 one; the float one also does in bands): tn == 1, N <= nc. */
 int qkv_gemm_rows_inside(int tn, int64_t N, int64_t nc);
 /* epi->rows over rows [0, M) of C in chunks on up to `threads` threads
  * (nothing when epi or epi->rows is NULL). */

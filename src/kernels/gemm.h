@@ -48,6 +48,10 @@ typedef struct qkv_gemm_kernel {
      * the next QKV_GEMM_FEW_N rows of b: a hint, never a fault). */
     void (*few_rows)(int64_t K, const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
                      const float *bias, int add, int m, int n);
+    /* Rows of op(A) packed at once (a multiple of mc) when a thread's
+     * columns span several NC blocks, so that they share the packing; 0:
+     * as many as 4 MB of packed floats hold (src/gemm/gemm.c). */
+    int mb;
 } qkv_gemm_kernel;
 
 #define QKV_GEMM_FEW_M 6 /* rows of A per few_rows call */

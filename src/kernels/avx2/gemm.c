@@ -78,5 +78,5 @@ static void ukr_avx2(int64_t kc, const float *ap, const float *bp, float *c, int
 /* KC = 512 (see avx512/gemm.c for why a K of 512 is taken in one block);
  * MC = 144: a 144 x 512 A block (288 KB) stays in the 1 MB L2. */
 void qkv_gemm_init_avx2(qkv_gemm_kernel *k) {
-    *k = (qkv_gemm_kernel){"avx2 6x16", MR, NR, 144, 512, 4096, ukr_avx2, NULL, NULL};
+    *k = (qkv_gemm_kernel){"avx2 6x16", MR, NR, 144, 512, 4096, ukr_avx2, NULL, NULL, 0};
 }

@@ -70,9 +70,14 @@ static void pack_t_avx512(const float *src, int64_t ld, int64_t kc, int w, float
  * about 10% at M = 4096, N = K = 512, KC = 128 about 20%), and the 14-row A
  * panel (28 KB) streams from L2 while the 64 KB B panel is reused from L1/L2.
  * MC = 112 (8 panels): a 112 x 512 A block (224 KB) stays in L2 next to the
- * B panel; MC mattered little (within noise from 56 to 504). NC = 4096: a
- * 512 x 4096 B block (8 MB) stays in L3; the layer's N (512, 1536) is one
- * block. */
+ * B panel; MC mattered little (within noise from 56 to 504). NC = 512: a
+ * kc x 512 B block (768 KB at K = 384) stays in L2 while every row passes
+ * it, the rows of A packed once for all NC blocks (gemm.c's bands). The
+ * kernel alone, kc = 384, 8 A panels, on an AMX Xeon (2 MB L2): 217 GFLOP/s
+ * with the B panels in L2, 192-200 with 48 of them (2.3 MB) streaming from
+ * L3, as they did with NC = 4096 at N = 1536; bench_encoder, workload A on
+ * 1 thread, three pairs: 6.41 / 6.20 / 6.17 s -> 6.09 / 5.64 / 5.94 s; 2
+ * threads unchanged. */
 /* A few rows of A against rows of B [N, K] (kernels/gemm.h): m x 4 zmm
  * accumulators over K in steps of 16 (plain loads, a masked tail), m fixed at compile time
  * in each of the six bodies below (no work on rows past m); then each row's
@@ -181,5 +186,5 @@ static void few_rows_avx512(int64_t K, const float *a, int64_t lda, const float 
 }
 
 void qkv_gemm_init_avx512(qkv_gemm_kernel *k) {
-    *k = (qkv_gemm_kernel){"avx512 14x32", MR, NR, MR * 8, 512, 4096, ukr_avx512, pack_t_avx512, few_rows_avx512};
+    *k = (qkv_gemm_kernel){"avx512 14x32", MR, NR, MR * 8, 512, 512, ukr_avx512, pack_t_avx512, few_rows_avx512, 0};
 }

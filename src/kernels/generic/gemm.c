@@ -50,7 +50,7 @@ static void few_rows_generic(int64_t K, const float *a, int64_t lda, const float
 /* KC = 512 as for the SIMD kernels (one K block for the layer's E = 512);
  * MC = 128: a 128 x 512 A block (256 KB) in L2. */
 void qkv_gemm_init_generic(qkv_gemm_kernel *k) {
-    *k = (qkv_gemm_kernel){"generic 4x8", MR, NR, 128, 512, 4096, ukr_generic, NULL, few_rows_generic};
+    *k = (qkv_gemm_kernel){"generic 4x8", MR, NR, 128, 512, 4096, ukr_generic, NULL, few_rows_generic, 0};
 }
 
 /* ---- bf16: the contract of kernels/gemm.h in plain C ---------------------
