@@ -1,0 +1,88 @@
+"""A Hugging Face BERT with output_attentions=True: eager against qkv.hf.
+
+Times the forward of a randomly initialised BertModel (BERT-base sized by
+default: hidden 768, 12 heads, 12 layers; nothing is downloaded) on a batch
+of random tokens, the first sequence padded, with output_attentions=True:
+the model's eager attention, then the same model after qkv.hf.use_qkv,
+alternating, the median of --reps calls each, for --rounds rounds. Also
+prints how far the outputs and the attention maps of the two are apart.
+
+Needs torch and transformers 4.49.0 (the newest qkv.hf supports) in a
+virtual environment outside the repository, and a built libqkv.so:
+
+    python3 -m venv VENV
+    VENV/bin/pip install torch==2.15.0 transformers==4.49.0 numpy
+    OMP_WAIT_POLICY=PASSIVE QKV_LIBRARY=build/libqkv.so VENV/bin/python bench/hf_attention.py
+
+--profile adds torch.profiler's table of one call through qkv (qkv's own
+calls, through ctypes, are not listed: they are the time the table lacks).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "python"))
+os.environ.setdefault("QKV_LIBRARY", os.path.join(here, "..", "build", "libqkv.so"))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import qkv.hf  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--len", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    cfg = transformers.BertConfig(hidden_size=a.hidden, num_attention_heads=a.heads,
+                                  num_hidden_layers=a.layers, intermediate_size=4 * a.hidden,
+                                  attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (a.batch, a.len))
+    mask = torch.ones(a.batch, a.len, dtype=torch.long)
+    mask[0, a.len * 3 // 4:] = 0
+
+    def timed():
+        ts = []
+        with torch.no_grad():
+            for _ in range(a.reps):
+                t0 = time.perf_counter()
+                out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+                ts.append(time.perf_counter() - t0)
+        return statistics.median(ts), out
+
+    print("torch %s, transformers %s, %d thread(s), batch %d x %d tokens, hidden %d, %d heads, "
+          "%d layers, medians of %d calls" % (torch.__version__, transformers.__version__, a.threads,
+                                               a.batch, a.len, a.hidden, a.heads, a.layers, a.reps))
+    for r in range(a.rounds):
+        te, oe = timed()
+        qkv.hf.use_qkv(model)
+        tq, oq = timed()
+        qkv.hf.restore(model)
+        dh = (oe.last_hidden_state - oq.last_hidden_state).abs().max().item()
+        da = max((x - y).abs().max().item() for x, y in zip(oe.attentions, oq.attentions))
+        print("round %d: eager %.3f s, qkv.hf %.3f s, eager / qkv %.2fx; max |diff| hidden %.1e, "
+              "attentions %.1e" % (r + 1, te, tq, te / tq, dh, da))
+    if a.profile:
+        qkv.hf.use_qkv(model)
+        with torch.no_grad(), torch.profiler.profile() as prof:
+            model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        qkv.hf.restore(model)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+
+
+if __name__ == "__main__":
+    main()
