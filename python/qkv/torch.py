@@ -26,7 +26,11 @@ backward).
 qkv's C layout is [B, n, H, D] and its descriptor has no strides; a
 contiguous torch tensor [B, H, n, D] is read in place by treating each
 (batch, head) pair as one of qkv's batches (no copy). Non-contiguous
-inputs are copied once (.contiguous()). Differences from torch: a query
+inputs are copied once (.contiguous()). A padding mask (the same for every
+head and query: each batch entry's keys visible up to a length, then False,
+-inf or the mask dtype's lowest value, as Hugging Face's models pad) is
+passed as qkv's key lengths: no bias is read and the padded keys' tiles are
+skipped. Differences from torch: a query
 row whose keys are all masked gives 0 (torch: NaN); no broadcasting
 between the leading dimensions of query, key and value; scale=0 and empty
 dimensions are refused (ValueError). Errors in the arguments raise
@@ -127,8 +131,11 @@ class _Plan:
                 self.window = (L + S, L - S)
             else:
                 attn_mask = torch.ones(L, S, dtype=torch.bool).tril()
+        self.key_lengths = None   # [U] int64 when the mask is a padding mask
         if attn_mask is not None:
             self._set_mask(attn_mask)
+            if not (attn_mask.requires_grad and torch.is_grad_enabled()):
+                self._padding_to_lengths(attn_mask.dtype)
         # Calls: (first unit, units) ranges covering 0 .. U.
         if self.mask is None or (self.mask.shape[0] == 1 and self.mask.shape[1] == 1):
             chunk = self.U
@@ -175,6 +182,36 @@ class _Plan:
             bias = bias.expand(*(self.lead + shape[-3:])).reshape(self.B, Hm, shape[-2], shape[-1])
         self.mask = bias
 
+    def _padding_to_lengths(self, dtype):
+        """A padding mask (the same for every head and query: each batch
+        entry's keys visible up to a length, masked after it) becomes qkv's
+        key_lengths: no bias is read and the masked keys' tiles are skipped.
+        Masked means -inf (a boolean mask's False) or the mask dtype's lowest
+        value, as Hugging Face's models write it; the latter only while every
+        entry keeps a visible key, where its weight is exactly 0 in torch too
+        (a row with all keys at the lowest value is uniform in torch, so such
+        a mask stays a bias)."""
+        m = self.mask
+        if m.shape[1] != 1 or m.shape[2] != 1:
+            return
+        x = m[:, 0, 0, :]                                      # [Bm, Sm]
+        low = float(torch.finfo(dtype).min) if dtype.is_floating_point else -math.inf
+        zero, neg = x == 0, (x == -math.inf) | (x <= low)
+        lens = zero.sum(1)
+        pos = torch.arange(x.shape[1])
+        if not bool(((pos < lens[:, None]) == zero).all()) or not bool((zero | neg).all()):
+            return
+        if x.shape[1] == 1:
+            lens = lens * self.S
+        if not bool((x == -math.inf).all(1)[lens == 0].all()):
+            return
+        if bool((lens == self.S).all()):
+            self.mask = self.mask_shape = None
+            return
+        lens = lens.to(torch.int64).expand(self.B).repeat_interleave(self.Hk)
+        self.key_lengths = lens.contiguous()
+        self.mask = self.mask_shape = None
+
     def call_bias(self, u0):
         """The qkv bias [g * L, S] (contiguous) of the call starting at unit u0."""
         if self.mask is None:
@@ -208,6 +245,8 @@ class _Plan:
         if bias is not None:
             d.bias_kind = _BIAS_SHARED
             d.bias = bias.data_ptr()
+        if self.key_lengths is not None:
+            d.key_lengths = self.key_lengths.data_ptr()   # one call: the mask is gone
         if self.dropout_p > 0:
             d.dropout = self.dropout_p
             # qkv's dropout hashes (seed, batch, head, row, key) with the

@@ -127,6 +127,55 @@ class Forward(unittest.TestCase):
                 with self.subTest(dtype=dtype, mask=tuple(mm.shape)):
                     self.check(q, k, v, attn_mask=mm)
 
+    def test_padding_masks(self):
+        # A mask the same for every head and query, each batch entry's keys
+        # visible up to a length: qkv's key lengths (no bias). Boolean,
+        # -inf and the dtype's lowest value (Hugging Face's padding) alike.
+        from qkv.torch import _Plan
+        B, H, L, S = 3, 2, 7, 65
+        lens = (65, 40, 1)
+        for dtype in (torch.float32, torch.float64):
+            q, k, v = qkv_of(B, H, L, S, 8, dtype=dtype)
+            keep = torch.arange(S)[None, :] < torch.tensor(lens)[:, None]       # [B, S]
+            low = torch.finfo(dtype).min
+            masks = {"bool": keep[:, None, None, :],
+                     "-inf": torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill(~keep[:, None, None], -math.inf),
+                     "lowest": torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill(~keep[:, None, None], low),
+                     "[B, 1, S]": keep[:, None, :].expand(B, 1, S)[:, None]}
+            for name, m in masks.items():
+                with self.subTest(dtype=dtype, mask=name):
+                    p = _Plan(q, k, v, m, False, None, False, 0.0, 0, True)
+                    self.assertIsNone(p.mask)
+                    self.assertEqual(p.key_lengths.tolist(), [n for n in lens for _ in range(H)])
+                    out, w = self.check(q, k, v, attn_mask=m)
+                    _, attn = sdpa(q, k, v, attn_mask=m, return_attn=True)
+                    self.assertLessEqual((attn - w).abs().max().item(), 1e-12 if dtype == torch.float64 else 1e-6)
+                    self.assertEqual(attn[1, :, :, 40:].abs().max().item(), 0.0)
+        # Not a padding mask, or not one qkv may treat so: a bias.
+        q, k, v = qkv_of(2, 2, 3, 6, 4)
+        low = torch.finfo(torch.float64).min
+        f64 = {"dtype": torch.float64}
+        others = {"a hole": torch.tensor([0, low, 0, 0, low, low], **f64),
+                  "per query": torch.tensor([[0, 0, 0, low, low, low]] * 2 + [[0] * 6], **f64),
+                  "per head": torch.zeros(1, 2, 1, 6, **f64).index_fill_(1, torch.tensor([1]), low),
+                  "-1e4": torch.tensor([0, 0, 0, -1e4, -1e4, -1e4], **f64),
+                  "all lowest": torch.zeros(2, 1, 1, 6, **f64).index_fill_(0, torch.tensor([1]), low)}
+        for name, m in others.items():
+            with self.subTest(mask=name):
+                p = _Plan(q, k, v, m, False, None, False, 0.0, 0, False)
+                self.assertIsNone(p.key_lengths)
+                self.assertIsNotNone(p.mask)
+                self.check(q, k, v, attn_mask=m)
+        # A row whose keys are all at the lowest value is uniform, as in torch.
+        out = sdpa(q, k, v, attn_mask=others["all lowest"])
+        self.assertLessEqual((out[1] - v[1].mean(-2, keepdim=True)).abs().max().item(), 1e-12)
+        # Every key visible: no mask at all; a float mask wanting a gradient stays a bias.
+        self.assertIsNone(_Plan(q, k, v, torch.zeros(2, 1, 1, 6, **f64), False, None, False, 0.0, 0,
+                                False).mask)
+        m = masks["lowest"].detach().requires_grad_()
+        p = _Plan(*qkv_of(B, H, L, S, 8), m, False, None, False, 0.0, 0, False)
+        self.assertIsNone(p.key_lengths)
+
     def test_gqa(self):
         for H, Hk in ((6, 2), (6, 1), (4, 4)):
             for kw in ({}, {"is_causal": True}):
@@ -221,6 +270,11 @@ class Gradients(unittest.TestCase):
         bm[..., 0] = True
         self.gradcheck(lambda a, b, c: sdpa(a, b, c, attn_mask=bm), q, k, v)
         self.gradcheck(lambda a, b, c: sdpa(a, b, c, attn_mask=bm[:, :1]), q, k, v)
+        # Padding masks (qkv's key lengths), boolean and the lowest value.
+        pad = torch.arange(5)[None, None, None, :] < torch.tensor([5, 2])[:, None, None, None]
+        self.gradcheck(lambda a, b, c: sdpa(a, b, c, attn_mask=pad), q, k, v)
+        low = torch.zeros(2, 1, 1, 5, dtype=torch.float64).masked_fill(~pad, torch.finfo(torch.float64).min)
+        self.gradcheck(lambda a, b, c: sdpa(a, b, c, attn_mask=low), q, k, v)
         # Float masks: their gradient too, summed over what they broadcast.
         for shape in ((2, 3, 4, 5), (2, 1, 4, 5), (3, 4, 5), (4, 5), (2, 1, 1, 5), (5,)):
             m = rand(*shape, grad=True, seed=6)
