@@ -23,10 +23,12 @@ computed in float32; attn is returned in the query's dtype).
 Gradients flow to query, key, value and a float attn_mask; once (no double
 backward).
 
-qkv's C layout is [B, n, H, D] and its descriptor has no strides; a
-contiguous torch tensor [B, H, n, D] is read in place by treating each
-(batch, head) pair as one of qkv's batches (no copy). Non-contiguous
-inputs are copied once (.contiguous()). A padding mask (the same for every
+qkv's C layout is [B, n, H, D] and its descriptor has no strides. Two
+torch layouts are read in place: a contiguous [B, H, n, D] (each (batch,
+head) pair one of qkv's batches) and a view of contiguous [B, n, H, D]
+memory (x.view(B, n, H, D).transpose(1, 2), as the models make their
+heads), qkv's own: the output and the gradients then come in that layout
+too. Other strides are copied once. A padding mask (the same for every
 head and query: each batch entry's keys visible up to a length, then False,
 -inf or the mask dtype's lowest value, as Hugging Face's models pad) is
 passed as qkv's key lengths: no bias is read and the padded keys' tiles are
@@ -45,7 +47,7 @@ from . import (_AttnDesc, _AttnGrads, _backward, _desc_init, _forward, _MASKS, _
 __all__ = ["scaled_dot_product_attention"]
 
 _QKV_DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 4, torch.float16: 5}
-_BIAS_SHARED = 1
+_BIAS_SHARED, _BIAS_PER_HEAD = 1, 2
 
 
 def _check_tensor(t, name):
@@ -58,13 +60,24 @@ def _check_tensor(t, name):
         raise TypeError("qkv.torch: %s must be a dense (strided) tensor, not %s" % (name, t.layout))
 
 
+def _heads_inside(t):
+    """Whether t [..., H, n, E] is the view of contiguous [..., n, H, E]
+    memory (x.view(B, n, H, E).transpose(1, 2), as the models make their
+    heads): qkv's own layout, read in place."""
+    return t.dim() >= 3 and not t.is_contiguous() and t.transpose(-3, -2).is_contiguous()
+
+
 class _Plan:
-    """How one call maps onto qkv: query [*lead, H, L, E] is seen as U =
-    B * H_kv of qkv's batches (B the product of lead), each of g * L queries
-    (g = H / H_kv, the query heads sharing a key head, stacked), one head:
-    that is the contiguous memory of the torch tensors. A bias that is the
-    same for every unit goes in one call; one varying over the batch, one
-    call per batch entry; one varying over the heads, one call per unit."""
+    """How one call maps onto qkv. Query [*lead, H, L, E] (B the product of
+    lead) contiguous as torch lays it out is seen as U = B * H_kv of qkv's
+    batches, each of g * L queries (g = H / H_kv, the query heads sharing a
+    key head, stacked), one head: a bias that is the same for every unit goes
+    in one call; one varying over the batch, one call per batch entry; one
+    varying over the heads, one call per unit. A query whose memory is
+    [*lead, L, H, E] (`native`) is qkv's own layout: B batches of H heads
+    (key and value are brought to it too), one call, or one per batch entry
+    when the bias varies over the batch; output, gradients and their
+    incoming gradient in that layout as well."""
 
     def __init__(self, q, k, v, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
                  return_attn):
@@ -111,7 +124,8 @@ class _Plan:
         self.lead, self.H, self.Hk, self.L, self.S, self.E, self.Ev = lead, H, Hk, L, S, E, Ev
         self.B = math.prod(lead) if lead else 1
         self.g = H // Hk
-        self.U = self.B * Hk
+        self.native = _heads_inside(q)
+        self.U = self.B if self.native else self.B * Hk
         self.scale, self.dropout_p, self.seed = scale, dropout_p, seed
         self.return_attn = bool(return_attn)
         self.native_mask = _MASKS["none"]
@@ -122,9 +136,9 @@ class _Plan:
         if is_causal:
             if attn_mask is not None:
                 raise ValueError("qkv.torch: pass attn_mask or is_causal, not both")
-            if self.g == 1 and L == S:
+            if (self.g == 1 or self.native) and L == S:
                 self.native_mask = _MASKS["causal"]
-            elif self.g == 1 and L > S:
+            elif (self.g == 1 or self.native) and L > S:
                 # qkv aligns bottom-right (query i at key position i + S - L):
                 # a window reaching L - S past it ends at key i, torch's top-left.
                 self.native_mask = _MASKS["window"]
@@ -137,8 +151,10 @@ class _Plan:
             if not (attn_mask.requires_grad and torch.is_grad_enabled()):
                 self._padding_to_lengths(attn_mask.dtype)
         # Calls: (first unit, units) ranges covering 0 .. U.
-        if self.mask is None or (self.mask.shape[0] == 1 and self.mask.shape[1] == 1):
+        if self.mask is None or (self.mask.shape[0] == 1 and (self.native or self.mask.shape[1] == 1)):
             chunk = self.U
+        elif self.native:
+            chunk = 1
         elif self.mask.shape[1] == 1:
             chunk = Hk
         else:
@@ -148,12 +164,14 @@ class _Plan:
         # Bytes per unit of each tensor: a call's pointers are the tensors'
         # addresses plus u0 times these.
         es, bs = q.element_size(), torch.empty((), dtype=self.bias_dtype).element_size()
-        gl = self.g * L
-        self.ub_q, self.ub_k, self.ub_v, self.ub_o = gl * E * es, S * E * es, S * Ev * es, gl * Ev * es
-        self.ub_attn, self.ub_lse = gl * S * bs, gl * bs
+        gl, sk = (H * L, Hk * S) if self.native else (self.g * L, S)
+        self.ub_q, self.ub_k, self.ub_v, self.ub_o = gl * E * es, sk * E * es, sk * Ev * es, gl * Ev * es
+        self.ub_attn, self.ub_lse, self.lse_rows = gl * S * bs, gl * bs, gl
         # Output shapes, unpacked into torch.empty (a tuple argument costs
         # half a microsecond more to parse).
         self.out_shape = {True: (L, Ev), False: lead + (H, L, Ev)}
+        # Natively [*lead, L, H, E_v] memory seen as [*lead, H, L, E_v].
+        self.out_stride = _strides(lead, H, L, Ev, self.native)
         self.attn_shape = {True: (L, S), False: lead + (H, L, S)}
 
     def _set_mask(self, m):
@@ -208,14 +226,22 @@ class _Plan:
         if bool((lens == self.S).all()):
             self.mask = self.mask_shape = None
             return
-        lens = lens.to(torch.int64).expand(self.B).repeat_interleave(self.Hk)
+        lens = lens.to(torch.int64).expand(self.B)
+        if not self.native:
+            lens = lens.repeat_interleave(self.Hk)
         self.key_lengths = lens.contiguous()
         self.mask = self.mask_shape = None
 
     def call_bias(self, u0):
-        """The qkv bias [g * L, S] (contiguous) of the call starting at unit u0."""
+        """The qkv bias of the call starting at unit u0 (contiguous): [g * L,
+        S], or natively [L, S] (shared by the heads) or [H, L, S]."""
         if self.mask is None:
             return None
+        if self.native:
+            m = self.mask[u0 if self.mask.shape[0] > 1 else 0]
+            if m.shape[0] == 1:
+                return m[0].expand(self.L, self.S).contiguous()
+            return m.expand(self.H, self.L, self.S).contiguous()
         b, j = divmod(u0, self.Hk)
         m = self.mask[b if self.mask.shape[0] > 1 else 0]
         g = self.g
@@ -236,14 +262,17 @@ class _Plan:
         d = _AttnDesc()
         _desc_init(ctypes.byref(d))
         d.dtype = _QKV_DTYPES[self.dtype]
-        d.batch, d.n_q, d.n_k, d.heads, d.heads_kv = units, self.g * self.L, self.S, 1, 1
+        if self.native:
+            d.batch, d.n_q, d.n_k, d.heads, d.heads_kv = units, self.L, self.S, self.H, self.Hk
+        else:
+            d.batch, d.n_q, d.n_k, d.heads, d.heads_kv = units, self.g * self.L, self.S, 1, 1
         d.dim, d.dim_v = self.E, self.Ev
         if self.scale is not None:
             d.scale = self.scale
         d.mask = self.native_mask
         d.window_left, d.window_right = self.window
         if bias is not None:
-            d.bias_kind = _BIAS_SHARED
+            d.bias_kind = _BIAS_PER_HEAD if bias.dim() == 3 else _BIAS_SHARED
             d.bias = bias.data_ptr()
         if self.key_lengths is not None:
             d.key_lengths = self.key_lengths.data_ptr()   # one call: the mask is gone
@@ -255,11 +284,31 @@ class _Plan:
         return d
 
 
+def _strides(lead, H, n, E, heads_inside):
+    """Strides of a [*lead, H, n, E] tensor laid out as [*lead, n, H, E]
+    (heads_inside) or contiguously."""
+    st = (E, H * E, 1) if heads_inside else (n * E, E, 1)
+    size = H * n * E
+    for d in reversed(lead):
+        st = (size,) + st
+        size *= d
+    return st
+
+
+def _lay(p, t):
+    """t in the memory layout plan p reads: contiguous [*lead, n, H, E] when
+    native (a no-op for a view of such memory), else contiguous."""
+    return t.transpose(-3, -2).contiguous() if p.native else t.contiguous()
+
+
 def _run_forward(p, q, k, v, rank2, want_lse):
-    """qkv's forward of plan p on contiguous q, k, v: (out, attn or None in
-    the bias dtype, lse or None)."""
-    out = torch.empty(*p.out_shape[rank2], dtype=p.dtype)
-    lse = torch.empty(p.U, p.g * p.L, dtype=p.bias_dtype) if want_lse else None
+    """qkv's forward of plan p on q, k, v laid out by _lay: (out, attn or
+    None in the bias dtype, lse or None)."""
+    if p.native:
+        out = torch.empty_strided(p.out_shape[rank2], p.out_stride, dtype=p.dtype)
+    else:
+        out = torch.empty(*p.out_shape[rank2], dtype=p.dtype)
+    lse = torch.empty(p.U, p.lse_rows, dtype=p.bias_dtype) if want_lse else None
     attn = torch.empty(*p.attn_shape[rank2], dtype=p.bias_dtype) if p.return_attn else None
     qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
     ap = None if attn is None else attn.data_ptr()
@@ -279,8 +328,8 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, plan, rank2):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         p = plan
+        q, k, v = _lay(p, q), _lay(p, k), _lay(p, v)
         out, attn, lse = _run_forward(p, q, k, v, rank2, True)
         ctx.plan = p
         ctx.save_for_backward(q, k, v, out, lse)
@@ -296,7 +345,7 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, *unused):
         p = ctx.plan
         q, k, v, out, lse = ctx.saved_tensors
-        dout = dout.contiguous().to(p.dtype)
+        dout = _lay(p, dout.to(p.dtype))
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         want_dmask = p.mask_shape is not None and ctx.needs_input_grad[3]
         dmask = torch.zeros(p.mask.shape, dtype=p.bias_dtype) if want_dmask else None
@@ -312,14 +361,21 @@ class _Attention(torch.autograd.Function):
                           op + u0 * p.ub_o, lp + u0 * p.ub_lse, gp + u0 * p.ub_o, ctypes.byref(g)),
                 "qkv_attention_backward")
             if want_dmask:
-                _add_dbias(p, dmask, u0, dbias.view(p.g, p.L, p.S))
+                _add_dbias(p, dmask, u0, dbias.view(-1, p.L, p.S))
         if want_dmask:
             dmask = _mask_grad(p, dmask).to(p.mask_dtype)
+        if p.native:
+            dq, dk, dv = dq.transpose(-3, -2), dk.transpose(-3, -2), dv.transpose(-3, -2)
         return dq, dk, dv, dmask, None, None
 
 
 def _add_dbias(p, dmask, u0, db):
-    """Adds a call's bias gradient db [g, L, S] into dmask [Bm, Hm, Lm, Sm]."""
+    """Adds a call's bias gradient db [g, L, S] (natively [1 or H, L, S])
+    into dmask [Bm, Hm, Lm, Sm]."""
+    if p.native:
+        target = dmask[u0 if dmask.shape[0] > 1 else 0]
+        target += db.sum_to_size(target.shape)
+        return
     b, j = divmod(u0, p.Hk)
     target = dmask[b if dmask.shape[0] > 1 else 0]
     if target.shape[0] > 1:
@@ -374,8 +430,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                            (mask_in is not None and mask_in.requires_grad)):
         # No gradient wanted: the forward alone, without autograd's record
         # or the log-sum-exp.
-        out, attn, _ = _run_forward(plan, query.contiguous(), key.contiguous(),
-                                    value.contiguous(), rank2, False)
+        out, attn, _ = _run_forward(plan, _lay(plan, query), _lay(plan, key), _lay(plan, value),
+                                    rank2, False)
         if attn is None:
             return out
         return out, (attn if attn.dtype == plan.dtype else attn.to(plan.dtype))
@@ -392,4 +448,4 @@ def _plan_key(q, k, v, is_causal, scale, enable_gqa, return_attn):
         if not isinstance(t, torch.Tensor) or not t.is_cpu or t.layout != torch.strided:
             return None
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, bool(is_causal), scale,
-            bool(enable_gqa), bool(return_attn))
+            bool(enable_gqa), bool(return_attn), _heads_inside(q))

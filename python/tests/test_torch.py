@@ -223,9 +223,8 @@ class Forward(unittest.TestCase):
                         self.assertFalse(sdpa(qg, k, v, is_causal=causal, scale=scale).requires_grad)
 
     def test_non_contiguous(self):
-        # qkv's own layout [B, n, H, D] seen as torch's [B, H, n, D]: copied.
-        q, k, v = (t.transpose(1, 2)
-                   for t in (rand(2, 7, 3, 8), rand(2, 9, 3, 8), rand(2, 9, 3, 8)))
+        # Neither torch's layout nor qkv's [B, n, H, D] (HeadsInside): copied.
+        q, k, v = (t[..., ::2] for t in (rand(2, 3, 7, 16), rand(2, 3, 9, 16), rand(2, 3, 9, 16)))
         self.assertFalse(q.is_contiguous())
         self.check(q, k, v, is_causal=True)
 
@@ -354,6 +353,75 @@ class Dropout(unittest.TestCase):
             torch.manual_seed(7)   # the same dropout mask on every evaluation
             return sdpa(a, b, c, attn_mask=mm, dropout_p=0.4, enable_gqa=True)
         self.assertTrue(torch.autograd.gradcheck(fn, (q, k, v, m), eps=1e-6, atol=1e-8, rtol=1e-6))
+
+
+def heads_inside(t):
+    """t [..., H, n, E] as a view of [..., n, H, E] memory, as the models make
+    their heads (a leaf when t is one)."""
+    return t.detach().transpose(-3, -2).contiguous().transpose(-3, -2).requires_grad_(t.requires_grad)
+
+
+class HeadsInside(unittest.TestCase):
+    """Query, key and value viewing [B, n, H, E] memory: qkv's own layout,
+    read in place; the output and the gradients come in that layout too."""
+
+    def test_forward(self):
+        from qkv.torch import _Plan
+        low = torch.finfo(torch.float64).min
+        for B, H, Hk, L, S, E, Ev in ((2, 3, 3, 7, 9, 8, 8), (1, 2, 2, 65, 65, 16, 5),
+                                      (2, 4, 2, 7, 5, 8, 8), (3, 6, 1, 9, 9, 4, 4)):
+            q, k, v = (heads_inside(t) for t in qkv_of(B, H, L, S, E, Ev, Hk=Hk))
+            g = torch.Generator().manual_seed(B * H + L)
+            full = torch.rand(B, H, L, S, generator=g) > 0.4
+            full[..., 0] = True
+            pad = torch.arange(S)[None, None, None, :] < torch.tensor([S - 2 * b for b in range(B)])[:, None, None, None]
+            masks = {"none": None, "bool": full, "float per batch": rand(B, 1, L, S, seed=3),
+                     "float per head": rand(1, H, L, S, seed=4), "float shared": rand(L, S, seed=5),
+                     "padding": pad, "padding lowest": torch.zeros(B, 1, 1, S, dtype=torch.float64).masked_fill(~pad, low)}
+            for name, m in masks.items():
+                for causal in ((False, True) if m is None else (False,)):
+                    kw = {"attn_mask": m, "is_causal": causal, "enable_gqa": Hk != H, "scale": 0.4}
+                    with self.subTest(shape=(B, H, Hk, L, S, E, Ev), mask=name, causal=causal):
+                        self.assertTrue(_Plan(q, k, v, m, causal, 0.4, Hk != H, 0.0, 0, False).native)
+                        ref, w = ref_sdpa(q, k, v, **kw)
+                        out, attn = sdpa(q, k, v, return_attn=True, **kw)
+                        self.assertEqual(out.shape, ref.shape)
+                        self.assertTrue(out.transpose(1, 2).is_contiguous())
+                        self.assertLessEqual((out - ref).abs().max().item(), 1e-12)
+                        self.assertLessEqual((attn - w).abs().max().item(), 1e-12)
+                        self.assertLessEqual((sdpa(q, k, v, **kw) - ref).abs().max().item(), 1e-12)
+        # Only the query decides: key and value in torch's layout are brought to it.
+        q, k, v = qkv_of(2, 3, 7, 9, 8)
+        ref, _ = ref_sdpa(q, k, v)
+        self.assertLessEqual((sdpa(heads_inside(q), k, heads_inside(v)) - ref).abs().max().item(), 1e-12)
+        self.assertLessEqual((sdpa(q, heads_inside(k), v) - ref).abs().max().item(), 1e-12)
+
+    def test_float32(self):
+        q, k, v = (heads_inside(t) for t in qkv_of(2, 4, 65, 65, 16, dtype=torch.float32))
+        ref, _ = ref_sdpa(q.double(), k.double(), v.double(), is_causal=True)
+        self.assertLessEqual((sdpa(q, k, v, is_causal=True).double() - ref).abs().max().item(), 1e-5)
+
+    def test_gradients(self):
+        def check(fn, *inputs):
+            self.assertTrue(torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-8, rtol=1e-6))
+        q, k, v = (heads_inside(t) for t in qkv_of(2, 4, 5, 6, 3, 2, Hk=2, grad=True))
+        for causal in (False, True):
+            check(lambda a, b, c: sdpa(a, b, c, is_causal=causal, enable_gqa=True), q, k, v)
+        pad = torch.arange(6)[None, None, None, :] < torch.tensor([6, 3])[:, None, None, None]
+        check(lambda a, b, c: sdpa(a, b, c, attn_mask=pad, enable_gqa=True), q, k, v)
+        for shape in ((2, 1, 5, 6), (1, 4, 5, 6), (2, 4, 1, 6), (5, 6)):
+            m = rand(*shape, grad=True, seed=8)
+            with self.subTest(mask=shape):
+                check(lambda a, b, c, mm: sdpa(a, b, c, attn_mask=mm, enable_gqa=True), q, k, v, m)
+
+        def dropped(a, b, c):
+            torch.manual_seed(7)
+            return sdpa(a, b, c, dropout_p=0.4, enable_gqa=True)
+        check(dropped, q, k, v)
+        # The gradients come back in the inputs' layout.
+        out = sdpa(q, k, v, enable_gqa=True)
+        dq, dk = torch.autograd.grad(out.sum(), (q, k))
+        self.assertTrue(dq.transpose(1, 2).is_contiguous() and dk.transpose(1, 2).is_contiguous())
 
 
 class Errors(unittest.TestCase):
