@@ -4,7 +4,7 @@
  * 65, 129), pointers one element off alignment, row strides apart from the
  * widths, guards around every output (nothing written outside the contract's
  * ranges), with stated tolerances:
- *   - moves and roundings (pack_panel, scale_stream, all_finite, the bf16
+ *   - moves and roundings (pack_panel, scale_stream, all_finite, scale_bias, the bf16
  *     packings, m of the softmax, the int8 quantisation and tiles, whose
  *     sums are exact) and the dropout factors: exact;
  *   - sums of n products (qk, pv, the gemm, KV decode, bf16 products): both
@@ -314,6 +314,48 @@ static void test_all_finite(const qkv_kernels *K, const qkv_kernels *G) {
                       (double)x[i], i);
                 x[i] = keep;
             }
+        }
+}
+
+/* scale_bias: bit for bit the generic's (one product in double rounded to
+ * float, one float sum), with and without the bias, -inf / NaN in the bias
+ * and the logits, large logits whose product rounds, unaligned pointers and
+ * guards around x. Also against the formula itself. */
+static void test_scale_bias(const qkv_kernels *K, const qkv_kernels *G) {
+    static const double muls[] = {0.125, 0.18033688011112042, -1.7};
+    for (size_t ni = 0; ni < NSIZES; ni++)
+        for (int mode = 0; mode < 12; mode++) { /* mul muls[mode % 3], bias (mode / 3) % 2, misaligned mode / 6 */
+            const size_t n = SIZES[ni];
+            const double mul = muls[mode % 3];
+            const int with_bias = mode / 3 % 2, mis = mode / 6;
+            gbuf gx1, gx2, gb;
+            float *x1 = fnew(&gx1, n, mis), *x2 = fnew(&gx2, n, mis), *b = fnew(&gb, n, !mis);
+            for (size_t i = 0; i < n; i++) {
+                x1[i] = x2[i] = i % 11 == 3 ? 3e38f : i % 13 == 5 ? NAN : rnd(20.0);
+                b[i] = i % 7 == 2 ? -INFINITY : rnd(3.0);
+            }
+            K->scale_bias(x1, n, mul, with_bias ? b : NULL);
+            G->scale_bias(x2, n, mul, with_bias ? b : NULL);
+            int same = gb_ok(&gx1), formula = 1;
+            for (size_t i = 0; i < n; i++) {
+                uint32_t u1, u2;
+                memcpy(&u1, x1 + i, 4);
+                memcpy(&u2, x2 + i, 4);
+                same &= u1 == u2 || (isnan(x1[i]) && isnan(x2[i]));
+            }
+            for (size_t i = 0; i < n; i++) {
+                float x = i % 11 == 3 ? 3e38f : i % 13 == 5 ? NAN : 0.0f, want;
+                if (i % 11 != 3 && i % 13 != 5) continue; /* random values: checked by the generic */
+                want = (float)((double)x * mul);
+                if (with_bias) want += b[i];
+                formula &= isnan(want) ? isnan(x2[i]) : x2[i] == want;
+            }
+            CHECK(same, "scale_bias [%s] n %zu mul %g bias %d mis %d: not the generic's bits", g_isa, n, mul,
+                  with_bias, mis);
+            CHECK(formula, "scale_bias [generic] n %zu mul %g bias %d: not the formula", n, mul, with_bias);
+            for (size_t i = 0; with_bias && i < n; i++)
+                if (b[i] == -INFINITY && !isnan(x1[i])) CHECK(x1[i] == -INFINITY, "scale_bias [%s]: -inf lost", g_isa);
+            gb_free(&gx1); gb_free(&gx2); gb_free(&gb);
         }
 }
 
@@ -1320,6 +1362,7 @@ int main(void) {
         test_exp2(&s->attn, &gen->attn);
         test_scale_stream(&s->attn, &gen->attn);
         test_all_finite(&s->attn, &gen->attn);
+        test_scale_bias(&s->attn, &gen->attn);
         test_dropout(&s->attn, &gen->attn);
         test_gemm(&s->gemm, &gen->gemm);
         test_kv(&s->kv, &gen->kv);

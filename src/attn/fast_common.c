@@ -183,6 +183,9 @@ static inline void natural_logits(const fa_ctx *c, float *row, int x, int y, flo
             row[i] = (float)(c->cap * t);
             if (dr) dr[i] = (float)(1.0 - t * t);
         }
+    } else if (bstride == 1 || !bias) {
+        if (y > x) c->K->scale_bias(row + x, (size_t)(y - x), sn, bias ? bias + x : NULL);
+        return;
     } else {
         for (int i = x; i < y; i++) row[i] = (float)((double)row[i] * sn);
     }

@@ -133,18 +133,22 @@ static void elementwise_weights(const fa_ctx *c, const float *s, float *w, int a
 
 /* With a bias, keys inside a row's range may still be masked (-inf bias):
  * record which, so that their values are never multiplied (not even by 0, so
- * a NaN there cannot leak in). Returns whether any row has such a hole. */
-static int find_holes(const float *s, int nr, const int *a, const int *e, unsigned char *vis,
-                      int *holes) {
+ * a NaN there cannot leak in). A row whose range is all finite (the vector
+ * all_finite: most rows of most biases) has none; the others are scanned.
+ * holes[r]: whether row r has one (then vis marks its visible entries of
+ * [a, e); otherwise vis is not written). Returns whether any row has. */
+static int find_holes(const qkv_kernels *K, const float *s, int nr, const int *a, const int *e,
+                      unsigned char *vis, int *holes) {
     int any = 0;
     for (int r = 0; r < nr; r++) {
         const float *sr = s + (size_t)r * FWD_LDS;
         unsigned char *vr = vis + (size_t)r * FWD_LDS;
         int h = 0;
-        for (int j = a[r]; j < e[r]; j++) {
-            vr[j] = sr[j] != -INFINITY;
-            h |= !vr[j];
-        }
+        if (e[r] > a[r] && !K->all_finite(sr + a[r], (size_t)(e[r] - a[r])))
+            for (int j = a[r]; j < e[r]; j++) {
+                vr[j] = sr[j] != -INFINITY;
+                h |= !vr[j];
+            }
         holes[r] = h;
         any |= h;
     }
@@ -154,11 +158,17 @@ static int find_holes(const float *s, int nr, const int *a, const int *e, unsign
 /* o (8 rows) = alpha o + p v over the visible runs of each row. */
 static void pv_holes(const fa_ctx *c, float *o, size_t ldo, const float *alpha, const float *p,
                      const float *v, size_t ldv, size_t dv, const int *a, const int *e,
-                     const unsigned char *vis, int nvalid) {
+                     const unsigned char *vis, const int *holes, int nvalid) {
     const qkv_kernels *K = c->K;
     if (alpha) K->pv(o, ldo, alpha, p, FWD_LDS, 1, v, ldv, 0, dv, 8);
     for (int r = 0; r < nvalid; r++) {
         const unsigned char *vr = vis + (size_t)r * FWD_LDS;
+        if (!holes[r]) {
+            if (e[r] > a[r])
+                K->pv(o + r * ldo, ldo, NULL, p + (size_t)r * FWD_LDS + a[r], FWD_LDS, 1, v + (size_t)a[r] * ldv,
+                      ldv, (size_t)(e[r] - a[r]), dv, 1);
+            continue;
+        }
         for (int j = a[r]; j < e[r];) {
             if (!vr[j]) {
                 j++;
@@ -314,7 +324,7 @@ QKV_INLINE void tile_edge(const fa_ctx *c, const fwd_blk *u, fwd_ws *w, int64_t 
     if (partial) /* padding rows: not computed, never visible */
         for (int r = nr; r < rows; r++)
             for (int j = 0; j < ncols; j++) w->s[(size_t)r * FWD_LDS + j] = -INFINITY;
-    int holes = c->bias && find_holes(w->s, nr, w->a, w->e, w->vis, w->holes);
+    int holes = c->bias && find_holes(K, w->s, nr, w->a, w->e, w->vis, w->holes);
     const float *pw = w->s;
     if (!softmax) {
         for (int r = 0; r < rows; r++) {
@@ -358,7 +368,7 @@ QKV_INLINE void tile_edge(const fa_ctx *c, const fwd_blk *u, fwd_ws *w, int64_t 
                         u->ldvb, (size_t)Dv, w->a + g, w->e + g, nv);
         else if (gh)
             pv_holes(c, w->o + (size_t)g * ldob, ldob, softmax ? w->alpha + g : NULL, pw + (size_t)g * FWD_LDS, vt,
-                     u->ldvb, (size_t)Dv, w->a + g, w->e + g, w->vis + (size_t)g * FWD_LDS, nv);
+                     u->ldvb, (size_t)Dv, w->a + g, w->e + g, w->vis + (size_t)g * FWD_LDS, w->holes + g, nv);
         else
             fa_pv_ranges(c, w->o + (size_t)g * ldob, ldob, softmax ? w->alpha + g : NULL, pw + (size_t)g * FWD_LDS,
                          FWD_LDS, 1, vt, u->ldvb, (size_t)Dv, w->a + g, w->e + g, nv);

@@ -117,6 +117,14 @@ typedef struct qkv_kernels {
      * thr < 2^53 (p < 1). Reads exactly R[r], C[c] and x, writes only x and y, in those ranges. */
     void (*dropout)(float *x, float *y, size_t ld, size_t rows, size_t cols, const uint64_t *R, const uint64_t *C,
                     uint64_t thr, float scale);
+    /* Logits in natural units with an additive bias, for i < n:
+     *     x[i] = (float)((double)x[i] * mul) + add[i]   (no add when add is NULL)
+     * the product in double, rounded once to float, then one float sum:
+     * every ISA gives the generic bits (-inf in add stays -inf, NaN stays
+     * NaN). Reads exactly x[i] and add[i], i < n. (As a portable loop, SSE2
+     * at best, it took as long as the tile products themselves for a call
+     * with a bias.) */
+    void (*scale_bias)(float *x, size_t n, double mul, const float *add);
 } qkv_kernels;
 
 /* One entry of the dropout kernel: the factor f for R[r] + C[c] = a (the
@@ -136,7 +144,7 @@ void qkv_attn_init_avx512(qkv_kernels *k);
     void qkv_attn_init_##isa(qkv_kernels *k) {                                                     \
         *k = (qkv_kernels){#isa, qk_##isa, pv_##isa, softmax_##isa, bwd_softmax_##isa, exp2_##isa, \
                            pack_panel_##isa, scale_stream_##isa, stream_fence_##isa, all_finite_##isa, \
-                           dropout_##isa};                                                         \
+                           dropout_##isa, scale_bias_##isa};                                       \
     }
 
 #endif

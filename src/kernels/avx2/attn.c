@@ -433,4 +433,22 @@ static void dropout_avx2(float *x, float *y, size_t ld, size_t rows, size_t cols
     }
 }
 
+/* 8 floats at a time as two halves of 4 doubles, the tail one by one. */
+static void scale_bias_avx2(float *x, size_t n, double mul, const float *add) {
+    const __m256d m = _mm256_set1_pd(mul);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), m));
+        __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), m));
+        __m256 r = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+        if (add) r = _mm256_add_ps(r, _mm256_loadu_ps(add + i));
+        _mm256_storeu_ps(x + i, r);
+    }
+    for (; i < n; i++) {
+        float t = (float)((double)x[i] * mul);
+        x[i] = add ? t + add[i] : t;
+    }
+}
+
 QKV_ATTN_DEFINE_INIT(avx2)

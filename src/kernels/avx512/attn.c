@@ -347,4 +347,18 @@ static void dropout_avx512(float *x, float *y, size_t ld, size_t rows, size_t co
     }
 }
 
+/* 16 floats at a time as two halves of 8 doubles, the tail masked. */
+static void scale_bias_avx512(float *x, size_t n, double mul, const float *add) {
+    const __m512d m = _mm512_set1_pd(mul);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), m));
+        __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)), m));
+        __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+        if (add) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(k, add + i));
+        _mm512_mask_storeu_ps(x + i, k, r);
+    }
+}
+
 QKV_ATTN_DEFINE_INIT(avx512)

@@ -125,6 +125,13 @@ static int all_finite_generic(const float *x, size_t n) {
     return !bad;
 }
 
+static void scale_bias_generic(float *x, size_t n, double mul, const float *add) {
+    for (size_t i = 0; i < n; i++) {
+        float t = (float)((double)x[i] * mul);
+        x[i] = add ? t + add[i] : t;
+    }
+}
+
 static void dropout_generic(float *x, float *y, size_t ld, size_t rows, size_t cols, const uint64_t *R,
                             const uint64_t *C, uint64_t thr, float scale) {
     for (size_t r = 0; r < rows; r++)
