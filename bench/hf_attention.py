@@ -1,8 +1,9 @@
-"""A Hugging Face BERT with output_attentions=True: eager against qkv.hf.
+"""A Hugging Face BERT or GPT-2 with output_attentions=True: eager against qkv.hf.
 
-Times the forward of a randomly initialised BertModel (BERT-base sized by
-default: hidden 768, 12 heads, 12 layers; nothing is downloaded) on a batch
-of random tokens, the first sequence padded, with output_attentions=True:
+Times the forward of a randomly initialised BertModel or GPT2Model (--model;
+base sized by default: hidden 768, 12 heads, 12 layers; nothing is
+downloaded) on a batch of random tokens, the first sequence padded at its
+end (--no-padding: none), with output_attentions=True:
 the model's eager attention, then the same model after qkv.hf.use_qkv,
 alternating, the median of --reps calls each, for --rounds rounds. Also
 prints how far the outputs and the attention maps of the two are apart.
@@ -35,6 +36,8 @@ import qkv.hf  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=("bert", "gpt2"), default="bert")
+    ap.add_argument("--no-padding", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--len", type=int, default=128)
@@ -46,14 +49,22 @@ def main():
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    cfg = transformers.BertConfig(hidden_size=a.hidden, num_attention_heads=a.heads,
-                                  num_hidden_layers=a.layers, intermediate_size=4 * a.hidden,
-                                  attn_implementation="eager")
+    if a.model == "bert":
+        cfg = transformers.BertConfig(hidden_size=a.hidden, num_attention_heads=a.heads,
+                                      num_hidden_layers=a.layers, intermediate_size=4 * a.hidden,
+                                      max_position_embeddings=max(512, a.len),
+                                      attn_implementation="eager")
+        make = transformers.BertModel
+    else:
+        cfg = transformers.GPT2Config(n_embd=a.hidden, n_head=a.heads, n_layer=a.layers,
+                                      n_positions=max(1024, a.len), attn_implementation="eager")
+        make = transformers.GPT2Model
     torch.manual_seed(0)
-    model = transformers.BertModel(cfg).eval()
+    model = make(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (a.batch, a.len))
     mask = torch.ones(a.batch, a.len, dtype=torch.long)
-    mask[0, a.len * 3 // 4:] = 0
+    if not a.no_padding:
+        mask[0, a.len * 3 // 4:] = 0
 
     def timed():
         ts = []
@@ -64,9 +75,11 @@ def main():
                 ts.append(time.perf_counter() - t0)
         return statistics.median(ts), out
 
-    print("torch %s, transformers %s, %d thread(s), batch %d x %d tokens, hidden %d, %d heads, "
-          "%d layers, medians of %d calls" % (torch.__version__, transformers.__version__, a.threads,
-                                               a.batch, a.len, a.hidden, a.heads, a.layers, a.reps))
+    print("%s, torch %s, transformers %s, %d thread(s), batch %d x %d tokens%s, hidden %d, %d heads, "
+          "%d layers, medians of %d calls" % (a.model, torch.__version__, transformers.__version__,
+                                               a.threads, a.batch, a.len,
+                                               "" if a.no_padding else " (the first padded)",
+                                               a.hidden, a.heads, a.layers, a.reps))
     for r in range(a.rounds):
         te, oe = timed()
         qkv.hf.use_qkv(model)
