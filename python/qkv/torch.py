@@ -28,7 +28,8 @@ torch layouts are read in place: a contiguous [B, H, n, D] (each (batch,
 head) pair one of qkv's batches) and a view of contiguous [B, n, H, D]
 memory (x.view(B, n, H, D).transpose(1, 2), as the models make their
 heads), qkv's own: the output and the gradients then come in that layout
-too. Other strides are copied once. A padding mask (the same for every
+too. Other strides are copied once, into qkv's layout when the query is
+not contiguous (the slices of a fused QKV projection), else into torch's. A padding mask (the same for every
 head and query: each batch entry's keys visible up to a length, then False,
 -inf or the mask dtype's lowest value, as Hugging Face's models pad) is
 passed as qkv's key lengths: no bias is read and the padded keys' tiles are
@@ -61,10 +62,14 @@ def _check_tensor(t, name):
 
 
 def _heads_inside(t):
-    """Whether t [..., H, n, E] is the view of contiguous [..., n, H, E]
-    memory (x.view(B, n, H, E).transpose(1, 2), as the models make their
-    heads): qkv's own layout, read in place."""
-    return t.dim() >= 3 and not t.is_contiguous() and t.transpose(-3, -2).is_contiguous()
+    """Whether a query t [..., H, n, E] goes through qkv's own layout,
+    [..., n, H, E] memory: when it is not contiguous. A view of contiguous
+    such memory (x.view(B, n, H, E).transpose(1, 2), as the models make their
+    heads) is then read in place; other strides (the slices of a fused QKV
+    projection, as GPT-2's) are copied into it, row by row, and the output in
+    that layout is what the model's transpose(1, 2).reshape(B, n, H * E)
+    wants without a copy."""
+    return t.dim() >= 3 and not t.is_contiguous()
 
 
 class _Plan:
@@ -73,11 +78,12 @@ class _Plan:
     batches, each of g * L queries (g = H / H_kv, the query heads sharing a
     key head, stacked), one head: a bias that is the same for every unit goes
     in one call; one varying over the batch, one call per batch entry; one
-    varying over the heads, one call per unit. A query whose memory is
-    [*lead, L, H, E] (`native`) is qkv's own layout: B batches of H heads
-    (key and value are brought to it too), one call, or one per batch entry
-    when the bias varies over the batch; output, gradients and their
-    incoming gradient in that layout as well."""
+    varying over the heads, one call per unit. A query that is not
+    contiguous (`native`, _heads_inside) goes through qkv's own layout,
+    [*lead, L, H, E]: B batches of H heads (key and value are brought to it
+    too), one call, or one per batch entry when the bias varies over the
+    batch; output, gradients and their incoming gradient in that layout as
+    well."""
 
     def __init__(self, q, k, v, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
                  return_attn):
