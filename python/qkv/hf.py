@@ -70,6 +70,13 @@ def _float_mask(mask, dtype):
     return mask
 
 
+def _padding(mask, S):
+    """Whether an additive mask [B, 1, 1, S] pads each sequence at its end
+    (qkv.torch's key lengths)."""
+    return (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1 and mask.shape[3] == S and
+            _qt._padding_lengths(mask[:, 0, 0, :], mask.dtype, S) is not None)
+
+
 def _heads(x, H, D):
     """[B, L, H * D] as [B, H, L, D] (a view)."""
     return x.view(x.shape[0], x.shape[1], H, D).permute(0, 2, 1, 3)
@@ -77,9 +84,7 @@ def _heads(x, H, D):
 
 def _attend(q, k, v, mask, dropout_p, is_causal, scale, output_attentions):
     """qkv's attention of q [B, H, L, D], k, v: (out [B, L, H * D], weights or None)."""
-    res = _qt.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                           is_causal=is_causal, scale=scale,
-                                           return_attn=bool(output_attentions))
+    res = _qt._sdpa(q, k, v, mask, dropout_p, is_causal, scale, False, bool(output_attentions))
     out, attn = res if output_attentions else (res, None)
     B, H, L, D = out.shape
     return out.permute(0, 2, 1, 3).reshape(B, L, H * D), attn
@@ -123,8 +128,11 @@ def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, hea
     if self.scale_attn_by_inverse_layer_idx:
         scale /= float(self.layer_idx + 1)
     mask = _float_mask(attention_mask, q.dtype)
-    if mask is None and L == S:
-        causal, bias = True, None
+    if L == S and (mask is None or _padding(mask, S)):
+        # The causal mask is qkv's own and a padding mask at the end becomes
+        # key lengths (qkv.torch): the tiles above the diagonal are skipped,
+        # and every query keeps a key, so the weights are the model's.
+        causal, bias = True, mask
     else:
         # query i is at position i + S - L: it sees keys j <= i + S - L (the
         # model's own causal mask, masked with the dtype's lowest value).

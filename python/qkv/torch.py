@@ -72,6 +72,27 @@ def _heads_inside(t):
     return t.dim() >= 3 and not t.is_contiguous()
 
 
+def _padding_lengths(x, dtype, S):
+    """The visible keys of each row of a padding mask x [Bm, Sm] (Sm in {1,
+    S}, values in the bias dtype, dtype the user's mask's) as int64 [Bm], or
+    None when x is not one: each row 0 up to a length, masked after it.
+    Masked means -inf (a boolean mask's False) or dtype's lowest value, as
+    Hugging Face's models write it; the latter only while every row keeps a
+    visible key, where its weight is exactly 0 in torch too (a row with all
+    keys at the lowest value is uniform in torch, so it stays a bias)."""
+    low = float(torch.finfo(dtype).min) if dtype.is_floating_point else -math.inf
+    zero, neg = x == 0, (x == -math.inf) | (x <= low)
+    lens = zero.sum(1)
+    pos = torch.arange(x.shape[1])
+    if not bool(((pos < lens[:, None]) == zero).all()) or not bool((zero | neg).all()):
+        return None
+    if x.shape[1] == 1:
+        lens = lens * S
+    if not bool((x == -math.inf).all(1)[lens == 0].all()):
+        return None
+    return lens.to(torch.int64)
+
+
 class _Plan:
     """How one call maps onto qkv. Query [*lead, H, L, E] (B the product of
     lead) contiguous as torch lays it out is seen as U = B * H_kv of qkv's
@@ -140,8 +161,6 @@ class _Plan:
         self.mask = None          # [Bm, Hm, Lm, Sm] float bias (Bm in {1, B}, Hm in {1, H})
         self.mask_shape = None    # the user's float mask's shape (its gradient's)
         if is_causal:
-            if attn_mask is not None:
-                raise ValueError("qkv.torch: pass attn_mask or is_causal, not both")
             if (self.g == 1 or self.native) and L == S:
                 self.native_mask = _MASKS["causal"]
             elif (self.g == 1 or self.native) and L > S:
@@ -150,7 +169,13 @@ class _Plan:
                 self.native_mask = _MASKS["window"]
                 self.window = (L + S, L - S)
             else:
-                attn_mask = torch.ones(L, S, dtype=torch.bool).tril()
+                tril = torch.ones(L, S, dtype=torch.bool).tril()
+                if attn_mask is None:
+                    attn_mask = tril
+                elif attn_mask.dtype == torch.bool:
+                    attn_mask = attn_mask & tril
+                else:
+                    attn_mask = attn_mask.masked_fill(~tril, -math.inf)
         self.key_lengths = None   # [U] int64 when the mask is a padding mask
         if attn_mask is not None:
             self._set_mask(attn_mask)
@@ -207,36 +232,21 @@ class _Plan:
         self.mask = bias
 
     def _padding_to_lengths(self, dtype):
-        """A padding mask (the same for every head and query: each batch
-        entry's keys visible up to a length, masked after it) becomes qkv's
-        key_lengths: no bias is read and the masked keys' tiles are skipped.
-        Masked means -inf (a boolean mask's False) or the mask dtype's lowest
-        value, as Hugging Face's models write it; the latter only while every
-        entry keeps a visible key, where its weight is exactly 0 in torch too
-        (a row with all keys at the lowest value is uniform in torch, so such
-        a mask stays a bias)."""
+        """A padding mask (_padding_lengths) becomes qkv's key_lengths: no
+        bias is read and the masked keys' tiles are skipped."""
         m = self.mask
         if m.shape[1] != 1 or m.shape[2] != 1:
             return
-        x = m[:, 0, 0, :]                                      # [Bm, Sm]
-        low = float(torch.finfo(dtype).min) if dtype.is_floating_point else -math.inf
-        zero, neg = x == 0, (x == -math.inf) | (x <= low)
-        lens = zero.sum(1)
-        pos = torch.arange(x.shape[1])
-        if not bool(((pos < lens[:, None]) == zero).all()) or not bool((zero | neg).all()):
+        lens = _padding_lengths(m[:, 0, 0, :], dtype, self.S)
+        if lens is None:
             return
-        if x.shape[1] == 1:
-            lens = lens * self.S
-        if not bool((x == -math.inf).all(1)[lens == 0].all()):
-            return
+        self.mask = self.mask_shape = None
         if bool((lens == self.S).all()):
-            self.mask = self.mask_shape = None
             return
-        lens = lens.to(torch.int64).expand(self.B)
+        lens = lens.expand(self.B)
         if not self.native:
             lens = lens.repeat_interleave(self.Hk)
         self.key_lengths = lens.contiguous()
-        self.mask = self.mask_shape = None
 
     def call_bias(self, u0):
         """The qkv bias of the call starting at unit u0 (contiguous): [g * L,
@@ -410,6 +420,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     softmax(query key^T * scale + mask) value, on CPU tensors, with qkv's
     backward under autograd. return_attn=True returns (out, attn). See the
     module's documentation for shapes, masks and the differences."""
+    if is_causal and attn_mask is not None:
+        raise ValueError("qkv.torch: pass attn_mask or is_causal, not both")
+    return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn)
+
+
+def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn):
+    """scaled_dot_product_attention, where a mask and is_causal may come
+    together (qkv.hf: GPT-2's causal mask with its padding): the key is seen
+    if both let it."""
     try:
         dropout_p = float(dropout_p)
     except (TypeError, ValueError):

@@ -2,7 +2,8 @@
 from configs, nothing downloaded) whose self-attention runs through qkv,
 against the same models' eager attention: last_hidden_state and every
 output_attentions tensor within 1e-5 (float32) and 1e-10 (float64), with a
-padding mask (a batch of 2, one sequence padded), the gradients of the
+padding mask (a batch of 2, one sequence padded at its end; another at its
+start), the gradients of the
 input embeddings within 1e-5 (float64), GPT-2's key/value cache,
 restore(), and the errors.
 
@@ -50,32 +51,35 @@ def maxdiff(a, b):
 
 
 class Counting:
-    """Counts the calls of qkv.torch.scaled_dot_product_attention (and
-    whether they asked for the weights) while in a with block."""
+    """Counts the calls of qkv.torch's attention (_sdpa, what
+    scaled_dot_product_attention and qkv.hf call; and whether they asked
+    for the weights) while in a with block."""
 
     def __enter__(self):
         self.calls, self.with_attn = 0, 0
-        self.orig = qkv.torch.scaled_dot_product_attention
+        self.orig = qkv.torch._sdpa
 
-        def counted(*args, **kw):
+        def counted(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn):
             self.calls += 1
-            self.with_attn += bool(kw.get("return_attn"))
-            return self.orig(*args, **kw)
-        qkv.torch.scaled_dot_product_attention = counted
+            self.with_attn += bool(return_attn)
+            return self.orig(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn)
+        qkv.torch._sdpa = counted
         return self
 
     def __exit__(self, *exc):
-        qkv.torch.scaled_dot_product_attention = self.orig
+        qkv.torch._sdpa = self.orig
 
 
 class Forward(unittest.TestCase):
 
     def compare(self, make, dtype, tol):
         ids, mask = inputs()
+        left = torch.ones(B, L, dtype=torch.long)
+        left[0, :2] = 0     # padded at the start: not key lengths, a bias (GPT-2: with its causal mask)
         eager = make(dtype)
         ours = qkv.hf.use_qkv(copy.deepcopy(eager))
         with torch.no_grad():
-            for m in (mask, None):
+            for m in (mask, None, left):
                 with Counting() as c:
                     want = eager(input_ids=ids, attention_mask=m, output_attentions=True)
                     self.assertEqual(c.calls, 0)
