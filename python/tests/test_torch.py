@@ -396,10 +396,25 @@ class HeadsInside(unittest.TestCase):
         self.assertLessEqual((sdpa(heads_inside(q), k, heads_inside(v)) - ref).abs().max().item(), 1e-12)
         self.assertLessEqual((sdpa(q, heads_inside(k), v) - ref).abs().max().item(), 1e-12)
 
-    def test_float32(self):
+    def test_float32_and_half(self):
         q, k, v = (heads_inside(t) for t in qkv_of(2, 4, 65, 65, 16, dtype=torch.float32))
         ref, _ = ref_sdpa(q.double(), k.double(), v.double(), is_causal=True)
         self.assertLessEqual((sdpa(q, k, v, is_causal=True).double() - ref).abs().max().item(), 1e-5)
+        for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 4e-3)):
+            q, k, v = (heads_inside(t) for t in qkv_of(2, 4, 33, 17, 16, Hk=2, dtype=dtype, grad=True))
+            out, attn = sdpa(q, k, v, is_causal=True, enable_gqa=True, return_attn=True)
+            self.assertEqual((out.dtype, attn.dtype), (dtype, dtype))
+            q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+            ref, w = ref_sdpa(q64, k64, v64, is_causal=True, enable_gqa=True)
+            self.assertLessEqual((out.double() - ref).abs().max().item(), tol * 4)
+            self.assertLessEqual((attn.double() - w).abs().max().item(), tol)
+            dout = rand(*out.shape, seed=8)
+            out.backward(dout.to(dtype))
+            ref.backward(dout)
+            for a, b in ((q, q64), (k, k64), (v, v64)):
+                self.assertEqual(a.grad.dtype, dtype)
+                err = (a.grad.double() - b.grad).abs().max().item()
+                self.assertLessEqual(err, tol * 8 * max(1.0, b.grad.abs().max().item()))
 
     def test_gradients(self):
         def check(fn, *inputs):
