@@ -408,15 +408,25 @@ QKV_INLINE void block_store(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w) {
 }
 
 /* The block's rows of the attention matrix (only when the caller asks for
- * it): zeros, then each tile's weights recomputed from the saved
- * statistics. */
+ * it): each tile's weights recomputed from the saved statistics, zeros
+ * wherever none is (outside a row's key range [lo, hi), and inside it where
+ * a tile gives none). Every element is written once, the softmax weights
+ * with streaming stores: the matrix is n_q x n_k floats nobody here reads
+ * again (a memset of whole rows first, then the weights over it, wrote the
+ * visible part twice and read every line in before writing it). */
 static void block_attn(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w, int any, int64_t kstart, int64_t bhi) {
     const fa_ctx *c = &f->c;
     const qkv_kernels *K = c->K;
-    const int64_t D = c->D, b = u->b, h = u->h, i0 = u->i0;
+    const int64_t D = c->D, b = u->b, h = u->h, i0 = u->i0, nk = c->nk;
     const int nr = u->nr;
-    for (int r = 0; r < nr; r++)
-        memset(f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk, 0, (size_t)c->nk * sizeof(float));
+    float *rows = f->attn + ((b * c->H + h) * c->nq + i0) * nk;
+    for (int r = 0; r < nr; r++) {
+        float *row = rows + r * nk;
+        int64_t lo = any ? w->lo[r] : 0, hi = any ? w->hi[r] : 0;
+        if (hi <= lo) lo = hi = nk;
+        memset(row, 0, (size_t)lo * sizeof(float));
+        memset(row + hi, 0, (size_t)(nk - hi) * sizeof(float));
+    }
     if (!any) return;
     int ncols = 0;
     for (int64_t kt = kstart; kt < bhi; kt += ncols) {
@@ -425,17 +435,22 @@ static void block_attn(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w, int any, i
               w->s, FWD_LDS);
         fa_scores_rows(c, w->s, FWD_LDS, h, i0, nr, kt, ncols, w->lo, w->hi, w->a, w->e, NULL, 0);
         for (int r = 0; r < nr; r++) {
+            /* This tile's part of the row's range, [x0, x1); the weights go
+             * to [a, e) within it, zeros to the rest. */
+            int64_t x0 = w->lo[r] > kt ? w->lo[r] - kt : 0, x1 = w->hi[r] - kt < ncols ? w->hi[r] - kt : ncols;
             int a = w->a[r], e = w->e[r];
-            if (e <= a) continue;
             float *sr = w->s + (size_t)r * FWD_LDS;
-            float *dst = f->attn + ((b * c->H + h) * c->nq + i0 + r) * c->nk + kt;
+            float *dst = rows + r * nk + kt;
+            if (x1 <= x0) continue;
+            if (e <= a || (u->softmax && w->l[r] == 0.0f)) a = e = (int)x1;
+            if (a > x0) memset(dst + x0, 0, (size_t)(a - x0) * sizeof(float));
+            if (x1 > e) memset(dst + e, 0, (size_t)(x1 - e) * sizeof(float));
+            if (e <= a) continue;
             if (u->softmax) {
-                if (w->l[r] == 0.0f) continue;
                 float mr = w->m[r], sc = c->sc;
                 for (int j = a; j < e; j++) sr[j] = (sr[j] - mr) * sc;
                 K->exp2(sr + a, (size_t)(e - a));
-                float invl = w->cnt[r];
-                for (int j = a; j < e; j++) dst[j] = sr[j] * invl;
+                K->scale_stream(dst + a, sr + a, w->cnt[r], (size_t)(e - a));
             } else {
                 elementwise_weights(c, sr, dst, a, e);
                 if (c->norm == QKV_NORM_RELU && c->relu_div) {
@@ -445,6 +460,7 @@ static void block_attn(const fwd_ctx *f, const fwd_blk *u, fwd_ws *w, int any, i
             }
         }
     }
+    K->stream_fence();
 }
 
 /* One unit (a query block of one (b, h)) with the packed K of its kv head
