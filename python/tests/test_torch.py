@@ -176,6 +176,25 @@ class Forward(unittest.TestCase):
         p = _Plan(*qkv_of(B, H, L, S, 8), m, False, None, False, 0.0, 0, False)
         self.assertIsNone(p.key_lengths)
 
+    def test_causal_and_mask(self):
+        # qkv.torch's internal _sdpa (what qkv.hf calls) takes is_causal and
+        # a mask together: a key is seen if both let it, in either layout,
+        # with GQA (the causal mask then a bias in torch's layout) and L != S.
+        from qkv.torch import _sdpa
+        for inside in (False, True):
+            for L, S in ((7, 7), (5, 9), (9, 5)):
+                q, k, v = qkv_of(2, 4, L, S, 8, Hk=2)
+                if inside:
+                    q = heads_inside(q)
+                m = torch.zeros(2, 1, 1, S, dtype=torch.float64)
+                m[1, ..., S - 2:] = -math.inf
+                both = (m == 0) & torch.ones(L, S, dtype=torch.bool).tril()
+                ref, _ = ref_sdpa(q, k, v, attn_mask=both, enable_gqa=True)
+                for mm in (m, m == 0):
+                    with self.subTest(inside=inside, L=L, S=S, mask=mm.dtype):
+                        out = _sdpa(q, k, v, mm, 0.0, True, None, True, False)
+                        self.assertLessEqual((out - ref).abs().max().item(), 1e-12)
+
     def test_gqa(self):
         for H, Hk in ((6, 2), (6, 1), (4, 4)):
             for kw in ({}, {"is_causal": True}):
