@@ -108,6 +108,19 @@ pictures() {
 # that follows says what went wrong if the file never came.
 wait_for_file() { while [ ! -f "$1" ] && kill -0 "$2" 2>/dev/null; do sleep 0.01; done; }
 
+# now_ms: milliseconds since the epoch.
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# sleep_within MS: sleeps a random time of 0 .. MS / 2 milliseconds, MS the
+# length of a whole run measured on this machine and build: a kill after it
+# (and after the run's first checkpoint) lands inside the run. A fixed bound
+# let every run of a fast machine end first (a whole run 0.26 s in a
+# Release build there) and cut runs under valgrind short.
+sleep_within() {
+    local ms=$(( RANDOM % ($1 / 2 + 1) ))
+    sleep "$(( ms / 1000 )).$(printf %03d $(( ms % 1000 )))"
+}
+
 # cli_finish [LABEL]: prints the counts; the script's exit status is the verdict.
 cli_finish() {
     local log

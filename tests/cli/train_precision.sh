@@ -47,8 +47,10 @@ check $? "help names --precision"
 # 1000, which needs the clean-step count restored from the checkpoint).
 long=(--task copy --seq 6 --symbols 8 --dim 16 --layers 1 --heads 2 --batch 8 --steps 1100 --warmup 5 --seed 3
       --quiet --precision fp16 --ckpt-every 50 --threads 1)
+t0=$(now_ms)
 "$QKV" train "${long[@]}" --out "$T/full" > /dev/null 2>&1
 check $? "fp16: the long run"
+run_ms=$(( $(now_ms) - t0 ))
 grep -aq '"train.loss_scale":"65536"' "$T/full/model.safetensors"
 check $? "fp16: the scale doubled once in 1100 clean steps"
 killed=0
@@ -57,7 +59,7 @@ for trial in 1 2 3; do
   "$QKV" train "${long[@]}" --out "$d" > /dev/null 2>&1 &
   pid=$!
   wait_for_file "$d/model.safetensors" "$pid"
-  sleep "0.0$((RANDOM % 10))"
+  sleep_within "$run_ms"
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null
   "$QKV" train --resume "$d" --quiet > "$d.out" 2>&1

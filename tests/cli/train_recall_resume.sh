@@ -9,8 +9,10 @@ cli_init train_recall_resume "$@"
 T=$TMP
 args=(--task recall --seq 6 --symbols 8 --dim 16 --layers 1 --heads 2 --batch 8 --steps 600 --ckpt-every 5 --seed 5 --quiet)
 
+t0=$(now_ms)
 "$QKV" train "${args[@]}" --out "$T/full" > "$T/full.out" 2>&1
 check $? "uninterrupted run"
+run_ms=$(( $(now_ms) - t0 ))
 cut -d, -f1-4 "$T/full/loss.csv" > "$T/full.curve"
 grep -aq '"run.cur_length":"4"' "$T/full/model.safetensors"
 check $? "the checkpoint records the curriculum (4 pairs: this tiny run does not get past them)"
@@ -26,7 +28,7 @@ for trial in 1 2; do
   "$QKV" train "${args[@]}" --out "$d" > /dev/null 2>&1 &
   pid=$!
   wait_for_file "$d/model.safetensors" "$pid"
-  sleep "0.$((RANDOM % 4))" # within 0.3 s: a run takes 0.8 s here, so it is alive
+  sleep_within "$run_ms"
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null
   "$QKV" train --resume "$d" --quiet > /dev/null 2>&1

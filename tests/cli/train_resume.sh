@@ -8,8 +8,10 @@ cli_init train_resume "$@"
 T=$TMP
 args=(--task copy --seq 4 --symbols 6 --dim 16 --layers 1 --heads 2 --batch 8 --steps 1500 --ckpt-every 5 --seed 3 --quiet)
 
+t0=$(now_ms)
 "$QKV" train "${args[@]}" --out "$T/full" > "$T/full.out" 2>&1
 check $? "uninterrupted run"
+run_ms=$(( $(now_ms) - t0 ))
 cut -d, -f1-4 "$T/full/loss.csv" > "$T/full.curve"
 
 # Checkpoints every 5 steps: a good share of the run is spent writing them,
@@ -19,11 +21,10 @@ for trial in 1 2 3 4 5; do
   d="$T/killed$trial"
   "$QKV" train "${args[@]}" --out "$d" > /dev/null 2>&1 &
   pid=$!
-  # A first checkpoint, then a kill at a random moment after it: within
-  # 90 ms, as a whole run takes 0.4-0.6 s on a fast core (up to 0.9 s let
-  # every run of a trial end first there).
+  # A first checkpoint, then a kill at a random moment after it, within
+  # the first half of a whole run's length.
   wait_for_file "$d/model.safetensors" "$pid"
-  sleep "0.0$((RANDOM % 10))"
+  sleep_within "$run_ms"
   kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
   wait "$pid" 2>/dev/null
   "$QKV" eval --ckpt "$d" --examples 8 > /dev/null 2>&1
