@@ -1,4 +1,4 @@
-"""Hugging Face transformers' BERT and GPT-2 self-attention computed by qkv.
+"""Hugging Face transformers' BERT (and its kin) and GPT-2 self-attention computed by qkv.
 
     import transformers, qkv.hf
     model = transformers.BertModel.from_pretrained("bert-base-uncased")
@@ -7,7 +7,8 @@
     qkv.hf.restore(model)            # back to the model's own attention
 
 use_qkv replaces the forward of each attention module of the model (BERT's
-BertSelfAttention, GPT-2's GPT2Attention, and their sdpa subclasses) by a
+BertSelfAttention, the same module copied into RoBERTa, XLM-RoBERTa,
+CamemBERT and ELECTRA, GPT-2's GPT2Attention, and their sdpa subclasses) by a
 function that computes query, key and value with the module's own linear
 layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
 when output_attentions is asked for). Nothing else of the model changes:
@@ -25,7 +26,8 @@ dropout, not torch's; the returned weights are those before dropout).
 Not supported (NotImplementedError): head_mask, cross-attention
 (encoder_hidden_states), BERT's past_key_value, BERT's relative position
 embeddings, a transformers version whose attention modules take other
-arguments. A model other than BERT or GPT-2 raises TypeError."""
+arguments. Any other model raises TypeError."""
+import importlib
 import inspect
 import math
 
@@ -38,14 +40,30 @@ __all__ = ["use_qkv", "restore"]
 _ATTR = "_qkv_hf_patched"
 
 
+# BERT and the encoders whose self-attention transformers copies from
+# BERT's ("Copied from ...BertSelfAttention"): (module, class-name prefix).
+_BERT_FAMILY = (("bert", "Bert"), ("roberta", "Roberta"), ("xlm_roberta", "XLMRoberta"),
+                ("camembert", "Camembert"), ("electra", "Electra"))
+
+
 def _classes():
+    """[(PreTrainedModel base, self-attention class, forward)] of the
+    supported models that this transformers has."""
     try:
-        from transformers.models.bert import modeling_bert as mb
         from transformers.models.gpt2 import modeling_gpt2 as mg
-        from transformers import PreTrainedModel
     except ImportError as e:
         raise ImportError("qkv.hf needs transformers (pip install transformers): %s" % e) from None
-    return mb, mg, PreTrainedModel
+    found = []
+    for mod, prefix in _BERT_FAMILY:
+        try:
+            m = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
+        except ImportError:
+            continue
+        base, att = getattr(m, prefix + "PreTrainedModel", None), getattr(m, prefix + "SelfAttention", None)
+        if base is not None and att is not None:
+            found.append((base, att, _bert_forward))
+    found.append((mg.GPT2PreTrainedModel, mg.GPT2Attention, _gpt2_forward))
+    return found
 
 
 def _check_args(name, head_mask, encoder_hidden_states, kwargs):
@@ -93,10 +111,10 @@ def _attend(q, k, v, mask, dropout_p, is_causal, scale, output_attentions):
 def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None,
                   encoder_hidden_states=None, encoder_attention_mask=None,
                   past_key_value=None, output_attentions=False, **kwargs):
-    _check_args("BertSelfAttention", head_mask, encoder_hidden_states, kwargs)
+    _check_args(type(self).__name__, head_mask, encoder_hidden_states, kwargs)
     if past_key_value is not None:
-        raise NotImplementedError("qkv.hf: BertSelfAttention: past_key_value is not supported "
-                                  "through qkv (call qkv.hf.restore(model))")
+        raise NotImplementedError("qkv.hf: %s: past_key_value is not supported through qkv "
+                                  "(call qkv.hf.restore(model))" % type(self).__name__)
     H, D = self.num_attention_heads, self.attention_head_size
     q, k, v = (_heads(f(hidden_states), H, D) for f in (self.query, self.key, self.value))
     mask = attention_mask
@@ -167,17 +185,14 @@ def _expect_signature(cls, forward):
 
 
 def _targets(model):
-    mb, mg, PreTrainedModel = _classes()
     if not isinstance(model, torch.nn.Module):
         raise TypeError("qkv.hf: expected a transformers model, not %s" % type(model).__name__)
-    if isinstance(model, mb.BertPreTrainedModel):
-        cls, forward = mb.BertSelfAttention, _bert_forward
-    elif isinstance(model, mg.GPT2PreTrainedModel):
-        cls, forward = mg.GPT2Attention, _gpt2_forward
-    else:
-        raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*) and GPT-2 "
-                        "(GPT2Model, GPT2LMHeadModel, ...) models are" % type(model).__name__)
-    return cls, forward
+    for base, cls, forward in _classes():
+        if isinstance(model, base):
+            return cls, forward
+    raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*), the encoders "
+                    "whose attention is BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA) and "
+                    "GPT-2 (GPT2Model, GPT2LMHeadModel, ...) models are" % type(model).__name__)
 
 
 def use_qkv(model):
@@ -194,7 +209,7 @@ def use_qkv(model):
         raise TypeError("qkv.hf: %s has no %s module" % (type(model).__name__, cls.__name__))
     for m in mods:
         _expect_signature(type(m), forward)
-    if cls.__name__ == "BertSelfAttention":
+    if forward is _bert_forward:
         for m in mods:
             if m.position_embedding_type != "absolute":
                 raise NotImplementedError("qkv.hf: position_embedding_type %r is not supported "

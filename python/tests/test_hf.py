@@ -1,4 +1,5 @@
-"""Tests of qkv.hf: tiny random transformers BertModel and GPT2Model (built
+"""Tests of qkv.hf: tiny random transformers BertModel, its kin (RoBERTa,
+XLM-RoBERTa, CamemBERT, ELECTRA) and GPT2Model (built
 from configs, nothing downloaded) whose self-attention runs through qkv,
 against the same models' eager attention: last_hidden_state and every
 output_attentions tensor within 1e-5 (float32) and 1e-10 (float64), with a
@@ -29,6 +30,22 @@ def bert(dtype):
                                   intermediate_size=64, vocab_size=VOCAB,
                                   attn_implementation="eager")
     return transformers.BertModel(cfg).to(dtype).eval()
+
+
+def bert_kin(name):
+    """A maker like bert's for a model whose self-attention transformers
+    copies from BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA)."""
+    def make(dtype):
+        torch.manual_seed(0)
+        cfg = getattr(transformers, name + "Config")(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            vocab_size=VOCAB, attn_implementation="eager", **({"embedding_size": 32} if name == "Electra" else {}))
+        return getattr(transformers, name + "Model")(cfg).to(dtype).eval()
+    make.__name__ = name
+    return make
+
+
+KIN = ("Roberta", "XLMRoberta", "Camembert", "Electra")
 
 
 def gpt2(dtype, cls=transformers.GPT2Model):
@@ -103,6 +120,13 @@ class Forward(unittest.TestCase):
             att = self.compare(bert, dtype, tol)
             self.assertEqual(att[0][1, :, :, L - 3:].abs().max().item(), 0.0)  # padded keys: 0
 
+    def test_bert_kin(self):
+        for name in KIN:
+            for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
+                with self.subTest(model=name, dtype=dtype):
+                    att = self.compare(bert_kin(name), dtype, tol)
+                    self.assertEqual(att[0][1, :, :, L - 3:].abs().max().item(), 0.0)
+
     def test_gpt2(self):
         for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
             att = self.compare(gpt2, dtype, tol)
@@ -148,6 +172,11 @@ class Backward(unittest.TestCase):
 
     def test_bert(self):
         self.check(bert)
+
+    def test_bert_kin(self):
+        for name in KIN:
+            with self.subTest(model=name):
+                self.check(bert_kin(name))
 
     def test_gpt2(self):
         self.check(gpt2)
