@@ -1,4 +1,4 @@
-"""Hugging Face transformers' BERT (and its kin) and GPT-2 self-attention computed by qkv.
+"""Hugging Face transformers' BERT (and its kin), DistilBERT and GPT-2 self-attention computed by qkv.
 
     import transformers, qkv.hf
     model = transformers.BertModel.from_pretrained("bert-base-uncased")
@@ -8,7 +8,8 @@
 
 use_qkv replaces the forward of each attention module of the model (BERT's
 BertSelfAttention, the same module copied into RoBERTa, XLM-RoBERTa,
-CamemBERT and ELECTRA, GPT-2's GPT2Attention, and their sdpa subclasses) by a
+CamemBERT and ELECTRA, DistilBERT's MultiHeadSelfAttention, GPT-2's
+GPT2Attention, and their sdpa subclasses) by a
 function that computes query, key and value with the module's own linear
 layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
 when output_attentions is asked for). Nothing else of the model changes:
@@ -51,6 +52,7 @@ def _classes():
     supported models that this transformers has."""
     try:
         from transformers.models.gpt2 import modeling_gpt2 as mg
+        from transformers.models.distilbert import modeling_distilbert as md
     except ImportError as e:
         raise ImportError("qkv.hf needs transformers (pip install transformers): %s" % e) from None
     found = []
@@ -62,6 +64,7 @@ def _classes():
         base, att = getattr(m, prefix + "PreTrainedModel", None), getattr(m, prefix + "SelfAttention", None)
         if base is not None and att is not None:
             found.append((base, att, _bert_forward))
+    found.append((md.DistilBertPreTrainedModel, md.MultiHeadSelfAttention, _distilbert_forward))
     found.append((mg.GPT2PreTrainedModel, mg.GPT2Attention, _gpt2_forward))
     return found
 
@@ -128,6 +131,33 @@ def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None,
     return outputs
 
 
+def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_attentions=False,
+                        **kwargs):
+    """DistilBERT's MultiHeadSelfAttention (and its sdpa subclass). Its mask
+    is the model's [B, S] (0: padding), which the eager path fills into the
+    scores as the dtype's lowest value, or the sdpa path's additive
+    [B, 1, L, S]; either becomes an additive mask."""
+    name = type(self).__name__
+    _check_args(name, head_mask, None, kwargs)
+    if key is not query or value is not query:
+        raise NotImplementedError("qkv.hf: %s: attention between different inputs is not "
+                                  "supported through qkv (call qkv.hf.restore(model))" % name)
+    H = self.n_heads
+    D = self.dim // H
+    q, k, v = (_heads(f(query), H, D) for f in (self.q_lin, self.k_lin, self.v_lin))
+    B, S = query.shape[0], query.shape[1]
+    if mask is not None and mask.dim() == 2:
+        mask = torch.zeros(B, 1, 1, S, dtype=q.dtype).masked_fill_(
+            (mask == 0).view(B, 1, 1, S), torch.finfo(q.dtype).min)
+    mask = _float_mask(mask, q.dtype)
+    if mask is not None and mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)
+    p = self.dropout.p if self.training else 0.0
+    ctx, attn = _attend(q, k, v, mask, p, False, 1.0 / math.sqrt(D), output_attentions)
+    ctx = self.out_lin(ctx)
+    return (ctx, attn) if output_attentions else (ctx,)
+
+
 def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, head_mask=None,
                   encoder_hidden_states=None, encoder_attention_mask=None, use_cache=False,
                   output_attentions=False, **kwargs):
@@ -191,8 +221,9 @@ def _targets(model):
         if isinstance(model, base):
             return cls, forward
     raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*), the encoders "
-                    "whose attention is BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA) and "
-                    "GPT-2 (GPT2Model, GPT2LMHeadModel, ...) models are" % type(model).__name__)
+                    "whose attention is BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA), "
+                    "DistilBERT and GPT-2 (GPT2Model, GPT2LMHeadModel, ...) models are"
+                    % type(model).__name__)
 
 
 def use_qkv(model):
