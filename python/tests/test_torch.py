@@ -57,6 +57,34 @@ def qkv_of(B, H, L, S, E, Ev=None, Hk=None, dtype=torch.float64, grad=False):
             rand(*lead, Hk, S, E if Ev is None else Ev, dtype=dtype, grad=grad, seed=3))
 
 
+def check_half(tc, dtype, inside=False, return_attn=False):
+    """Causal GQA attention stored in a half dtype (and laid out as the
+    models' head views when inside) against the float64 math: the output
+    within 4 tol, the weights (return_attn) within tol, the gradients within
+    8 tol of their size (past 1), all in the dtype; tol 2e-2 for bfloat16,
+    4e-3 for float16."""
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    q, k, v = qkv_of(2, 4, 33, 17, 16, Hk=2, dtype=dtype, grad=True)
+    if inside:
+        q, k, v = (heads_inside(t) for t in (q, k, v))
+    res = sdpa(q, k, v, is_causal=True, enable_gqa=True, return_attn=return_attn)
+    out, attn = res if return_attn else (res, None)
+    tc.assertEqual(out.dtype, dtype)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, w = ref_sdpa(q64, k64, v64, is_causal=True, enable_gqa=True)
+    tc.assertLessEqual((out.double() - ref).abs().max().item(), tol * 4)
+    if return_attn:
+        tc.assertEqual(attn.dtype, dtype)
+        tc.assertLessEqual((attn.double() - w).abs().max().item(), tol)
+    dout = rand(*out.shape, seed=8)
+    out.backward(dout.to(dtype))
+    ref.backward(dout)
+    for a, b in ((q, q64), (k, k64), (v, v64)):
+        tc.assertEqual(a.grad.dtype, dtype)
+        err = (a.grad.double() - b.grad).abs().max().item()
+        tc.assertLessEqual(err, tol * 8 * max(1.0, b.grad.abs().max().item()))
+
+
 class Forward(unittest.TestCase):
 
     def check(self, q, k, v, tol=None, **kw):
@@ -249,20 +277,7 @@ class Forward(unittest.TestCase):
 
     def test_half(self):
         for dtype in (torch.bfloat16, torch.float16):
-            q, k, v = qkv_of(2, 4, 33, 17, 16, Hk=2, dtype=dtype, grad=True)
-            out = sdpa(q, k, v, is_causal=True, enable_gqa=True)
-            self.assertEqual(out.dtype, dtype)
-            q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-            ref, _ = ref_sdpa(q64, k64, v64, is_causal=True, enable_gqa=True)
-            tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
-            self.assertLessEqual((out.double() - ref).abs().max().item(), tol * 4)
-            dout = rand(*out.shape, seed=8)
-            out.backward(dout.to(dtype))
-            ref.backward(dout)
-            for a, b in ((q, q64), (k, k64), (v, v64)):
-                self.assertEqual(a.grad.dtype, dtype)
-                err = (a.grad.double() - b.grad).abs().max().item()
-                self.assertLessEqual(err, tol * 8 * max(1.0, b.grad.abs().max().item()))
+            check_half(self, dtype)
 
 
 class Gradients(unittest.TestCase):
@@ -419,21 +434,8 @@ class HeadsInside(unittest.TestCase):
         q, k, v = (heads_inside(t) for t in qkv_of(2, 4, 65, 65, 16, dtype=torch.float32))
         ref, _ = ref_sdpa(q.double(), k.double(), v.double(), is_causal=True)
         self.assertLessEqual((sdpa(q, k, v, is_causal=True).double() - ref).abs().max().item(), 1e-5)
-        for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 4e-3)):
-            q, k, v = (heads_inside(t) for t in qkv_of(2, 4, 33, 17, 16, Hk=2, dtype=dtype, grad=True))
-            out, attn = sdpa(q, k, v, is_causal=True, enable_gqa=True, return_attn=True)
-            self.assertEqual((out.dtype, attn.dtype), (dtype, dtype))
-            q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-            ref, w = ref_sdpa(q64, k64, v64, is_causal=True, enable_gqa=True)
-            self.assertLessEqual((out.double() - ref).abs().max().item(), tol * 4)
-            self.assertLessEqual((attn.double() - w).abs().max().item(), tol)
-            dout = rand(*out.shape, seed=8)
-            out.backward(dout.to(dtype))
-            ref.backward(dout)
-            for a, b in ((q, q64), (k, k64), (v, v64)):
-                self.assertEqual(a.grad.dtype, dtype)
-                err = (a.grad.double() - b.grad).abs().max().item()
-                self.assertLessEqual(err, tol * 8 * max(1.0, b.grad.abs().max().item()))
+        for dtype in (torch.bfloat16, torch.float16):
+            check_half(self, dtype, inside=True, return_attn=True)
 
     def test_gradients(self):
         def check(fn, *inputs):
