@@ -1,8 +1,9 @@
-"""A Hugging Face BERT or GPT-2 with output_attentions=True: eager against qkv.hf.
+"""A Hugging Face BERT, GPT-2 or Llama with output_attentions=True: eager against qkv.hf.
 
-Times the forward of a randomly initialised BertModel or GPT2Model (--model;
-base sized by default: hidden 768, 12 heads, 12 layers; nothing is
-downloaded) on a batch of random tokens, the first sequence padded at its
+Times the forward of a randomly initialised BertModel, GPT2Model or
+LlamaModel (--model; base sized by default: hidden 768, 12 heads, 12 layers;
+Llama's key and value heads --kv-heads, its feed-forward 8/3 of the hidden
+size; nothing is downloaded) on a batch of random tokens, the first sequence padded at its
 end (--no-padding: none), with output_attentions=True:
 the model's eager attention, then the same model after qkv.hf.use_qkv,
 alternating, the median of --reps calls each, for --rounds rounds. Also
@@ -14,6 +15,10 @@ virtual environment outside the repository, and a built libqkv.so:
     python3 -m venv VENV
     VENV/bin/pip install torch==2.15.0 transformers==4.49.0 numpy
     OMP_WAIT_POLICY=PASSIVE QKV_LIBRARY=build/libqkv.so VENV/bin/python bench/hf_attention.py
+
+--only eager|qkv times one of the two (--rounds medians, no comparison): for
+separate processes taking turns, where eager's swings within a process do
+not land on one side.
 
 --profile adds torch.profiler's table of one call through qkv (qkv's own
 calls, through ctypes, are not listed: they are the time the table lacks).
@@ -36,7 +41,7 @@ import qkv.hf  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=("bert", "gpt2"), default="bert")
+    ap.add_argument("--model", choices=("bert", "gpt2", "llama"), default="bert")
     ap.add_argument("--no-padding", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
@@ -44,8 +49,10 @@ def main():
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", choices=("eager", "qkv"))
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -55,6 +62,13 @@ def main():
                                       max_position_embeddings=max(512, a.len),
                                       attn_implementation="eager")
         make = transformers.BertModel
+    elif a.model == "llama":
+        cfg = transformers.LlamaConfig(hidden_size=a.hidden, num_attention_heads=a.heads,
+                                       num_key_value_heads=a.kv_heads, num_hidden_layers=a.layers,
+                                       intermediate_size=(8 * a.hidden // 3 + 255) // 256 * 256,
+                                       max_position_embeddings=max(2048, a.len),
+                                       attn_implementation="eager")
+        make = transformers.LlamaModel
     else:
         cfg = transformers.GPT2Config(n_embd=a.hidden, n_head=a.heads, n_layer=a.layers,
                                       n_positions=max(1024, a.len), attn_implementation="eager")
@@ -80,6 +94,13 @@ def main():
                                                a.threads, a.batch, a.len,
                                                "" if a.no_padding else " (the first padded)",
                                                a.hidden, a.heads, a.layers, a.reps))
+    if a.only:
+        if a.only == "qkv":
+            qkv.hf.use_qkv(model)
+        ts = [timed()[0] for _ in range(a.rounds)]
+        print("%s: %s s (median %.3f s)" % (a.only, " ".join("%.3f" % t for t in ts),
+                                           statistics.median(ts)))
+        return
     for r in range(a.rounds):
         te, oe = timed()
         qkv.hf.use_qkv(model)

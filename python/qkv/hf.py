@@ -1,4 +1,6 @@
-"""Hugging Face transformers' BERT (and its kin), DistilBERT and GPT-2 self-attention computed by qkv.
+"""Hugging Face transformers' models with their attention computed by qkv:
+BERT (and its kin), DistilBERT, GPT-2, and Llama with the decoders whose
+attention is Llama's (Mistral, Qwen2, Gemma, Phi-3, ...).
 
     import transformers, qkv.hf
     model = transformers.BertModel.from_pretrained("bert-base-uncased")
@@ -6,19 +8,19 @@
     out = model(**batch, output_attentions=True)   # out.attentions: qkv's weights
     qkv.hf.restore(model)            # back to the model's own attention
 
-use_qkv replaces the forward of each attention module of the model (BERT's
-BertSelfAttention, the same module copied into RoBERTa, XLM-RoBERTa,
-CamemBERT and ELECTRA, DistilBERT's MultiHeadSelfAttention, GPT-2's
-GPT2Attention, and their sdpa subclasses) by a
-function that computes query, key and value with the module's own linear
+BERT, its kin, DistilBERT, GPT-2: use_qkv replaces the forward of each
+attention module of the model (BERT's BertSelfAttention, the same module
+copied into RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA, DistilBERT's
+MultiHeadSelfAttention, GPT-2's GPT2Attention, and their sdpa subclasses) by
+a function that computes query, key and value with the module's own linear
 layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
 when output_attentions is asked for). Nothing else of the model changes:
 its embeddings, masks, feed-forward layers and outputs are the model's.
 restore removes the replacement.
 
-Supported: the forward signatures of transformers 4.x up to 4.49 (checked
-by use_qkv; tested with 4.46.3 and 4.49.0, the newest that runs on torch
-1.13), attn_implementation "eager" or "sdpa", the models'
+Supported there: the forward signatures of transformers 4.x up to 4.49
+(checked by use_qkv; tested with 4.46.3 and 4.49.0, the newest that runs on
+torch 1.13), attn_implementation "eager" or "sdpa", the models'
 padding masks (BERT's additive [B, 1, 1, S] mask, or any additive or
 boolean mask broadcastable to [B, H, L, S]; GPT-2's causal mask plus its
 padding mask), GPT-2's key/value cache (layer_past, use_cache), float32,
@@ -27,10 +29,33 @@ dropout, not torch's; the returned weights are those before dropout).
 Not supported (NotImplementedError): head_mask, cross-attention
 (encoder_hidden_states), BERT's past_key_value, BERT's relative position
 embeddings, a transformers version whose attention modules take other
-arguments. Any other model raises TypeError."""
+arguments.
+
+Llama and its kin (transformers 4.48 to 4.51): these models call their
+attention through transformers' table of attention functions, by the name
+in config._attn_implementation. use_qkv adds qkv's function to the table as
+"qkv" and names it in the model's config (restore puts the model's own name
+back). It is admitted for any model whose eager attention is Llama's
+(eager_attention_forward of the model's module, the same text: Llama,
+Mistral, Mixtral, Qwen2, Gemma, Phi, Phi-3, Granite, Starcoder2, OLMo,
+OLMo-2, Cohere, GLM, ...; not Gemma-2, which caps its scores). It computes
+what that function does: grouped-query heads (qkv's own GQA, no copies of
+the keys), the module's scaling, the model's 4-D mask. The model's causal
+mask with any padding at the end of the sequences (its mask when nothing is
+padded) is recognised and becomes qkv's own causal mask with key lengths:
+the tiles above the diagonal and past the padding are skipped. Other masks
+(padding at the start, as batched generation pads; a sliding window;
+queries after cached keys) are added as the model builds them. The
+key/value cache, generate(), float32, float64, bfloat16, float16, autograd
+and dropout in training mode as above.
+
+Any other model raises TypeError."""
+import hashlib
 import importlib
 import inspect
 import math
+import sys
+import weakref
 
 import torch
 
@@ -39,6 +64,8 @@ from . import torch as _qt
 __all__ = ["use_qkv", "restore"]
 
 _ATTR = "_qkv_hf_patched"
+_IMPL_ATTR = "_qkv_hf_attn_implementation"   # the model's own, while it runs through qkv
+_IMPL = "qkv"                                 # its name among transformers' attention functions
 
 
 # BERT and the encoders whose self-attention transformers copies from
@@ -198,6 +225,101 @@ def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, hea
     return outputs
 
 
+# The decoders of transformers 4.48 on (Llama, Mistral, Qwen2, Gemma, Phi-3,
+# ... and every model whose attention is written like Llama's) call their
+# attention through transformers' table of attention functions, by the name
+# in config._attn_implementation. Their eager one is eager_attention_forward
+# of the model's module: use_qkv admits a model whose eager_attention_forward
+# is this text (its source's SHA-256, the same in 4.48.0 to 4.51.3), which is
+# the arithmetic _interface_attention reproduces: key and value heads shared
+# by groups of query heads (repeat_kv), the scores scaled, the model's 4-D
+# additive mask (cut to the keys) added, softmax in float32, dropout, the
+# weights times value, [B, L, H, D] out.
+_LLAMA_EAGER_SHA256 = "ad54bea90e61fbdb79597b5b3d964183317ca4d125b0f572d496a5b2458c7eac"
+_INTERFACE_VERSIONS = ((4, 48), (4, 51))     # the transformers whose interface this is
+
+
+def _eager_digest(module):
+    f = getattr(module, "eager_attention_forward", None)
+    if f is None:
+        return None
+    try:
+        return hashlib.sha256(inspect.getsource(f).encode()).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
+def _interface_model(model):
+    """Whether the model's attention goes through transformers' attention
+    functions with Llama's eager arithmetic (see _LLAMA_EAGER_SHA256)."""
+    mod = sys.modules.get(type(model).__module__)
+    if mod is None or not hasattr(mod, "ALL_ATTENTION_FUNCTIONS"):
+        return False
+    return _eager_digest(mod) == _LLAMA_EAGER_SHA256
+
+
+# The last model mask _causal_lengths looked at: (weak reference, its
+# version counter, keys cut to, the answer). The model hands the same mask
+# to every layer.
+_seen_mask = [None, -1, -1, None]
+
+
+def _causal_lengths(attention_mask, S):
+    """Whether the model's mask [B, 1, L, >= S] (cut to S keys, L == S) is
+    its causal mask with each sequence padded at its end: then its last row
+    [B, 1, 1, S], a padding mask (qkv.torch's key lengths), beside qkv's own
+    causal mask, computes the same; else None (the mask stays a bias)."""
+    ref, version, cut, answer = _seen_mask
+    if ref is not None and ref() is attention_mask and version == attention_mask._version and cut == S:
+        return answer
+    mask = attention_mask[:, :, :, :S]
+    answer = None
+    if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == S and mask.dtype.is_floating_point:
+        low = torch.finfo(mask.dtype).min
+        last = mask[:, :, S - 1:, :]
+        lens = _qt._padding_lengths(last[:, 0, 0, :], mask.dtype, S)
+        if lens is not None and bool((lens > 0).all()):
+            pos = torch.arange(S)
+            keep = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lens[:, None, None])
+            want = torch.zeros(keep.shape, dtype=mask.dtype).masked_fill_(~keep, low)
+            if torch.equal(mask[:, 0], want):
+                answer = last
+    try:
+        _seen_mask[:] = [weakref.ref(attention_mask), attention_mask._version, S, answer]
+    except TypeError:
+        _seen_mask[:] = [None, -1, -1, None]
+    return answer
+
+
+def _interface_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                         **kwargs):
+    """transformers' attention function "qkv" (see use_qkv): query [B, H, L,
+    D], key and value [B, H_kv, S, D] (H a multiple of H_kv), the model's
+    additive mask [B, 1, L, >= S] or None; returns (output [B, L, H, D],
+    the weights [B, H, L, S] when output_attentions is asked for, else None).
+    Like eager_attention_forward, it applies the mask it is given (None: no
+    mask) and no other; other arguments (is_causal, sliding_window, ...) are
+    for other implementations, whose masks differ, and are not used."""
+    L, S = query.shape[-2], key.shape[-2]
+    mask, causal = attention_mask, False
+    if mask is not None:
+        if L == S and L > 1 and mask.dtype == query.dtype:
+            pad = _causal_lengths(mask, S)
+            if pad is not None:
+                mask, causal = pad, True
+        if not causal:
+            mask = _float_mask(mask[:, :, :, :S], query.dtype)
+            if mask.dtype != query.dtype:
+                mask = mask.to(query.dtype)
+    # transformers 4.48 to 4.51 say whether the weights are wanted; where
+    # it is not said, they are returned, as eager does.
+    want = bool(kwargs.get("output_attentions", True))
+    p = float(dropout) if module.training else 0.0
+    res = _qt._sdpa(query, key, value, mask, p, causal, scaling, query.shape[1] != key.shape[1], want)
+    out, attn = res if want else (res, None)
+    return out.transpose(1, 2), attn
+
+
 def _named_parameters(f):
     return [n for n, p in inspect.signature(f).parameters.items() if p.kind != p.VAR_KEYWORD]
 
@@ -215,22 +337,56 @@ def _expect_signature(cls, forward):
 
 
 def _targets(model):
+    """(attention class, forward) of a model whose attention modules qkv.hf
+    replaces; None for a model that calls transformers' attention functions
+    with Llama's eager arithmetic (_interface_model)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError("qkv.hf: expected a transformers model, not %s" % type(model).__name__)
     for base, cls, forward in _classes():
         if isinstance(model, base):
             return cls, forward
+    if _interface_model(model):
+        return None
     raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*), the encoders "
                     "whose attention is BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA), "
-                    "DistilBERT and GPT-2 (GPT2Model, GPT2LMHeadModel, ...) models are"
-                    % type(model).__name__)
+                    "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...) and, with transformers "
+                    "4.48 to 4.51, the models whose attention is Llama's (Llama, Mistral, Qwen2, "
+                    "Gemma, Phi-3, ...) are" % type(model).__name__)
+
+
+def _use_interface(model):
+    """The model's attention function becomes qkv's: transformers' table of
+    attention functions gets the entry "qkv" (_interface_attention), and the
+    model's config names it (the model's own name is kept, for restore)."""
+    import transformers
+    from transformers import modeling_utils
+    version = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    lo, hi = _INTERFACE_VERSIONS
+    if not lo <= version <= hi:
+        raise NotImplementedError(
+            "qkv.hf: %s with transformers %s: qkv.hf implements the attention functions of "
+            "transformers %d.%d to %d.%d" % (type(model).__name__, transformers.__version__,
+                                             lo[0], lo[1], hi[0], hi[1]))
+    cfg = model.config
+    impl = getattr(model, _IMPL_ATTR, None) or getattr(cfg, "_attn_implementation", "eager") or "eager"
+    if impl not in ("eager", "sdpa", _IMPL):
+        raise NotImplementedError("qkv.hf: attn_implementation %r is not supported (eager or "
+                                  "sdpa: load the model with attn_implementation=\"eager\")" % impl)
+    modeling_utils.ALL_ATTENTION_FUNCTIONS[_IMPL] = _interface_attention
+    if getattr(model, _IMPL_ATTR, None) is None:
+        setattr(model, _IMPL_ATTR, impl)
+    cfg._attn_implementation = _IMPL
+    return model
 
 
 def use_qkv(model):
-    """Makes the self-attention layers of a transformers BERT or GPT-2 model
-    run through qkv (in place); returns the model. See the module's
-    documentation for what is supported."""
-    cls, forward = _targets(model)
+    """Makes the self-attention layers of a transformers model run through
+    qkv (in place); returns the model. See the module's documentation for
+    the models and what is supported."""
+    found = _targets(model)
+    if found is None:
+        return _use_interface(model)
+    cls, forward = found
     impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
     if impl not in ("eager", "sdpa"):
         raise NotImplementedError("qkv.hf: attn_implementation %r is not supported (eager or "
@@ -260,4 +416,8 @@ def restore(model):
         if getattr(m, _ATTR, False):
             del m.forward
             delattr(m, _ATTR)
+    impl = getattr(model, _IMPL_ATTR, None)
+    if impl is not None:
+        model.config._attn_implementation = impl
+        delattr(model, _IMPL_ATTR)
     return model

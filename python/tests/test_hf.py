@@ -1,6 +1,7 @@
 """Tests of qkv.hf: tiny random transformers BertModel, its kin (RoBERTa,
-XLM-RoBERTa, CamemBERT, ELECTRA), DistilBertModel and GPT2Model (built
-from configs, nothing downloaded) whose self-attention runs through qkv,
+XLM-RoBERTa, CamemBERT, ELECTRA), DistilBertModel, GPT2Model, and with
+transformers 4.48 on LlamaModel and the decoders whose attention is Llama's
+(built from configs, nothing downloaded) whose self-attention runs through qkv,
 against the same models' eager attention: last_hidden_state and every
 output_attentions tensor within 1e-5 (float32) and 1e-10 (float64), with a
 padding mask (a batch of 2, one sequence padded at its end; another at its
@@ -156,7 +157,7 @@ class Forward(unittest.TestCase):
                 self.assertLess(version, (2, 2))
                 return
         ids, mask = inputs()
-        for make in (bert, bert_kin("Roberta"), distilbert, gpt2):
+        for make in (bert, bert_kin("Roberta"), distilbert, gpt2) + ((decoder("Llama"),) if INTERFACE else ()):
             eager = make(torch.float32)
             ours = qkv.hf.use_qkv(make(torch.float32, impl="sdpa"))
             with torch.no_grad():
@@ -191,25 +192,34 @@ class Forward(unittest.TestCase):
                 self.assertLessEqual(maxdiff(a, w[:, :, 4:]), 1e-10)
 
 
+def gradients(make):
+    """[(name, eager's gradient, qkv's)] of a float64 model from make, padded
+    batch, output_attentions=True: the input embeddings' first, then every
+    parameter's that has one."""
+    ids, mask = inputs()
+    eager = make(torch.float64)
+    ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+    grads = []
+    for model in (eager, ours):
+        emb = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+        out = model(inputs_embeds=emb, attention_mask=mask, output_attentions=True)
+        w = torch.linspace(-1, 1, out.last_hidden_state.numel(), dtype=torch.float64)
+        (out.last_hidden_state.flatten() * w).sum().backward()
+        grads.append(emb.grad)
+    pairs = [("input embeddings", grads[0], grads[1])]
+    for (n, a), (_, b) in zip(eager.named_parameters(), ours.named_parameters()):
+        if a.grad is not None:
+            pairs.append((n, a.grad, b.grad))
+    return pairs
+
+
 class Backward(unittest.TestCase):
 
     def check(self, make):
-        ids, mask = inputs()
-        eager = make(torch.float64)
-        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
-        grads = []
-        for model in (eager, ours):
-            emb = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-            out = model(inputs_embeds=emb, attention_mask=mask, output_attentions=True)
-            w = torch.linspace(-1, 1, out.last_hidden_state.numel(), dtype=torch.float64)
-            (out.last_hidden_state.flatten() * w).sum().backward()
-            grads.append(emb.grad)
-        self.assertGreater(grads[0].abs().max().item(), 0.0)
-        self.assertLessEqual(maxdiff(grads[1], grads[0]), 1e-5)
-        # the parameters' gradients too
-        for (n, a), (_, b) in zip(eager.named_parameters(), ours.named_parameters()):
-            if a.grad is not None:
-                self.assertLessEqual(maxdiff(a.grad, b.grad), 1e-5, n)
+        pairs = gradients(make)
+        self.assertGreater(pairs[0][1].abs().max().item(), 0.0)
+        for n, a, b in pairs:
+            self.assertLessEqual(maxdiff(b, a), 1e-5, n)
 
     def test_bert(self):
         self.check(bert)
@@ -224,6 +234,200 @@ class Backward(unittest.TestCase):
 
     def test_gpt2(self):
         self.check(gpt2)
+
+
+# The models whose attention is Llama's, through transformers' attention
+# functions (4.48 on): name -> extra config. Mistral's window is narrower
+# than the sequence, Qwen2 has biases in its projections, Granite scales its
+# scores by its own multiplier.
+DECODERS = {"Llama": {}, "Mistral": {"sliding_window": 4}, "Qwen2": {}, "Gemma": {},
+            "Phi3": {"pad_token_id": 0}, "Granite": {"attention_multiplier": 0.3},
+            "Starcoder2": {}}
+INTERFACE = tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 48)
+
+
+def decoder(name, cls="Model"):
+    def make(dtype, impl="eager"):
+        torch.manual_seed(0)
+        cfg = getattr(transformers, name + "Config")(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=64, vocab_size=VOCAB, attn_implementation=impl, **DECODERS[name])
+        return getattr(transformers, name + cls)(cfg).to(dtype).eval()
+    make.__name__ = name
+    return make
+
+
+class Spying:
+    """Records the calls of qkv.torch's attention: (is_causal, the mask's
+    shape or None)."""
+
+    def __enter__(self):
+        self.calls = []
+        self.orig = qkv.torch._sdpa
+
+        def spied(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn):
+            self.calls.append((bool(is_causal), None if attn_mask is None else tuple(attn_mask.shape)))
+            return self.orig(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn)
+        qkv.torch._sdpa = spied
+        return self
+
+    def __exit__(self, *exc):
+        qkv.torch._sdpa = self.orig
+
+
+def interface(test):
+    """A test of Decoders; before transformers 4.48 (no attention functions
+    to use) it checks that use_qkv refuses Llama instead."""
+    def run(self):
+        if INTERFACE:
+            return test(self)
+        with self.assertRaisesRegex(TypeError, "LlamaModel is not supported.*4.48 to 4.51"):
+            qkv.hf.use_qkv(decoder("Llama")(torch.float32))
+    run.__name__ = test.__name__
+    return run
+
+
+class Decoders(unittest.TestCase):
+    """Llama and the models whose attention is Llama's, against their eager
+    attention: outputs and weights, the masks (qkv's causal mask with key
+    lengths where the model's mask is its causal mask with padding at the end;
+    the mask itself where it is not), generation with the key/value cache,
+    gradients, restore."""
+
+    @interface
+    def test_forward(self):
+        ids, mask = inputs()
+        left = torch.ones(B, L, dtype=torch.long)
+        left[0, :2] = 0
+        for name in DECODERS:
+            for dtype in (torch.float32, torch.float64):
+                eager = decoder(name)(dtype)
+                ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+                # float64: eager's softmax is float32 (and its lowest float64
+                # becomes -inf there, so a row with no key is NaN: no left
+                # padding)
+                # Mistral's window (4 keys) is in its mask: a bias
+                native = name != "Mistral"
+                masks = ((None, native), (mask, native), (left, False))
+                for m, native in masks[:2] if dtype == torch.float64 else masks:
+                    with self.subTest(model=name, dtype=dtype, mask=m), torch.no_grad():
+                        want = eager(input_ids=ids, attention_mask=m, output_attentions=True)
+                        with Spying() as c:
+                            got = ours(input_ids=ids, attention_mask=m, output_attentions=True)
+                        self.assertEqual(len(c.calls), 2)
+                        for causal, shape in c.calls:
+                            self.assertEqual(causal, native)
+                            self.assertEqual(shape, (B, 1, 1, L) if native else (B, 1, L, L))
+                        self.assertEqual(got.last_hidden_state.dtype, dtype)
+                        self.assertLessEqual(maxdiff(got.last_hidden_state, want.last_hidden_state), 1e-5)
+                        for a, w in zip(got.attentions, want.attentions):
+                            self.assertEqual(a.shape, (B, 4, L, L))
+                            self.assertEqual(a.dtype, dtype)
+                            self.assertLessEqual(maxdiff(a, w), 1e-5)
+                        if m is mask:
+                            self.assertEqual(got.attentions[0][1, :, :, L - 3:].abs().max().item(), 0.0)
+                        got2 = ours(input_ids=ids, attention_mask=m)
+                        self.assertIsNone(got2.attentions)
+                        self.assertLessEqual(maxdiff(got2.last_hidden_state, want.last_hidden_state), 1e-5)
+
+    @interface
+    def test_generation_with_cache(self):
+        # greedy decoding of a left-padded batch, step by step with the
+        # model's cache: the prompt (a bias: left padding), then one token a
+        # step (the query sees every cached key but the padding)
+        ids, _ = inputs()
+        left = torch.ones(B, L, dtype=torch.long)
+        left[0, :2] = 0
+        eager = decoder("Llama", "ForCausalLM")(torch.float32)
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+
+        def greedy(model, steps=4):
+            m, tokens, atts = left, [], []
+            with torch.no_grad():
+                out = model(input_ids=ids, attention_mask=m, use_cache=True, output_attentions=True)
+                for _ in range(steps):
+                    atts.append(out.attentions)
+                    t = out.logits[:, -1:].argmax(-1)
+                    tokens.append(t)
+                    m = torch.cat([m, torch.ones(B, 1, dtype=m.dtype)], 1)
+                    out = model(input_ids=t, attention_mask=m, past_key_values=out.past_key_values,
+                                use_cache=True, output_attentions=True)
+            return torch.cat(tokens, 1), out.logits, atts + [out.attentions]
+        want, got = greedy(eager), greedy(ours)
+        self.assertTrue(torch.equal(got[0], want[0]))
+        self.assertLessEqual(maxdiff(got[1], want[1]), 1e-5)
+        for s, t in zip(got[2], want[2]):
+            for a, w in zip(s, t):
+                self.assertEqual(a.shape, w.shape)
+                self.assertLessEqual(maxdiff(a, w), 1e-5)
+        self.assertEqual(got[2][-1][0].shape, (B, 4, 1, L + 4))
+
+    @interface
+    def test_backward(self):
+        # float64, each gradient within 1e-6 of its largest element: eager's
+        # softmax is float32 even here (seen: up to 1.2e-7; the gradients of
+        # the input reach ~300)
+        for name in ("Llama", "Qwen2"):
+            with self.subTest(model=name):
+                pairs = gradients(decoder(name))
+                self.assertGreater(pairs[0][1].abs().max().item(), 0.0)
+                for n, a, b in pairs:
+                    self.assertLessEqual(maxdiff(b, a), 1e-6 * a.abs().max().item(), n)
+
+    @interface
+    def test_mask_kinds(self):
+        # _causal_lengths: the model's causal mask with padding at the end
+        # becomes its last row; anything else stays the mask
+        low = torch.finfo(torch.float32).min
+        n = 5
+        causal = torch.zeros(n, n).masked_fill_(torch.ones(n, n, dtype=torch.bool).triu(1), low)
+        m = causal.repeat(2, 1, 1, 1)
+        m[1, :, :, 3:] = low                            # padded after 3 keys
+        last = qkv.hf._causal_lengths(m, n)
+        self.assertTrue(torch.equal(last, m[:, :, n - 1:, :]))
+        self.assertIs(qkv.hf._causal_lengths(m, n), last)          # remembered
+        m[0, 0, 2, 1] = low                             # changed in place: looked at again
+        self.assertIsNone(qkv.hf._causal_lengths(m, n))
+        m[0, 0, 2, 1] = 0.0
+        self.assertIsNotNone(qkv.hf._causal_lengths(m.clone(), n))
+        wider = torch.cat([m, torch.full((2, 1, n, 1), low)], 3)   # the mask is cut to the keys
+        self.assertIsNotNone(qkv.hf._causal_lengths(wider, n))
+        for bad in (m.transpose(2, 3).contiguous(),      # not causal
+                    m.masked_fill(torch.arange(n) < 1, low),           # padded at the start
+                    m.masked_fill(torch.arange(n) == 2, low),          # a hole
+                    m.masked_fill(m == low, -1e4),                     # another value
+                    torch.zeros(2, 1, n, n)):                          # no mask
+            self.assertIsNone(qkv.hf._causal_lengths(bad, n))
+
+    @interface
+    def test_restore(self):
+        for impl in ("eager", "sdpa"):
+            try:
+                model = decoder("Llama")(torch.float32, impl=impl)
+            except ImportError:             # sdpa on torch < 2.1.1 (test_sdpa_models)
+                continue
+            self.assertIs(qkv.hf.use_qkv(qkv.hf.use_qkv(model)), model)
+            self.assertEqual(model.config._attn_implementation, "qkv")
+            self.assertIs(transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS["qkv"],
+                          qkv.hf._interface_attention)
+            self.assertIs(qkv.hf.restore(model), model)
+            self.assertEqual(model.config._attn_implementation, impl)
+            self.assertIs(qkv.hf.restore(model), model)
+            self.assertEqual(model.config._attn_implementation, impl)
+            ids, mask = inputs()
+            with Spying() as c, torch.no_grad():
+                model(input_ids=ids, attention_mask=mask)
+            self.assertEqual(c.calls, [])
+
+    @interface
+    def test_other_attention(self):
+        # Gemma2 caps its scores, GPT-NeoX writes its own eager attention
+        for name, kw in (("Gemma2", {}), ("GPTNeoX", {})):
+            cfg = getattr(transformers, name + "Config")(
+                hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                vocab_size=VOCAB, attn_implementation="eager", **kw)
+            with self.assertRaisesRegex(TypeError, name + "Model is not supported"):
+                qkv.hf.use_qkv(getattr(transformers, name + "Model")(cfg))
 
 
 class Restore(unittest.TestCase):
@@ -255,7 +459,7 @@ class Restore(unittest.TestCase):
 class Errors(unittest.TestCase):
 
     def test_other_model(self):
-        with self.assertRaisesRegex(TypeError, "BERT .* and GPT-2"):
+        with self.assertRaisesRegex(TypeError, "BERT .* GPT-2 .* Llama"):
             qkv.hf.use_qkv(torch.nn.Linear(3, 3))
         with self.assertRaisesRegex(TypeError, "transformers model"):
             qkv.hf.use_qkv("bert")
