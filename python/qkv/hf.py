@@ -259,35 +259,47 @@ def _interface_model(model):
 
 
 # The last model mask _causal_lengths looked at: (weak reference, its
-# version counter, keys cut to, the answer). The model hands the same mask
-# to every layer.
-_seen_mask = [None, -1, -1, None]
+# version counter, keys cut to, window asked about, the answer). The model
+# hands the same mask to every layer.
+_seen_mask = (None, -1, -1, None, None)
 
 
-def _causal_lengths(attention_mask, S):
+def _causal_lengths(attention_mask, S, sliding_window=None):
     """Whether the model's mask [B, 1, L, >= S] (cut to S keys, L == S) is
-    its causal mask with each sequence padded at its end: then its last row
-    [B, 1, 1, S], a padding mask (qkv.torch's key lengths), beside qkv's own
-    causal mask, computes the same; else None (the mask stays a bias)."""
-    ref, version, cut, answer = _seen_mask
-    if ref is not None and ref() is attention_mask and version == attention_mask._version and cut == S:
+    its causal mask with each sequence padded at its end, and with a sliding
+    window (query i sees keys after i - sliding_window) where the model has
+    one: then (a padding mask [B, 1, 1, S], window) computes the same with
+    qkv's own causal mask (window None) or causal window (keys i - window ..
+    i) and key lengths; else None (the mask stays a bias). Every query must
+    keep a key (where none is left, eager's weights are uniform)."""
+    global _seen_mask
+    ref, version, cut, asked, answer = _seen_mask
+    if (ref is not None and ref() is attention_mask and version == attention_mask._version and
+            cut == S and asked == sliding_window):
         return answer
-    mask = attention_mask[:, :, :, :S]
     answer = None
+    mask = attention_mask[:, :, :, :S]
     if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == S and mask.dtype.is_floating_point:
         low = torch.finfo(mask.dtype).min
-        last = mask[:, :, S - 1:, :]
-        lens = _qt._padding_lengths(last[:, 0, 0, :], mask.dtype, S)
-        if lens is not None and bool((lens > 0).all()):
-            pos = torch.arange(S)
-            keep = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lens[:, None, None])
-            want = torch.zeros(keep.shape, dtype=mask.dtype).masked_fill_(~keep, low)
-            if torch.equal(mask[:, 0], want):
-                answer = last
+        pos = torch.arange(S)
+        lens = (mask[:, 0] == 0).any(1).sum(-1)         # keys seen by some query
+        padded = pos[None, None, :] >= lens[:, None, None]
+        windows = [None]
+        if isinstance(sliding_window, int) and 0 < sliding_window < S:
+            windows.append(sliding_window - 1)
+        for window in windows:
+            hide = (pos[None, :] > pos[:, None])[None] | padded
+            if window is not None:
+                hide = hide | (pos[None, :] < pos[:, None] - window)[None]
+            if bool((~hide).any(-1).all()) and torch.equal(
+                    mask[:, 0], torch.zeros(hide.shape, dtype=mask.dtype).masked_fill_(hide, low)):
+                pad = torch.zeros(mask.shape[0], 1, 1, S, dtype=mask.dtype)
+                answer = (pad.masked_fill_(padded[:, None], low), window)
+                break
     try:
-        _seen_mask[:] = [weakref.ref(attention_mask), attention_mask._version, S, answer]
+        _seen_mask = (weakref.ref(attention_mask), attention_mask._version, S, sliding_window, answer)
     except TypeError:
-        _seen_mask[:] = [None, -1, -1, None]
+        _seen_mask = (None, -1, -1, None, None)
     return answer
 
 
@@ -298,15 +310,16 @@ def _interface_attention(module, query, key, value, attention_mask, dropout=0.0,
     additive mask [B, 1, L, >= S] or None; returns (output [B, L, H, D],
     the weights [B, H, L, S] when output_attentions is asked for, else None).
     Like eager_attention_forward, it applies the mask it is given (None: no
-    mask) and no other; other arguments (is_causal, sliding_window, ...) are
-    for other implementations, whose masks differ, and are not used."""
+    mask) and no other; other arguments (is_causal, ...) are for other
+    implementations, whose masks differ, and are not used, but for
+    sliding_window, the window a mask is checked for (_causal_lengths)."""
     L, S = query.shape[-2], key.shape[-2]
-    mask, causal = attention_mask, False
+    mask, causal, window = attention_mask, False, None
     if mask is not None:
         if L == S and L > 1 and mask.dtype == query.dtype:
-            pad = _causal_lengths(mask, S)
-            if pad is not None:
-                mask, causal = pad, True
+            found = _causal_lengths(mask, S, kwargs.get("sliding_window"))
+            if found is not None:
+                (mask, window), causal = found, True
         if not causal:
             mask = _float_mask(mask[:, :, :, :S], query.dtype)
             if mask.dtype != query.dtype:
@@ -315,7 +328,8 @@ def _interface_attention(module, query, key, value, attention_mask, dropout=0.0,
     # it is not said, they are returned, as eager does.
     want = bool(kwargs.get("output_attentions", True))
     p = float(dropout) if module.training else 0.0
-    res = _qt._sdpa(query, key, value, mask, p, causal, scaling, query.shape[1] != key.shape[1], want)
+    res = _qt._sdpa(query, key, value, mask, p, causal, scaling, query.shape[1] != key.shape[1], want,
+                    window)
     out, attn = res if want else (res, None)
     return out.transpose(1, 2), attn
 

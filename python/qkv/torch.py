@@ -107,7 +107,7 @@ class _Plan:
     well."""
 
     def __init__(self, q, k, v, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
-                 return_attn):
+                 return_attn, window=None):
         for t, name in ((q, "query"), (k, "key"), (v, "value")):
             _check_tensor(t, name)
         if q.dtype not in _QKV_DTYPES:
@@ -160,7 +160,18 @@ class _Plan:
         self.bias_dtype = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
         self.mask = None          # [Bm, Hm, Lm, Sm] float bias (Bm in {1, B}, Hm in {1, H})
         self.mask_shape = None    # the user's float mask's shape (its gradient's)
-        if is_causal:
+        if window is not None and not (is_causal and L == S and int(window) >= 0):
+            raise ValueError("qkv.torch: a causal window needs is_causal and L == S")
+        if window is not None and (self.g == 1 or self.native):
+            # query i sees keys i - window .. i: qkv's causal window
+            self.native_mask = _MASKS["causal_window"]
+            self.window = (int(window), 0)
+        elif window is not None:
+            band = torch.ones(L, S, dtype=torch.bool).tril().triu(-int(window))
+            attn_mask = band if attn_mask is None else (
+                attn_mask & band if attn_mask.dtype == torch.bool
+                else attn_mask.masked_fill(~band, -math.inf))
+        elif is_causal:
             if (self.g == 1 or self.native) and L == S:
                 self.native_mask = _MASKS["causal"]
             elif (self.g == 1 or self.native) and L > S:
@@ -425,10 +436,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn)
 
 
-def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn):
+def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
+          window=None):
     """scaled_dot_product_attention, where a mask and is_causal may come
     together (qkv.hf: GPT-2's causal mask with its padding): the key is seen
-    if both let it."""
+    if both let it. window (with is_causal, L == S): query i sees only keys
+    i - window .. i (qkv.hf: the sliding window of Mistral's kin)."""
     try:
         dropout_p = float(dropout_p)
     except (TypeError, ValueError):
@@ -438,16 +451,17 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
     if attn_mask is None and dropout_p == 0:
         # A call without a mask or dropout is planned once per shape: the
         # plan (and its descriptors) depends only on what the key holds.
-        ckey = _plan_key(query, key, value, is_causal, scale, enable_gqa, return_attn)
+        ckey = _plan_key(query, key, value, is_causal, scale, enable_gqa, return_attn, window)
         plan = _plans.get(ckey)
         if plan is None:
-            plan = _Plan(query, key, value, None, is_causal, scale, enable_gqa, 0.0, 0, return_attn)
+            plan = _Plan(query, key, value, None, is_causal, scale, enable_gqa, 0.0, 0, return_attn,
+                         window)
             if len(_plans) >= 64:
                 _plans.clear()
             _plans[ckey] = plan
     if plan is None:
         plan = _Plan(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p, seed,
-                     return_attn)
+                     return_attn, window)
     rank2 = query.dim() == 2
     mask_in = attn_mask if plan.mask_shape is not None else None
     if not torch.is_grad_enabled() or not (query.requires_grad or key.requires_grad or
@@ -466,11 +480,11 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
 _plans = {}
 
 
-def _plan_key(q, k, v, is_causal, scale, enable_gqa, return_attn):
+def _plan_key(q, k, v, is_causal, scale, enable_gqa, return_attn, window):
     """What a plan without a mask depends on; None when an argument is not a
     CPU tensor (then _Plan reports it)."""
     for t in (q, k, v):
         if not isinstance(t, torch.Tensor) or not t.is_cpu or t.layout != torch.strided:
             return None
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, bool(is_causal), scale,
-            bool(enable_gqa), bool(return_attn), _heads_inside(q))
+            bool(enable_gqa), bool(return_attn), _heads_inside(q), window)

@@ -85,10 +85,12 @@ class Counting:
         self.calls, self.with_attn = 0, 0
         self.orig = qkv.torch._sdpa
 
-        def counted(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn):
+        def counted(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
+                    window=None):
             self.calls += 1
             self.with_attn += bool(return_attn)
-            return self.orig(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn)
+            return self.orig(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
+                             window)
         qkv.torch._sdpa = counted
         return self
 
@@ -259,15 +261,18 @@ def decoder(name, cls="Model"):
 
 class Spying:
     """Records the calls of qkv.torch's attention: (is_causal, the mask's
-    shape or None)."""
+    shape or None, window)."""
 
     def __enter__(self):
         self.calls = []
         self.orig = qkv.torch._sdpa
 
-        def spied(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn):
-            self.calls.append((bool(is_causal), None if attn_mask is None else tuple(attn_mask.shape)))
-            return self.orig(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn)
+        def spied(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
+                  window=None):
+            self.calls.append((bool(is_causal), None if attn_mask is None else tuple(attn_mask.shape),
+                               window))
+            return self.orig(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
+                             window)
         qkv.torch._sdpa = spied
         return self
 
@@ -306,18 +311,18 @@ class Decoders(unittest.TestCase):
                 # float64: eager's softmax is float32 (and its lowest float64
                 # becomes -inf there, so a row with no key is NaN: no left
                 # padding)
-                # Mistral's window (4 keys) is in its mask: a bias
-                native = name != "Mistral"
-                masks = ((None, native), (mask, native), (left, False))
+                # Mistral's window (4 keys) is in its mask: qkv's causal
+                # window of 3 keys back
+                window = 3 if name == "Mistral" else None
+                masks = ((None, True), (mask, True), (left, False))
                 for m, native in masks[:2] if dtype == torch.float64 else masks:
                     with self.subTest(model=name, dtype=dtype, mask=m), torch.no_grad():
                         want = eager(input_ids=ids, attention_mask=m, output_attentions=True)
                         with Spying() as c:
                             got = ours(input_ids=ids, attention_mask=m, output_attentions=True)
                         self.assertEqual(len(c.calls), 2)
-                        for causal, shape in c.calls:
-                            self.assertEqual(causal, native)
-                            self.assertEqual(shape, (B, 1, 1, L) if native else (B, 1, L, L))
+                        want_call = (True, (B, 1, 1, L), window) if native else (False, (B, 1, L, L), None)
+                        self.assertEqual(c.calls, [want_call] * 2)
                         self.assertEqual(got.last_hidden_state.dtype, dtype)
                         self.assertLessEqual(maxdiff(got.last_hidden_state, want.last_hidden_state), 1e-5)
                         for a, w in zip(got.attentions, want.attentions):
@@ -396,25 +401,42 @@ class Decoders(unittest.TestCase):
 
     @interface
     def test_mask_kinds(self):
-        # _causal_lengths: the model's causal mask with padding at the end
-        # becomes its last row; anything else stays the mask
+        # _causal_lengths: the model's causal mask (with a sliding window
+        # where the model says it has one) with padding at the end becomes
+        # (a padding mask, the window); anything else stays the mask
         low = torch.finfo(torch.float32).min
-        n = 5
-        causal = torch.zeros(n, n).masked_fill_(torch.ones(n, n, dtype=torch.bool).triu(1), low)
-        m = causal.repeat(2, 1, 1, 1)
-        m[1, :, :, 3:] = low                            # padded after 3 keys
-        last = qkv.hf._causal_lengths(m, n)
-        self.assertTrue(torch.equal(last, m[:, :, n - 1:, :]))
-        self.assertIs(qkv.hf._causal_lengths(m, n), last)          # remembered
+        n = 6
+        pos = torch.arange(n)
+        future = pos[None, :] > pos[:, None]
+        m = torch.zeros(2, 1, n, n).masked_fill_(future, low)
+        m[1, :, :, 4:] = low                            # padded after 4 keys
+        pad = torch.zeros(2, 1, 1, n)
+        pad[1, ..., 4:] = low
+        found = qkv.hf._causal_lengths(m, n)
+        self.assertTrue(torch.equal(found[0], pad))
+        self.assertIsNone(found[1])
+        self.assertIs(qkv.hf._causal_lengths(m, n), found)          # remembered
+        self.assertEqual(qkv.hf._causal_lengths(m, n, 3)[1], None)  # no window in it
         m[0, 0, 2, 1] = low                             # changed in place: looked at again
         self.assertIsNone(qkv.hf._causal_lengths(m, n))
         m[0, 0, 2, 1] = 0.0
         self.assertIsNotNone(qkv.hf._causal_lengths(m.clone(), n))
         wider = torch.cat([m, torch.full((2, 1, n, 1), low)], 3)   # the mask is cut to the keys
         self.assertIsNotNone(qkv.hf._causal_lengths(wider, n))
+        # a window of 3 keys (sliding_window 3: keys after i - 3)
+        far = pos[None, :] <= pos[:, None] - 3
+        win = m.masked_fill(far, low)
+        self.assertIsNone(qkv.hf._causal_lengths(win, n))           # the model said none
+        found = qkv.hf._causal_lengths(win, n, 3)
+        self.assertTrue(torch.equal(found[0], pad))
+        self.assertEqual(found[1], 2)
+        self.assertIsNone(qkv.hf._causal_lengths(win, n, 2))        # another window
+        win2 = win.clone()
+        win2[1, :, :, 2:] = low              # padded after 2 keys: query 5 sees none
+        self.assertIsNone(qkv.hf._causal_lengths(win2, n, 3))
         for bad in (m.transpose(2, 3).contiguous(),      # not causal
-                    m.masked_fill(torch.arange(n) < 1, low),           # padded at the start
-                    m.masked_fill(torch.arange(n) == 2, low),          # a hole
+                    m.masked_fill(pos < 1, low),                       # padded at the start
+                    m.masked_fill(pos == 2, low),                      # a hole
                     m.masked_fill(m == low, -1e4),                     # another value
                     torch.zeros(2, 1, n, n)):                          # no mask
             self.assertIsNone(qkv.hf._causal_lengths(bad, n))

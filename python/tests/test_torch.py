@@ -223,6 +223,42 @@ class Forward(unittest.TestCase):
                         out = _sdpa(q, k, v, mm, 0.0, True, None, True, False)
                         self.assertLessEqual((out - ref).abs().max().item(), 1e-12)
 
+    def test_causal_window(self):
+        # _sdpa's window (qkv.hf: a sliding window): query i sees keys
+        # i - window .. i, with or without a padding mask, in either layout
+        # (qkv's causal window, or a band bias in torch's layout with GQA):
+        # output, weights, and gradients by gradcheck
+        from qkv.torch import _sdpa
+        n = 9
+        for inside in (False, True):
+            for Hk in (4, 2):
+                for w in (0, 3, n + 2):
+                    # (padded, window 0: the padded rows see no key, NaN in torch)
+                    for padded in (False, True) if w else (False,):
+                        q, k, v = qkv_of(2, 4, n, n, 8, Hk=Hk, grad=True)
+                        if inside:
+                            q = heads_inside(q)
+                        m = torch.zeros(2, 1, 1, n, dtype=torch.float64)
+                        m[1, ..., n - 2:] = -math.inf
+                        band = torch.ones(n, n, dtype=torch.bool).tril().triu(-w)
+                        keep = band & (m == 0) if padded else band
+                        ref, rw = ref_sdpa(q, k, v, attn_mask=keep, enable_gqa=True)
+                        mm = m if padded else None
+                        with self.subTest(inside=inside, Hk=Hk, window=w, padded=padded):
+                            out, got_w = _sdpa(q, k, v, mm, 0.0, True, None, True, True, window=w)
+                            self.assertLessEqual((out - ref).abs().max().item(), 1e-12)
+                            self.assertLessEqual((got_w - rw).abs().max().item(), 1e-12)
+                            self.assertTrue(torch.autograd.gradcheck(
+                                lambda a, b, c: _sdpa(a, b, c, mm, 0.0, True, None, True, False,
+                                                      window=w), (q, k, v)))
+        q, k, v = qkv_of(1, 2, 5, 7, 8)
+        with self.assertRaisesRegex(ValueError, "causal window needs is_causal and L == S"):
+            _sdpa(q, k, v, None, 0.0, True, None, False, False, window=2)
+        q, k, v = qkv_of(1, 2, 5, 5, 8)
+        for causal, w in ((False, 2), (True, -1)):
+            with self.assertRaisesRegex(ValueError, "causal window needs"):
+                _sdpa(q, k, v, None, 0.0, causal, None, False, False, window=w)
+
     def test_gqa(self):
         for H, Hk in ((6, 2), (6, 1), (4, 4)):
             for kw in ({}, {"is_causal": True}):
