@@ -3,7 +3,8 @@
 Times the forward of a randomly initialised BertModel, GPT2Model or
 LlamaModel (--model; base sized by default: hidden 768, 12 heads, 12 layers;
 Llama's key and value heads --kv-heads, its feed-forward 8/3 of the hidden
-size; nothing is downloaded) on a batch of random tokens, the first sequence padded at its
+size; --window W makes it a MistralModel with a sliding window of W keys;
+nothing is downloaded) on a batch of random tokens, the first sequence padded at its
 end (--no-padding: none), with output_attentions=True:
 the model's eager attention, then the same model after qkv.hf.use_qkv,
 alternating, the median of --reps calls each, for --rounds rounds. Also
@@ -50,6 +51,7 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--window", type=int, default=None)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", choices=("eager", "qkv"))
@@ -63,12 +65,13 @@ def main():
                                       attn_implementation="eager")
         make = transformers.BertModel
     elif a.model == "llama":
-        cfg = transformers.LlamaConfig(hidden_size=a.hidden, num_attention_heads=a.heads,
-                                       num_key_value_heads=a.kv_heads, num_hidden_layers=a.layers,
-                                       intermediate_size=(8 * a.hidden // 3 + 255) // 256 * 256,
-                                       max_position_embeddings=max(2048, a.len),
-                                       attn_implementation="eager")
-        make = transformers.LlamaModel
+        kw = dict(hidden_size=a.hidden, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                  num_hidden_layers=a.layers, intermediate_size=(8 * a.hidden // 3 + 255) // 256 * 256,
+                  max_position_embeddings=max(2048, a.len), attn_implementation="eager")
+        if a.window:
+            cfg, make = transformers.MistralConfig(sliding_window=a.window, **kw), transformers.MistralModel
+        else:
+            cfg, make = transformers.LlamaConfig(**kw), transformers.LlamaModel
     else:
         cfg = transformers.GPT2Config(n_embd=a.hidden, n_head=a.heads, n_layer=a.layers,
                                       n_positions=max(1024, a.len), attn_implementation="eager")
@@ -90,7 +93,7 @@ def main():
         return statistics.median(ts), out
 
     print("%s, torch %s, transformers %s, %d thread(s), batch %d x %d tokens%s, hidden %d, %d heads, "
-          "%d layers, medians of %d calls" % (a.model, torch.__version__, transformers.__version__,
+          "%d layers, medians of %d calls" % (type(model).__name__, torch.__version__, transformers.__version__,
                                                a.threads, a.batch, a.len,
                                                "" if a.no_padding else " (the first padded)",
                                                a.hidden, a.heads, a.layers, a.reps))
