@@ -1,5 +1,6 @@
 """Hugging Face transformers' models with their attention computed by qkv:
-BERT (and its kin), DistilBERT, GPT-2, and Llama with the decoders whose
+BERT (and its kin), DistilBERT, GPT-2, ViT (and the vision and audio
+models whose attention is ViT's), and Llama with the decoders whose
 attention is Llama's (Mistral, Qwen2, Gemma, Phi-3, ...).
 
     import transformers, qkv.hf
@@ -8,10 +9,12 @@ attention is Llama's (Mistral, Qwen2, Gemma, Phi-3, ...).
     out = model(**batch, output_attentions=True)   # out.attentions: qkv's weights
     qkv.hf.restore(model)            # back to the model's own attention
 
-BERT, its kin, DistilBERT, GPT-2: use_qkv replaces the forward of each
-attention module of the model (BERT's BertSelfAttention, the same module
-copied into RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA, DistilBERT's
-MultiHeadSelfAttention, GPT-2's GPT2Attention, and their sdpa subclasses) by
+BERT, its kin, DistilBERT, GPT-2, ViT's kin: use_qkv replaces the forward
+of each attention module of the model (BERT's BertSelfAttention, the same
+module copied into RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA, DistilBERT's
+MultiHeadSelfAttention, GPT-2's GPT2Attention, ViT's ViTSelfAttention, the
+same module copied into DeiT, DINOv2, ViT-MSN, YOLOS, ViViT and the Audio
+Spectrogram Transformer, and their sdpa subclasses) by
 a function that computes query, key and value with the module's own linear
 layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
 when output_attentions is asked for). Nothing else of the model changes:
@@ -23,7 +26,7 @@ Supported there: the forward signatures of transformers 4.x up to 4.49
 torch 1.13), attn_implementation "eager" or "sdpa", the models'
 padding masks (BERT's additive [B, 1, 1, S] mask, or any additive or
 boolean mask broadcastable to [B, H, L, S]; GPT-2's causal mask plus its
-padding mask), GPT-2's key/value cache (layer_past, use_cache), float32,
+padding mask; ViT's kin have none), GPT-2's key/value cache (layer_past, use_cache), float32,
 float64, bfloat16 and float16, autograd, dropout in training mode (qkv's
 dropout, not torch's; the returned weights are those before dropout).
 Not supported (NotImplementedError): head_mask, cross-attention
@@ -74,6 +77,13 @@ _BERT_FAMILY = (("bert", "Bert"), ("roberta", "Roberta"), ("xlm_roberta", "XLMRo
                 ("camembert", "Camembert"), ("electra", "Electra"))
 
 
+# The vision (and audio) transformers whose self-attention transformers
+# copies from ViT's ("Copied from ...ViTSelfAttention"): no mask.
+_VIT_FAMILY = (("vit", "ViT"), ("deit", "DeiT"), ("dinov2", "Dinov2"), ("vit_msn", "ViTMSN"),
+               ("yolos", "Yolos"), ("vivit", "Vivit"),
+               ("audio_spectrogram_transformer", "AST"))
+
+
 def _classes():
     """[(PreTrainedModel base, self-attention class, forward)] of the
     supported models that this transformers has."""
@@ -83,14 +93,16 @@ def _classes():
     except ImportError as e:
         raise ImportError("qkv.hf needs transformers (pip install transformers): %s" % e) from None
     found = []
-    for mod, prefix in _BERT_FAMILY:
-        try:
-            m = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
-        except ImportError:
-            continue
-        base, att = getattr(m, prefix + "PreTrainedModel", None), getattr(m, prefix + "SelfAttention", None)
-        if base is not None and att is not None:
-            found.append((base, att, _bert_forward))
+    for family, forward in ((_BERT_FAMILY, _bert_forward), (_VIT_FAMILY, _vit_forward)):
+        for mod, prefix in family:
+            try:
+                m = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
+            except ImportError:
+                continue
+            base = getattr(m, prefix + "PreTrainedModel", None)
+            att = getattr(m, prefix + "SelfAttention", None)
+            if base is not None and att is not None:
+                found.append((base, att, forward))
     found.append((md.DistilBertPreTrainedModel, md.MultiHeadSelfAttention, _distilbert_forward))
     found.append((mg.GPT2PreTrainedModel, mg.GPT2Attention, _gpt2_forward))
     return found
@@ -156,6 +168,17 @@ def _bert_forward(self, hidden_states, attention_mask=None, head_mask=None,
     if self.is_decoder:
         outputs = outputs + ((k, v),)
     return outputs
+
+
+def _vit_forward(self, hidden_states, head_mask=None, output_attentions=False):
+    """ViT's ViTSelfAttention (and the modules copied from it, and their sdpa
+    subclasses): every patch attends to every patch, no mask."""
+    _check_args(type(self).__name__, head_mask, None, {})
+    H, D = self.num_attention_heads, self.attention_head_size
+    q, k, v = (_heads(f(hidden_states), H, D) for f in (self.query, self.key, self.value))
+    p = self.dropout.p if self.training else 0.0
+    ctx, attn = _attend(q, k, v, None, p, False, 1.0 / math.sqrt(D), output_attentions)
+    return (ctx, attn) if output_attentions else (ctx,)
 
 
 def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_attentions=False,
@@ -363,7 +386,8 @@ def _targets(model):
         return None
     raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*), the encoders "
                     "whose attention is BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA), "
-                    "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...) and, with transformers "
+                    "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...), ViT and the models whose "
+                    "attention is ViT's (DeiT, DINOv2, ViT-MSN, YOLOS, ViViT, AST) and, with transformers "
                     "4.48 to 4.51, the models whose attention is Llama's (Llama, Mistral, Qwen2, "
                     "Gemma, Phi-3, ...) are" % type(model).__name__)
 

@@ -1,5 +1,6 @@
 """Tests of qkv.hf: tiny random transformers BertModel, its kin (RoBERTa,
-XLM-RoBERTa, CamemBERT, ELECTRA), DistilBertModel, GPT2Model, and with
+XLM-RoBERTa, CamemBERT, ELECTRA), DistilBertModel, GPT2Model, ViTModel and its
+kin (DeiT, DINOv2, ViT-MSN, YOLOS, AST, ViViT), and with
 transformers 4.48 on LlamaModel and the decoders whose attention is Llama's
 (built from configs, nothing downloaded) whose self-attention runs through qkv,
 against the same models' eager attention: last_hidden_state and every
@@ -171,6 +172,27 @@ class Forward(unittest.TestCase):
                         self.assertEqual(c.calls, 2)
                         self.assertLessEqual(maxdiff(got, want), 1e-5)
 
+    def test_vision(self):
+        # no mask: every patch (token) sees every other
+        for name in VISION:
+            make, key, x = vision(name)
+            for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
+                with self.subTest(model=name, dtype=dtype), torch.no_grad():
+                    eager = make(dtype)
+                    ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+                    want = eager(**{key: x.to(dtype)}, output_attentions=True)
+                    with Counting() as c:
+                        got = ours(**{key: x.to(dtype)}, output_attentions=True)
+                    self.assertEqual((c.calls, c.with_attn), (2, 2))
+                    self.assertEqual(got.last_hidden_state.dtype, dtype)
+                    self.assertLessEqual(maxdiff(got.last_hidden_state, want.last_hidden_state), tol)
+                    for a, w in zip(got.attentions, want.attentions):
+                        self.assertEqual(a.shape, w.shape)
+                        self.assertLessEqual(maxdiff(a, w), tol)
+                    got2 = ours(**{key: x.to(dtype)})
+                    self.assertIsNone(got2.attentions)
+                    self.assertLessEqual(maxdiff(got2.last_hidden_state, want.last_hidden_state), tol)
+
     def test_gpt2(self):
         for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
             att = self.compare(gpt2, dtype, tol)
@@ -234,8 +256,56 @@ class Backward(unittest.TestCase):
     def test_distilbert(self):
         self.check(distilbert)
 
+    def test_vision(self):
+        # the gradients of the input (pixels or spectrogram) and parameters
+        for name in ("ViT", "Dinov2"):
+            make, key, x = vision(name)
+            eager = make(torch.float64)
+            ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+            grads = []
+            for model in (eager, ours):
+                xi = x.clone().requires_grad_(True)
+                out = model(**{key: xi}, output_attentions=True).last_hidden_state
+                (out.flatten() * torch.linspace(-1, 1, out.numel(), dtype=torch.float64)).sum().backward()
+                grads.append([xi.grad] + [p.grad for p in model.parameters() if p.grad is not None])
+            self.assertGreater(grads[0][0].abs().max().item(), 0.0)
+            self.assertEqual(len(grads[0]), len(grads[1]))
+            for a, b in zip(*grads):
+                self.assertLessEqual(maxdiff(b, a), 1e-10, name)
+
+
     def test_gpt2(self):
         self.check(gpt2)
+
+
+# The vision (and audio) transformers whose self-attention is ViT's: name
+# -> (extra config, the input's keyword, the input's shape without the batch)
+VISION = {"ViT": ({}, "pixel_values", (3, 16, 16)),
+          "DeiT": ({}, "pixel_values", (3, 16, 16)),
+          "Dinov2": ({}, "pixel_values", (3, 16, 16)),
+          "ViTMSN": ({}, "pixel_values", (3, 16, 16)),
+          "Yolos": ({"image_size": [16, 16], "num_detection_tokens": 3}, "pixel_values", (3, 16, 16)),
+          "AST": ({"num_mel_bins": 16, "max_length": 16, "frequency_stride": 4, "time_stride": 4},
+                  "input_values", (16, 16)),
+          "Vivit": ({"num_frames": 4, "tubelet_size": [2, 4, 4]}, "pixel_values", (4, 3, 16, 16))}
+
+
+def vision(name):
+    """(a maker like bert's, the model's input of a batch of B)."""
+    extra, key, shape = VISION[name]
+
+    def make(dtype, impl="eager"):
+        torch.manual_seed(0)
+        kw = {"image_size": 16, "num_channels": 3} if key == "pixel_values" else {}
+        kw.update({"patch_size": 4} if name != "Vivit" else {})
+        kw.update(extra)
+        cfg = getattr(transformers, name + "Config")(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            attn_implementation=impl, **kw)
+        return getattr(transformers, name + "Model")(cfg).to(dtype).eval()
+    make.__name__ = name
+    x = torch.randn((B,) + shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    return make, key, x
 
 
 # The models whose attention is Llama's, through transformers' attention
@@ -516,6 +586,10 @@ class Errors(unittest.TestCase):
             model = qkv.hf.use_qkv(make(torch.float32))
             with self.assertRaisesRegex(NotImplementedError, "head_mask"):
                 model(input_ids=ids, attention_mask=mask, head_mask=torch.ones(4))
+        make, key, x = vision("ViT")
+        model = qkv.hf.use_qkv(make(torch.float32))
+        with self.assertRaisesRegex(NotImplementedError, "head_mask"):
+            model(**{key: x.float()}, head_mask=torch.ones(4))
 
     def test_cross_attention(self):
         cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
