@@ -52,7 +52,10 @@ queries after cached keys) are added as the model builds them. The
 key/value cache, generate(), float32, float64, bfloat16, float16, autograd
 and dropout in training mode as above.
 
-Any other model raises TypeError."""
+A module that holds such models (a SentenceTransformer, say) may be passed
+to use_qkv and restore: each supported transformers model inside it is
+changed (the outermost ones), others are left as they are. A module with
+none, and any other model, raises TypeError."""
 import hashlib
 import importlib
 import inspect
@@ -373,31 +376,53 @@ def _expect_signature(cls, forward):
             % (cls.__name__, transformers.__version__, ", ".join(have[1:]), ", ".join(want[1:])))
 
 
-def _targets(model):
+_INTERFACE = "interface"
+
+
+def _kind(model):
     """(attention class, forward) of a model whose attention modules qkv.hf
-    replaces; None for a model that calls transformers' attention functions
-    with Llama's eager arithmetic (_interface_model)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError("qkv.hf: expected a transformers model, not %s" % type(model).__name__)
+    replaces; _INTERFACE for a model that calls transformers' attention
+    functions with Llama's eager arithmetic (_interface_model); None for any
+    other module."""
     for base, cls, forward in _classes():
         if isinstance(model, base):
             return cls, forward
     if _interface_model(model):
-        return None
-    raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*), the encoders "
-                    "whose attention is BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA), "
-                    "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...), ViT and the models whose "
-                    "attention is ViT's (DeiT, DINOv2, ViT-MSN, YOLOS, ViViT, AST) and, with transformers "
-                    "4.48 to 4.51, the models whose attention is Llama's (Llama, Mistral, Qwen2, "
-                    "Gemma, Phi-3, ...) are" % type(model).__name__)
+        return _INTERFACE
+    return None
 
 
-def _use_interface(model):
-    """The model's attention function becomes qkv's: transformers' table of
-    attention functions gets the entry "qkv" (_interface_attention), and the
-    model's config names it (the model's own name is kept, for restore)."""
+def _targets(model):
+    """[(a transformers model, its _kind)]: the model itself, or else the
+    outermost supported transformers models inside it (a
+    SentenceTransformer's, say)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("qkv.hf: expected a transformers model, not %s" % type(model).__name__)
+    kind = _kind(model)
+    if kind is not None:
+        return [(model, kind)]
+    found, inside = [], []
+    for name, m in model.named_modules():
+        if name and not any(name.startswith(p + ".") for p in inside):
+            kind = _kind(m)
+            if kind is not None:
+                found.append((m, kind))
+                inside.append(name)
+    if not found:
+        raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*), the encoders "
+                        "whose attention is BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA), "
+                        "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...), ViT and the models "
+                        "whose attention is ViT's (DeiT, DINOv2, ViT-MSN, YOLOS, ViViT, AST) and, "
+                        "with transformers 4.48 to 4.51, the models whose attention is Llama's "
+                        "(Llama, Mistral, Qwen2, Gemma, Phi-3, ...) are, or a module holding them"
+                        % type(model).__name__)
+    return found
+
+
+def _interface_impl(model):
+    """The attention implementation a model of _INTERFACE kind names of its
+    own (kept while it runs through qkv, for restore), checked."""
     import transformers
-    from transformers import modeling_utils
     version = tuple(int(x) for x in transformers.__version__.split(".")[:2])
     lo, hi = _INTERFACE_VERSIONS
     if not lo <= version <= hi:
@@ -405,43 +430,58 @@ def _use_interface(model):
             "qkv.hf: %s with transformers %s: qkv.hf implements the attention functions of "
             "transformers %d.%d to %d.%d" % (type(model).__name__, transformers.__version__,
                                              lo[0], lo[1], hi[0], hi[1]))
-    cfg = model.config
-    impl = getattr(model, _IMPL_ATTR, None) or getattr(cfg, "_attn_implementation", "eager") or "eager"
+    impl = getattr(model, _IMPL_ATTR, None) or getattr(model.config, "_attn_implementation", "eager") or "eager"
     if impl not in ("eager", "sdpa", _IMPL):
         raise NotImplementedError("qkv.hf: attn_implementation %r is not supported (eager or "
                                   "sdpa: load the model with attn_implementation=\"eager\")" % impl)
+    return impl
+
+
+def _use_interface(model, impl):
+    """The model's attention function becomes qkv's: transformers' table of
+    attention functions gets the entry "qkv" (_interface_attention), and the
+    model's config names it."""
+    from transformers import modeling_utils
     modeling_utils.ALL_ATTENTION_FUNCTIONS[_IMPL] = _interface_attention
-    if getattr(model, _IMPL_ATTR, None) is None:
-        setattr(model, _IMPL_ATTR, impl)
-    cfg._attn_implementation = _IMPL
-    return model
+    setattr(model, _IMPL_ATTR, impl)
+    model.config._attn_implementation = _IMPL
 
 
 def use_qkv(model):
     """Makes the self-attention layers of a transformers model run through
-    qkv (in place); returns the model. See the module's documentation for
-    the models and what is supported."""
-    found = _targets(model)
-    if found is None:
-        return _use_interface(model)
-    cls, forward = found
-    impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
-    if impl not in ("eager", "sdpa"):
-        raise NotImplementedError("qkv.hf: attn_implementation %r is not supported (eager or "
-                                  "sdpa: load the model with attn_implementation=\"eager\")" % impl)
-    mods = [m for m in model.modules() if isinstance(m, cls)]
-    if not mods:
-        raise TypeError("qkv.hf: %s has no %s module" % (type(model).__name__, cls.__name__))
-    for m in mods:
-        _expect_signature(type(m), forward)
-    if forward is _bert_forward:
-        for m in mods:
-            if m.position_embedding_type != "absolute":
-                raise NotImplementedError("qkv.hf: position_embedding_type %r is not supported "
-                                          "(absolute only)" % m.position_embedding_type)
-    for m in mods:
-        m.forward = forward.__get__(m, type(m))
-        setattr(m, _ATTR, True)
+    qkv (in place); returns the model. A module that is not one itself but
+    holds some (a SentenceTransformer, a model of one's own around a
+    transformers encoder) has each supported one changed. See the module's
+    documentation for the models and what is supported."""
+    targets = _targets(model)
+    plans = []    # (model, its attention modules and their forward, or None and its own impl)
+    for m, kind in targets:       # every check before any change
+        if kind is _INTERFACE:
+            plans.append((m, None, _interface_impl(m)))
+            continue
+        cls, forward = kind
+        impl = getattr(m.config, "_attn_implementation", "eager") or "eager"
+        if impl not in ("eager", "sdpa"):
+            raise NotImplementedError("qkv.hf: attn_implementation %r is not supported (eager or "
+                                      "sdpa: load the model with attn_implementation=\"eager\")" % impl)
+        mods = [a for a in m.modules() if isinstance(a, cls)]
+        if not mods:
+            raise TypeError("qkv.hf: %s has no %s module" % (type(m).__name__, cls.__name__))
+        for a in mods:
+            _expect_signature(type(a), forward)
+        if forward is _bert_forward:
+            for a in mods:
+                if a.position_embedding_type != "absolute":
+                    raise NotImplementedError("qkv.hf: position_embedding_type %r is not supported "
+                                              "(absolute only)" % a.position_embedding_type)
+        plans.append((m, mods, forward))
+    for m, mods, how in plans:
+        if mods is None:
+            _use_interface(m, how)
+            continue
+        for a in mods:
+            a.forward = how.__get__(a, type(a))
+            setattr(a, _ATTR, True)
     return model
 
 
@@ -454,8 +494,8 @@ def restore(model):
         if getattr(m, _ATTR, False):
             del m.forward
             delattr(m, _ATTR)
-    impl = getattr(model, _IMPL_ATTR, None)
-    if impl is not None:
-        model.config._attn_implementation = impl
-        delattr(model, _IMPL_ATTR)
+        impl = getattr(m, _IMPL_ATTR, None)
+        if impl is not None:
+            m.config._attn_implementation = impl
+            delattr(m, _IMPL_ATTR)
     return model

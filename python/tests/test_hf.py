@@ -568,6 +568,57 @@ class Restore(unittest.TestCase):
             self.assertNotIn("forward", vars(m))
 
 
+class Wrapped(unittest.TestCase):
+
+    def test_module_holding_models(self):
+        # a module of one's own holding transformers models (as a
+        # SentenceTransformer holds its encoder): each inside is changed
+        # (Llama's kin from transformers 4.48 on), and restored
+        class Pooled(torch.nn.Module):
+            def __init__(self, encoder, head):
+                super().__init__()
+                self.body = torch.nn.ModuleList([encoder])
+                self.head = head
+
+            def forward(self, ids, mask):
+                h = self.body[0](input_ids=ids, attention_mask=mask).last_hidden_state
+                return self.head(h.mean(1))
+
+        def make():
+            return Pooled(bert(torch.float64), torch.nn.Linear(32, 3).double())
+        ids, mask = inputs()
+        eager = make()
+        ours = make()
+        self.assertIs(qkv.hf.use_qkv(ours), ours)
+        with torch.no_grad(), Counting() as c:
+            want, got = eager(ids, mask), ours(ids, mask)
+        self.assertEqual(c.calls, 2)
+        self.assertLessEqual(maxdiff(got, want), 1e-10)
+        both = torch.nn.ModuleDict({"enc": bert(torch.float32), "dec": decoder("Llama")(torch.float32)})
+        if INTERFACE:
+            qkv.hf.use_qkv(both)
+            self.assertEqual(both["dec"].config._attn_implementation, "qkv")
+            with torch.no_grad(), Counting() as c:
+                both["enc"](input_ids=ids, attention_mask=mask)
+                both["dec"](input_ids=ids, attention_mask=mask)
+            self.assertEqual(c.calls, 4)
+            qkv.hf.restore(both)
+            self.assertEqual(both["dec"].config._attn_implementation, "eager")
+            with torch.no_grad(), Counting() as c:
+                both["enc"](input_ids=ids, attention_mask=mask)
+                both["dec"](input_ids=ids, attention_mask=mask)
+            self.assertEqual(c.calls, 0)
+        else:
+            # before 4.48 the Llama inside is not supported: it is left as it is
+            qkv.hf.use_qkv(both)
+            with torch.no_grad(), Counting() as c:
+                both["enc"](input_ids=ids, attention_mask=mask)
+                both["dec"](input_ids=ids, attention_mask=mask)
+            self.assertEqual(c.calls, 2)
+        with self.assertRaisesRegex(TypeError, "Sequential is not supported.*or a module holding them"):
+            qkv.hf.use_qkv(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
 class Errors(unittest.TestCase):
 
     def test_other_model(self):
