@@ -595,26 +595,22 @@ class Wrapped(unittest.TestCase):
         self.assertEqual(c.calls, 2)
         self.assertLessEqual(maxdiff(got, want), 1e-10)
         both = torch.nn.ModuleDict({"enc": bert(torch.float32), "dec": decoder("Llama")(torch.float32)})
-        if INTERFACE:
-            qkv.hf.use_qkv(both)
-            self.assertEqual(both["dec"].config._attn_implementation, "qkv")
+
+        def calls():
             with torch.no_grad(), Counting() as c:
                 both["enc"](input_ids=ids, attention_mask=mask)
                 both["dec"](input_ids=ids, attention_mask=mask)
-            self.assertEqual(c.calls, 4)
+            return c.calls
+        qkv.hf.use_qkv(both)
+        if INTERFACE:
+            self.assertEqual(both["dec"].config._attn_implementation, "qkv")
+            self.assertEqual(calls(), 4)
             qkv.hf.restore(both)
             self.assertEqual(both["dec"].config._attn_implementation, "eager")
-            with torch.no_grad(), Counting() as c:
-                both["enc"](input_ids=ids, attention_mask=mask)
-                both["dec"](input_ids=ids, attention_mask=mask)
-            self.assertEqual(c.calls, 0)
+            self.assertEqual(calls(), 0)
         else:
             # before 4.48 the Llama inside is not supported: it is left as it is
-            qkv.hf.use_qkv(both)
-            with torch.no_grad(), Counting() as c:
-                both["enc"](input_ids=ids, attention_mask=mask)
-                both["dec"](input_ids=ids, attention_mask=mask)
-            self.assertEqual(c.calls, 2)
+            self.assertEqual(calls(), 2)
         with self.assertRaisesRegex(TypeError, "Sequential is not supported.*or a module holding them"):
             qkv.hf.use_qkv(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
