@@ -1,6 +1,8 @@
 """Hugging Face transformers' models with their attention computed by qkv:
 BERT (and its kin), DistilBERT, GPT-2, ViT (and the vision and audio
-models whose attention is ViT's), and Llama with the decoders whose
+models whose attention is ViT's), BART (and the encoder-decoders whose
+attention is BART's: mBART, Pegasus, Marian, Blenderbot, PLBart,
+Speech2Text, and the decoder BioGPT), and Llama with the decoders whose
 attention is Llama's (Mistral, Qwen2, Gemma, Phi-3, ...).
 
     import transformers, qkv.hf
@@ -14,7 +16,8 @@ of each attention module of the model (BERT's BertSelfAttention, the same
 module copied into RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA, DistilBERT's
 MultiHeadSelfAttention, GPT-2's GPT2Attention, ViT's ViTSelfAttention, the
 same module copied into DeiT, DINOv2, ViT-MSN, YOLOS, ViViT and the Audio
-Spectrogram Transformer, and their sdpa subclasses) by
+Spectrogram Transformer, BART's BartAttention and its copies, and their sdpa
+subclasses) by
 a function that computes query, key and value with the module's own linear
 layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
 when output_attentions is asked for). Nothing else of the model changes:
@@ -26,7 +29,10 @@ Supported there: the forward signatures of transformers 4.x up to 4.49
 torch 1.13), attn_implementation "eager" or "sdpa", the models'
 padding masks (BERT's additive [B, 1, 1, S] mask, or any additive or
 boolean mask broadcastable to [B, H, L, S]; GPT-2's causal mask plus its
-padding mask; ViT's kin have none), GPT-2's key/value cache (layer_past, use_cache), float32,
+padding mask; ViT's kin have none; BART's kin: the encoder's padding,
+the decoder's causal mask with its padding, the cross-attention's padding,
+each recognised as key lengths where it is one), GPT-2's and BART's
+key/value caches (layer_past, use_cache), float32,
 float64, bfloat16 and float16, autograd, dropout in training mode (qkv's
 dropout, not torch's; the returned weights are those before dropout).
 Not supported (NotImplementedError): head_mask, cross-attention
@@ -87,6 +93,13 @@ _VIT_FAMILY = (("vit", "ViT"), ("deit", "DeiT"), ("dinov2", "Dinov2"), ("vit_msn
                ("audio_spectrogram_transformer", "AST"))
 
 
+# The encoder-decoders and decoders whose attention transformers copies
+# from BART's ("Copied from ...BartAttention"): (module, class-name prefix).
+_BART_FAMILY = (("bart", "Bart"), ("mbart", "MBart"), ("pegasus", "Pegasus"), ("marian", "Marian"),
+                ("blenderbot", "Blenderbot"), ("blenderbot_small", "BlenderbotSmall"),
+                ("plbart", "PLBart"), ("biogpt", "BioGpt"), ("speech_to_text", "Speech2Text"))
+
+
 def _classes():
     """[(PreTrainedModel base, self-attention class, forward)] of the
     supported models that this transformers has."""
@@ -106,6 +119,14 @@ def _classes():
             att = getattr(m, prefix + "SelfAttention", None)
             if base is not None and att is not None:
                 found.append((base, att, forward))
+    for mod, prefix in _BART_FAMILY:
+        try:
+            m = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
+        except ImportError:
+            continue
+        base, att = getattr(m, prefix + "PreTrainedModel", None), getattr(m, prefix + "Attention", None)
+        if base is not None and att is not None:
+            found.append((base, att, _bart_forward))
     found.append((md.DistilBertPreTrainedModel, md.MultiHeadSelfAttention, _distilbert_forward))
     found.append((mg.GPT2PreTrainedModel, mg.GPT2Attention, _gpt2_forward))
     return found
@@ -182,6 +203,51 @@ def _vit_forward(self, hidden_states, head_mask=None, output_attentions=False):
     p = self.dropout.p if self.training else 0.0
     ctx, attn = _attend(q, k, v, None, p, False, 1.0 / math.sqrt(D), output_attentions)
     return (ctx, attn) if output_attentions else (ctx,)
+
+
+def _bart_forward(self, hidden_states, key_value_states=None, past_key_value=None,
+                  attention_mask=None, layer_head_mask=None, output_attentions=False):
+    """BART's BartAttention (and the modules copied from it, and their sdpa
+    subclasses): self-attention, the decoder's causal self-attention with
+    its cache (a tuple (key, value) [B, H, S, D]), and cross-attention
+    (key_value_states, the cross cache reused when its length fits). The
+    mask is the model's additive [B, 1, L, S]: the causal one with end
+    padding becomes qkv's causal mask with key lengths, one whose rows are
+    all alike (a padding mask) key lengths; None with a causal module
+    (is_causal: an sdpa model's decoder) is qkv's causal mask."""
+    name = type(self).__name__
+    _check_args(name, layer_head_mask, None, {})
+    is_cross = key_value_states is not None
+    H, D = self.num_heads, self.head_dim
+    q = _heads(self.q_proj(hidden_states), H, D)
+    if is_cross and past_key_value is not None and past_key_value[0].shape[2] == key_value_states.shape[1]:
+        k, v = past_key_value[0], past_key_value[1]
+    else:
+        src = key_value_states if is_cross else hidden_states
+        k, v = _heads(self.k_proj(src), H, D), _heads(self.v_proj(src), H, D)
+        if past_key_value is not None and not is_cross:
+            k = torch.cat([past_key_value[0], k], dim=2)
+            v = torch.cat([past_key_value[1], v], dim=2)
+    present = (k, v) if self.is_decoder else None
+    L, S = q.shape[2], k.shape[2]
+    mask, causal = attention_mask, False
+    if mask is not None:
+        if mask.shape != (q.shape[0], 1, L, S):
+            raise ValueError("qkv.hf: %s: attention mask of shape %s, expected %s"
+                             % (name, tuple(mask.shape), (q.shape[0], 1, L, S)))
+        mask = _float_mask(mask, q.dtype)
+        if mask.dtype != q.dtype:
+            mask = mask.to(q.dtype)
+        found = _causal_lengths(mask, S) if L == S and L > 1 and not is_cross else None
+        if found is not None:
+            mask, causal = found[0], True
+        else:
+            mask = _rows_alike(mask)
+    elif getattr(self, "is_causal", False) and not is_cross and L > 1:
+        causal = True
+    p = self.dropout if self.training else 0.0
+    out, attn = _attend(q, k, v, mask, p, causal, self.scaling, output_attentions)
+    return self.out_proj(out), attn, present
 
 
 def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_attentions=False,
@@ -284,10 +350,27 @@ def _interface_model(model):
     return _eager_digest(mod) == _LLAMA_EAGER_SHA256
 
 
-# The last model mask _causal_lengths looked at: (weak reference, its
-# version counter, keys cut to, window asked about, the answer). The model
-# hands the same mask to every layer.
-_seen_mask = (None, -1, -1, None, None)
+# What was found about the models' masks (_causal_lengths, _rows_alike):
+# {(id of the mask, question): (weak reference, version counter, answer)}.
+# A model hands the same mask to every layer; a few are kept (a decoder
+# layer has its causal mask and the encoder's).
+_seen_masks = {}
+
+
+def _remembered(mask, question, find):
+    """find(), remembered for this mask (while it lives, unchanged)."""
+    key = (id(mask), question)
+    seen = _seen_masks.get(key)
+    if seen is not None and seen[0]() is mask and seen[1] == mask._version:
+        return seen[2]
+    answer = find()
+    if len(_seen_masks) >= 8:
+        _seen_masks.clear()
+    try:
+        _seen_masks[key] = (weakref.ref(mask), mask._version, answer)
+    except TypeError:
+        pass
+    return answer
 
 
 def _causal_lengths(attention_mask, S, sliding_window=None):
@@ -298,14 +381,11 @@ def _causal_lengths(attention_mask, S, sliding_window=None):
     qkv's own causal mask (window None) or causal window (keys i - window ..
     i) and key lengths; else None (the mask stays a bias). Every query must
     keep a key (where none is left, eager's weights are uniform)."""
-    global _seen_mask
-    ref, version, cut, asked, answer = _seen_mask
-    if (ref is not None and ref() is attention_mask and version == attention_mask._version and
-            cut == S and asked == sliding_window):
-        return answer
-    answer = None
-    mask = attention_mask[:, :, :, :S]
-    if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == S and mask.dtype.is_floating_point:
+    def find():
+        mask = attention_mask[:, :, :, :S]
+        if not (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == S and
+                mask.dtype.is_floating_point):
+            return None
         low = torch.finfo(mask.dtype).min
         pos = torch.arange(S)
         lens = (mask[:, 0] == 0).any(1).sum(-1)         # keys seen by some query
@@ -320,13 +400,22 @@ def _causal_lengths(attention_mask, S, sliding_window=None):
             if bool((~hide).any(-1).all()) and torch.equal(
                     mask[:, 0], torch.zeros(hide.shape, dtype=mask.dtype).masked_fill_(hide, low)):
                 pad = torch.zeros(mask.shape[0], 1, 1, S, dtype=mask.dtype)
-                answer = (pad.masked_fill_(padded[:, None], low), window)
-                break
-    try:
-        _seen_mask = (weakref.ref(attention_mask), attention_mask._version, S, sliding_window, answer)
-    except TypeError:
-        _seen_mask = (None, -1, -1, None, None)
-    return answer
+                return pad.masked_fill_(padded[:, None], low), window
+        return None
+    return _remembered(attention_mask, ("causal", S, sliding_window), find)
+
+
+def _rows_alike(mask):
+    """A mask [B, Hm, L, S] whose rows are all the same (a padding mask
+    expanded over the queries, as the encoders and cross-attention get it)
+    as [B, Hm, 1, S], which qkv.torch can take as key lengths; else the
+    mask."""
+    def find():
+        first = mask[:, :, :1, :]
+        return first if torch.equal(mask, first.expand(mask.shape)) else mask
+    if mask.dim() != 4 or mask.shape[2] == 1:
+        return mask
+    return _remembered(mask, "rows", find)
 
 
 def _interface_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -412,7 +501,9 @@ def _targets(model):
         raise TypeError("qkv.hf: %s is not supported: BERT (BertModel, BertFor*), the encoders "
                         "whose attention is BERT's (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA), "
                         "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...), ViT and the models "
-                        "whose attention is ViT's (DeiT, DINOv2, ViT-MSN, YOLOS, ViViT, AST) and, "
+                        "whose attention is ViT's (DeiT, DINOv2, ViT-MSN, YOLOS, ViViT, AST), BART "
+                        "and the models whose attention is BART's (mBART, Pegasus, Marian, "
+                        "Blenderbot, PLBart, BioGPT, Speech2Text) and, "
                         "with transformers 4.48 to 4.51, the models whose attention is Llama's "
                         "(Llama, Mistral, Qwen2, Gemma, Phi-3, ...) are, or a module holding them"
                         % type(model).__name__)

@@ -1,6 +1,7 @@
 """Tests of qkv.hf: tiny random transformers BertModel, its kin (RoBERTa,
 XLM-RoBERTa, CamemBERT, ELECTRA), DistilBertModel, GPT2Model, ViTModel and its
-kin (DeiT, DINOv2, ViT-MSN, YOLOS, AST, ViViT), and with
+kin (DeiT, DINOv2, ViT-MSN, YOLOS, AST, ViViT), BartModel and its kin
+(mBART, Pegasus, Marian, Blenderbot, PLBart, BioGPT, Speech2Text), and with
 transformers 4.48 on LlamaModel and the decoders whose attention is Llama's
 (built from configs, nothing downloaded) whose self-attention runs through qkv,
 against the same models' eager attention: last_hidden_state and every
@@ -160,7 +161,8 @@ class Forward(unittest.TestCase):
                 self.assertLess(version, (2, 2))
                 return
         ids, mask = inputs()
-        for make in (bert, bert_kin("Roberta"), distilbert, gpt2) + ((decoder("Llama"),) if INTERFACE else ()):
+        for make in (bert, bert_kin("Roberta"), distilbert, gpt2, seq2seq("Bart")) + \
+                ((decoder("Llama"),) if INTERFACE else ()):
             eager = make(torch.float32)
             ours = qkv.hf.use_qkv(make(torch.float32, impl="sdpa"))
             with torch.no_grad():
@@ -169,7 +171,8 @@ class Forward(unittest.TestCase):
                         want = eager(input_ids=ids, attention_mask=m).last_hidden_state
                         with Counting() as c:
                             got = ours(input_ids=ids, attention_mask=m).last_hidden_state
-                        self.assertEqual(c.calls, 2)
+                        # BART: 2 encoder layers, 2 decoder layers of 2 attentions
+                        self.assertEqual(c.calls, 6 if make.__name__ == "Bart" else 2)
                         self.assertLessEqual(maxdiff(got, want), 1e-5)
 
     def test_vision(self):
@@ -308,6 +311,30 @@ def vision(name):
     return make, key, x
 
 
+# The encoder-decoders and decoders whose attention is BART's.
+SEQ2SEQ = ("Bart", "MBart", "Pegasus", "Marian", "Blenderbot", "BlenderbotSmall", "PLBart")
+
+
+def seq2seq(name, cls="Model"):
+    def make(dtype, impl="eager"):
+        torch.manual_seed(0)
+        cfg = getattr(transformers, name + "Config")(
+            vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+            decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=1,
+            decoder_start_token_id=2, attn_implementation=impl)
+        return getattr(transformers, name + cls)(cfg).to(dtype).eval()
+    make.__name__ = name
+    return make
+
+
+def decoder_inputs():
+    ids = torch.randint(3, VOCAB, (B, 5), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(B, 5, dtype=torch.long)
+    mask[0, 3:] = 0
+    return ids, mask
+
+
 # The models whose attention is Llama's, through transformers' attention
 # functions (4.48 on): name -> extra config. Mistral's window is narrower
 # than the sequence, Qwen2 has biases in its projections, Granite scales its
@@ -327,6 +354,18 @@ def decoder(name, cls="Model"):
         return getattr(transformers, name + cls)(cfg).to(dtype).eval()
     make.__name__ = name
     return make
+
+
+def same_decoding(tc, want, got):
+    """Two greedy decodings (tokens, last logits, [maps of a step]) alike:
+    the same tokens, logits and maps within 1e-5; returns got."""
+    tc.assertTrue(torch.equal(got[0], want[0]))
+    tc.assertLessEqual(maxdiff(got[1], want[1]), 1e-5)
+    for s, t in zip(got[2], want[2]):
+        for a, w in zip(s, t):
+            tc.assertEqual(a.shape, w.shape)
+            tc.assertLessEqual(maxdiff(a, w), 1e-5)
+    return got
 
 
 class Spying:
@@ -448,13 +487,7 @@ class Decoders(unittest.TestCase):
                     out = model(input_ids=t, attention_mask=m, past_key_values=out.past_key_values,
                                 use_cache=True, output_attentions=True)
             return torch.cat(tokens, 1), out.logits, atts + [out.attentions]
-        want, got = greedy(eager), greedy(ours)
-        self.assertTrue(torch.equal(got[0], want[0]))
-        self.assertLessEqual(maxdiff(got[1], want[1]), 1e-5)
-        for s, t in zip(got[2], want[2]):
-            for a, w in zip(s, t):
-                self.assertEqual(a.shape, w.shape)
-                self.assertLessEqual(maxdiff(a, w), 1e-5)
+        got = same_decoding(self, greedy(eager), greedy(ours))
         self.assertEqual(got[2][-1][0].shape, (B, 4, 1, L + 4))
 
     @interface
@@ -566,6 +599,133 @@ class Restore(unittest.TestCase):
         qkv.hf.restore(model)
         for m in model.modules():
             self.assertNotIn("forward", vars(m))
+
+
+class Seq2Seq(unittest.TestCase):
+    """BART and the models whose attention is BART's: the encoder's
+    self-attention, the decoder's causal self-attention with its cache, and
+    cross-attention, against eager (float32: their eager masks overflow in
+    float64 on torch 1.13)."""
+
+    def test_forward(self):
+        ids, mask = inputs()
+        dids, dmask = decoder_inputs()
+        for name in SEQ2SEQ:
+            with self.subTest(model=name), torch.no_grad():
+                eager = seq2seq(name)(torch.float32)
+                ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+                kw = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dids,
+                          decoder_attention_mask=dmask, output_attentions=True)
+                want = eager(**kw)
+                with Spying() as c:
+                    got = ours(**kw)
+                # encoder: the padding as key lengths; decoder: its causal
+                # mask with its padding; cross: the encoder's padding
+                enc, self_, cross = (False, (B, 1, 1, L), None), (True, (B, 1, 1, 5), None), \
+                    (False, (B, 1, 1, L), None)
+                self.assertEqual(c.calls, [enc, enc, self_, cross, self_, cross])
+                self.assertLessEqual(maxdiff(got.last_hidden_state, want.last_hidden_state), 1e-5)
+                self.assertLessEqual(maxdiff(got.encoder_last_hidden_state,
+                                             want.encoder_last_hidden_state), 1e-5)
+                for k in ("encoder_attentions", "decoder_attentions", "cross_attentions"):
+                    for a, w in zip(getattr(got, k), getattr(want, k)):
+                        self.assertEqual(a.shape, w.shape)
+                        self.assertLessEqual(maxdiff(a, w), 1e-5, k)
+                self.assertEqual(got.cross_attentions[0][1, :, :, L - 3:].abs().max().item(), 0.0)
+                # the decoder padded at its start: its mask, as it is
+                left = torch.ones(B, 5, dtype=torch.long)
+                left[1, :2] = 0
+                kw["decoder_attention_mask"] = left
+                want = eager(**kw)
+                with Spying() as c:
+                    got = ours(**kw)
+                self.assertEqual(c.calls[2], (False, (B, 1, 5, 5), None))
+                self.assertLessEqual(maxdiff(got.last_hidden_state, want.last_hidden_state), 1e-5)
+                for a, w in zip(got.decoder_attentions, want.decoder_attentions):
+                    self.assertLessEqual(maxdiff(a, w), 1e-5)
+
+    def test_generation_with_cache(self):
+        # greedy decoding step by step with the decoder's cache (its own keys
+        # grow, the cross keys are reused)
+        ids, mask = inputs()
+        eager = seq2seq("Bart", "ForConditionalGeneration")(torch.float32)
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+
+        def greedy(model, steps=4):
+            with torch.no_grad():
+                enc = model.get_encoder()(input_ids=ids, attention_mask=mask)
+                t = torch.full((B, 1), 2)
+                out = model(encoder_outputs=enc, attention_mask=mask, decoder_input_ids=t,
+                            use_cache=True, output_attentions=True)
+                tokens, maps = [], [out.cross_attentions]
+                for _ in range(steps):
+                    t = out.logits[:, -1:].argmax(-1)
+                    tokens.append(t)
+                    out = model(encoder_outputs=enc, attention_mask=mask, decoder_input_ids=t,
+                                past_key_values=out.past_key_values, use_cache=True,
+                                output_attentions=True)
+                    maps.append(out.decoder_attentions)
+            return torch.cat(tokens, 1), out.logits, maps
+        got = same_decoding(self, greedy(eager), greedy(ours))
+        self.assertEqual(got[2][-1][0].shape, (B, 4, 1, 5))
+
+    def test_decoder_only_and_speech(self):
+        ids, mask = inputs()
+        torch.manual_seed(0)
+        cfg = transformers.BioGptConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=64,
+                                        attn_implementation="eager")
+        eager = transformers.BioGptModel(cfg).eval()
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+        with torch.no_grad():
+            want = eager(input_ids=ids, attention_mask=mask, output_attentions=True)
+            got = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+        self.assertLessEqual(maxdiff(got.last_hidden_state, want.last_hidden_state), 1e-5)
+        for a, w in zip(got.attentions, want.attentions):
+            self.assertLessEqual(maxdiff(a, w), 1e-5)
+        torch.manual_seed(0)
+        cfg = transformers.Speech2TextConfig(
+            vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+            decoder_ffn_dim=64, input_feat_per_channel=16, num_conv_layers=1, conv_channels=8,
+            conv_kernel_sizes=(5,), attn_implementation="eager")
+        eager = transformers.Speech2TextModel(cfg).eval()
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+        x = torch.randn(B, 20, 16, generator=torch.Generator().manual_seed(4))
+        am = torch.ones(B, 20, dtype=torch.long)
+        am[1, 12:] = 0
+        dids, _ = decoder_inputs()
+        with torch.no_grad():
+            kw = dict(input_features=x, attention_mask=am, decoder_input_ids=dids, output_attentions=True)
+            want, got = eager(**kw), ours(**kw)
+        self.assertLessEqual(maxdiff(got.last_hidden_state, want.last_hidden_state), 1e-5)
+        for a, w in zip(got.cross_attentions, want.cross_attentions):
+            self.assertLessEqual(maxdiff(a, w), 1e-5)
+
+    def test_backward(self):
+        # float32 (see the class), each gradient within 1e-5 of its largest
+        ids, mask = inputs()
+        dids, dmask = decoder_inputs()
+        eager = seq2seq("Bart")(torch.float32)
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+        grads = []
+        for model in (eager, ours):
+            emb = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+            out = model(inputs_embeds=emb, attention_mask=mask, decoder_input_ids=dids,
+                        decoder_attention_mask=dmask, output_attentions=True).last_hidden_state
+            (out.flatten() * torch.linspace(-1, 1, out.numel())).sum().backward()
+            grads.append([emb.grad] + [p.grad for p in model.parameters() if p.grad is not None])
+        self.assertGreater(grads[0][0].abs().max().item(), 0.0)
+        self.assertEqual(len(grads[0]), len(grads[1]))
+        for a, b in zip(*grads):
+            self.assertLessEqual(maxdiff(b, a), 1e-5 * max(1.0, a.abs().max().item()))
+
+    def test_head_mask(self):
+        ids, mask = inputs()
+        dids, _ = decoder_inputs()
+        model = qkv.hf.use_qkv(seq2seq("Bart")(torch.float32))
+        with self.assertRaisesRegex(NotImplementedError, "head_mask"):
+            model(input_ids=ids, attention_mask=mask, decoder_input_ids=dids, head_mask=torch.ones(2, 4))
 
 
 class Wrapped(unittest.TestCase):
