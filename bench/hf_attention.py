@@ -1,11 +1,12 @@
-"""A Hugging Face BERT, GPT-2 or Llama with output_attentions=True: eager against qkv.hf.
+"""A Hugging Face BERT, GPT-2, Llama or BART with output_attentions=True: eager against qkv.hf.
 
-Times the forward of a randomly initialised BertModel, GPT2Model or
-LlamaModel (--model; base sized by default: hidden 768, 12 heads, 12 layers;
-Llama's key and value heads --kv-heads, its feed-forward 8/3 of the hidden
-size; --window W makes it a MistralModel with a sliding window of W keys;
-nothing is downloaded) on a batch of random tokens, the first sequence padded at its
-end (--no-padding: none), with output_attentions=True:
+Times the forward of a randomly initialised BertModel, GPT2Model, LlamaModel
+or BartModel (--model; base sized by default: hidden 768, 12 heads, 12
+layers, BART's split into 6 encoder and 6 decoder layers, its decoder fed
+the shifted input; Llama's key and value heads --kv-heads, its feed-forward
+8/3 of the hidden size; --window W makes it a MistralModel with a sliding
+window of W keys; nothing is downloaded) on a batch of random tokens, the
+first sequence padded at its end (--no-padding: none), with output_attentions=True:
 the model's eager attention, then the same model after qkv.hf.use_qkv,
 alternating, the median of --reps calls each, for --rounds rounds. Also
 prints how far the outputs and the attention maps of the two are apart.
@@ -40,9 +41,12 @@ import transformers  # noqa: E402
 import qkv.hf  # noqa: E402
 
 
+_MAPS = ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=("bert", "gpt2", "llama"), default="bert")
+    ap.add_argument("--model", choices=("bert", "gpt2", "llama", "bart"), default="bert")
     ap.add_argument("--no-padding", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
@@ -64,6 +68,14 @@ def main():
                                       max_position_embeddings=max(512, a.len),
                                       attn_implementation="eager")
         make = transformers.BertModel
+    elif a.model == "bart":
+        cfg = transformers.BartConfig(d_model=a.hidden, encoder_attention_heads=a.heads,
+                                      decoder_attention_heads=a.heads,
+                                      encoder_layers=a.layers // 2, decoder_layers=a.layers // 2,
+                                      encoder_ffn_dim=4 * a.hidden, decoder_ffn_dim=4 * a.hidden,
+                                      max_position_embeddings=max(1024, a.len),
+                                      attn_implementation="eager")
+        make = transformers.BartModel
     elif a.model == "llama":
         kw = dict(hidden_size=a.hidden, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                   num_hidden_layers=a.layers, intermediate_size=(8 * a.hidden // 3 + 255) // 256 * 256,
@@ -110,7 +122,8 @@ def main():
         tq, oq = timed()
         qkv.hf.restore(model)
         dh = (oe.last_hidden_state - oq.last_hidden_state).abs().max().item()
-        da = max((x - y).abs().max().item() for x, y in zip(oe.attentions, oq.attentions))
+        da = max((x - y).abs().max().item() for k in _MAPS if getattr(oe, k, None) is not None
+                 for x, y in zip(getattr(oe, k), getattr(oq, k)))
         print("round %d: eager %.3f s, qkv.hf %.3f s, eager / qkv %.2fx; max |diff| hidden %.1e, "
               "attentions %.1e" % (r + 1, te, tq, te / tq, dh, da))
     if a.profile:
