@@ -2,8 +2,8 @@
 BERT (and its kin), DistilBERT, GPT-2, ViT (and the vision and audio
 models whose attention is ViT's), BART (and the encoder-decoders whose
 attention is BART's: mBART, Pegasus, Marian, Blenderbot, PLBart,
-Speech2Text, and the decoder BioGPT), and Llama with the decoders whose
-attention is Llama's (Mistral, Qwen2, Gemma, Phi-3, ...).
+Speech2Text, and the decoder BioGPT), Whisper, and Llama with the decoders
+whose attention is Llama's (Mistral, Qwen2, Gemma, Phi-3, ...).
 
     import transformers, qkv.hf
     model = transformers.BertModel.from_pretrained("bert-base-uncased")
@@ -16,8 +16,8 @@ of each attention module of the model (BERT's BertSelfAttention, the same
 module copied into RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA, DistilBERT's
 MultiHeadSelfAttention, GPT-2's GPT2Attention, ViT's ViTSelfAttention, the
 same module copied into DeiT, DINOv2, ViT-MSN, YOLOS, ViViT and the Audio
-Spectrogram Transformer, BART's BartAttention and its copies, and their sdpa
-subclasses) by
+Spectrogram Transformer, BART's BartAttention and its copies, Whisper's
+WhisperAttention, and their sdpa subclasses) by
 a function that computes query, key and value with the module's own linear
 layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
 when output_attentions is asked for). Nothing else of the model changes:
@@ -31,8 +31,8 @@ padding masks (BERT's additive [B, 1, 1, S] mask, or any additive or
 boolean mask broadcastable to [B, H, L, S]; GPT-2's causal mask plus its
 padding mask; ViT's kin have none; BART's kin: the encoder's padding,
 the decoder's causal mask with its padding, the cross-attention's padding,
-each recognised as key lengths where it is one), GPT-2's and BART's
-key/value caches (layer_past, use_cache), float32,
+each recognised as key lengths where it is one; Whisper's decoder mask
+likewise), GPT-2's, BART's and Whisper's key/value caches (layer_past, use_cache), float32,
 float64, bfloat16 and float16, autograd, dropout in training mode (qkv's
 dropout, not torch's; the returned weights are those before dropout).
 Not supported (NotImplementedError): head_mask, cross-attention
@@ -127,6 +127,11 @@ def _classes():
         base, att = getattr(m, prefix + "PreTrainedModel", None), getattr(m, prefix + "Attention", None)
         if base is not None and att is not None:
             found.append((base, att, _bart_forward))
+    try:
+        from transformers.models.whisper import modeling_whisper as mw
+        found.append((mw.WhisperPreTrainedModel, mw.WhisperAttention, _whisper_forward))
+    except ImportError:
+        pass
     found.append((md.DistilBertPreTrainedModel, md.MultiHeadSelfAttention, _distilbert_forward))
     found.append((mg.GPT2PreTrainedModel, mg.GPT2Attention, _gpt2_forward))
     return found
@@ -210,13 +215,8 @@ def _bart_forward(self, hidden_states, key_value_states=None, past_key_value=Non
     """BART's BartAttention (and the modules copied from it, and their sdpa
     subclasses): self-attention, the decoder's causal self-attention with
     its cache (a tuple (key, value) [B, H, S, D]), and cross-attention
-    (key_value_states, the cross cache reused when its length fits). The
-    mask is the model's additive [B, 1, L, S]: the causal one with end
-    padding becomes qkv's causal mask with key lengths, one whose rows are
-    all alike (a padding mask) key lengths; None with a causal module
-    (is_causal: an sdpa model's decoder) is qkv's causal mask."""
-    name = type(self).__name__
-    _check_args(name, layer_head_mask, None, {})
+    (key_value_states, the cross cache reused when its length fits)."""
+    _check_args(type(self).__name__, layer_head_mask, None, {})
     is_cross = key_value_states is not None
     H, D = self.num_heads, self.head_dim
     q = _heads(self.q_proj(hidden_states), H, D)
@@ -229,12 +229,56 @@ def _bart_forward(self, hidden_states, key_value_states=None, past_key_value=Non
             k = torch.cat([past_key_value[0], k], dim=2)
             v = torch.cat([past_key_value[1], v], dim=2)
     present = (k, v) if self.is_decoder else None
+    out, attn = _encdec_attend(self, q, k, v, attention_mask, is_cross, output_attentions)
+    return self.out_proj(out), attn, present
+
+
+def _whisper_forward(self, hidden_states, key_value_states=None, past_key_value=None,
+                     attention_mask=None, layer_head_mask=None, output_attentions=False,
+                     cache_position=None):
+    """Whisper's WhisperAttention (and its sdpa subclass): as BART's, with
+    the model's EncoderDecoderCache (the self-attention's keys appended at
+    cache_position, the cross-attention's computed once and reused)."""
+    _check_args(type(self).__name__, layer_head_mask, None, {})
+    is_cross = key_value_states is not None
+    H, D = self.num_heads, self.head_dim
+    q = _heads(self.q_proj(hidden_states), H, D)
+    is_updated = False
+    if past_key_value is not None:
+        is_updated = past_key_value.is_updated.get(self.layer_idx)
+        if is_cross:
+            past_key_value.is_updated[self.layer_idx] = True
+            past_key_value = past_key_value.cross_attention_cache
+        else:
+            past_key_value = past_key_value.self_attention_cache
+    if is_cross and past_key_value and is_updated:
+        k, v = past_key_value.key_cache[self.layer_idx], past_key_value.value_cache[self.layer_idx]
+    else:
+        src = key_value_states if is_cross else hidden_states
+        # the cache keeps [B, H, S, D] as the model's own makes them
+        k = self._shape(self.k_proj(src), -1, q.shape[0])
+        v = self._shape(self.v_proj(src), -1, q.shape[0])
+        if past_key_value is not None:
+            k, v = past_key_value.update(k, v, self.layer_idx,
+                                         {"cache_position": None if is_cross else cache_position})
+    out, attn = _encdec_attend(self, q, k, v, attention_mask, is_cross, output_attentions)
+    return self.out_proj(out), attn, past_key_value
+
+
+def _encdec_attend(self, q, k, v, attention_mask, is_cross, output_attentions):
+    """The attention of BART's and Whisper's modules: the model's additive
+    mask [B, 1, L, >= S] (cut to the keys): its causal mask with end padding
+    becomes qkv's causal mask with key lengths, one whose rows are all alike
+    (a padding mask) key lengths; None with a causal module (is_causal: an
+    sdpa model's decoder, L > 1) is qkv's causal mask (torch's alignment);
+    scaled by the module's scaling. (out [B, L, H * D], weights or None)."""
     L, S = q.shape[2], k.shape[2]
     mask, causal = attention_mask, False
     if mask is not None:
-        if mask.shape != (q.shape[0], 1, L, S):
+        if mask.dim() != 4 or mask.shape[0] != q.shape[0] or mask.shape[1] != 1 or \
+                mask.shape[2] != L or mask.shape[3] < S:
             raise ValueError("qkv.hf: %s: attention mask of shape %s, expected %s"
-                             % (name, tuple(mask.shape), (q.shape[0], 1, L, S)))
+                             % (type(self).__name__, tuple(mask.shape), (q.shape[0], 1, L, S)))
         mask = _float_mask(mask, q.dtype)
         if mask.dtype != q.dtype:
             mask = mask.to(q.dtype)
@@ -242,12 +286,11 @@ def _bart_forward(self, hidden_states, key_value_states=None, past_key_value=Non
         if found is not None:
             mask, causal = found[0], True
         else:
-            mask = _rows_alike(mask)
+            mask = _rows_alike(mask if mask.shape[3] == S else mask[:, :, :, :S])
     elif getattr(self, "is_causal", False) and not is_cross and L > 1:
         causal = True
     p = self.dropout if self.training else 0.0
-    out, attn = _attend(q, k, v, mask, p, causal, self.scaling, output_attentions)
-    return self.out_proj(out), attn, present
+    return _attend(q, k, v, mask, p, causal, self.scaling, output_attentions)
 
 
 def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_attentions=False,
@@ -503,7 +546,7 @@ def _targets(model):
                         "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...), ViT and the models "
                         "whose attention is ViT's (DeiT, DINOv2, ViT-MSN, YOLOS, ViViT, AST), BART "
                         "and the models whose attention is BART's (mBART, Pegasus, Marian, "
-                        "Blenderbot, PLBart, BioGPT, Speech2Text) and, "
+                        "Blenderbot, PLBart, BioGPT, Speech2Text), Whisper and, "
                         "with transformers 4.48 to 4.51, the models whose attention is Llama's "
                         "(Llama, Mistral, Qwen2, Gemma, Phi-3, ...) are, or a module holding them"
                         % type(model).__name__)

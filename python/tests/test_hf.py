@@ -1,7 +1,8 @@
 """Tests of qkv.hf: tiny random transformers BertModel, its kin (RoBERTa,
 XLM-RoBERTa, CamemBERT, ELECTRA), DistilBertModel, GPT2Model, ViTModel and its
 kin (DeiT, DINOv2, ViT-MSN, YOLOS, AST, ViViT), BartModel and its kin
-(mBART, Pegasus, Marian, Blenderbot, PLBart, BioGPT, Speech2Text), and with
+(mBART, Pegasus, Marian, Blenderbot, PLBart, BioGPT, Speech2Text), Whisper,
+and with
 transformers 4.48 on LlamaModel and the decoders whose attention is Llama's
 (built from configs, nothing downloaded) whose self-attention runs through qkv,
 against the same models' eager attention: last_hidden_state and every
@@ -668,6 +669,55 @@ class Seq2Seq(unittest.TestCase):
             return torch.cat(tokens, 1), out.logits, maps
         got = same_decoding(self, greedy(eager), greedy(ours))
         self.assertEqual(got[2][-1][0].shape, (B, 4, 1, 5))
+
+    def test_whisper(self):
+        # the encoder (no mask), the decoder's causal self-attention with its
+        # padding, cross-attention (no mask); then greedy decoding with the
+        # model's EncoderDecoderCache (the cross keys made once)
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+        torch.manual_seed(0)
+        cfg = transformers.WhisperConfig(
+            vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+            decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=15, max_target_positions=32,
+            pad_token_id=1, decoder_start_token_id=2, attn_implementation="eager")
+        eager = transformers.WhisperForConditionalGeneration(cfg).eval()
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+        x = torch.randn(B, 16, 30, generator=torch.Generator().manual_seed(5))
+        dids, dmask = decoder_inputs()
+        with torch.no_grad():
+            kw = dict(input_features=x, decoder_input_ids=dids, decoder_attention_mask=dmask,
+                      output_attentions=True)
+            want = eager(**kw)
+            with Spying() as c:
+                got = ours(**kw)
+        enc, self_, cross = (False, None, None), (True, (B, 1, 1, 5), None), (False, None, None)
+        self.assertEqual(c.calls, [enc, enc, self_, cross, self_, cross])
+        self.assertLessEqual(maxdiff(got.logits, want.logits), 1e-5)
+        for k in ("encoder_attentions", "decoder_attentions", "cross_attentions"):
+            for a, w in zip(getattr(got, k), getattr(want, k)):
+                self.assertEqual(a.shape, w.shape)
+                self.assertLessEqual(maxdiff(a, w), 1e-5, k)
+
+        def greedy(model, steps=4):
+            with torch.no_grad():
+                enc = model.get_encoder()(x)
+                t = torch.full((B, 1), 2)
+                out = model(encoder_outputs=enc, decoder_input_ids=t, use_cache=True,
+                            past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache()),
+                            output_attentions=True)
+                tokens, maps = [], [out.cross_attentions]
+                for _ in range(steps):
+                    t = out.logits[:, -1:].argmax(-1)
+                    tokens.append(t)
+                    out = model(encoder_outputs=enc, decoder_input_ids=t,
+                                past_key_values=out.past_key_values, use_cache=True,
+                                output_attentions=True)
+                    maps += [out.cross_attentions, out.decoder_attentions]
+            return torch.cat(tokens, 1), out.logits, maps
+        got = same_decoding(self, greedy(eager), greedy(ours))
+        self.assertEqual(got[2][-1][0].shape, (B, 4, 1, 5))
+        self.assertEqual(got[2][-2][0].shape, (B, 4, 1, 15))
 
     def test_decoder_only_and_speech(self):
         ids, mask = inputs()
