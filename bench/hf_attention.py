@@ -1,9 +1,11 @@
-"""A Hugging Face BERT, GPT-2, Llama or BART with output_attentions=True: eager against qkv.hf.
+"""A Hugging Face BERT, GPT-2, Llama, BART or Whisper with output_attentions=True: eager against qkv.hf.
 
-Times the forward of a randomly initialised BertModel, GPT2Model, LlamaModel
-or BartModel (--model; base sized by default: hidden 768, 12 heads, 12
-layers, BART's split into 6 encoder and 6 decoder layers, its decoder fed
-the shifted input; Llama's key and value heads --kv-heads, its feed-forward
+Times the forward of a randomly initialised BertModel, GPT2Model, LlamaModel,
+BartModel or WhisperModel (--model; base sized by default: hidden 768, 12
+heads, 12 layers, BART's and Whisper's split into 6 encoder and 6 decoder
+layers, BART's decoder fed the shifted input, Whisper's encoder 30 s of 80
+random mel bins (1,500 frames after its convolutions) and its decoder --len
+tokens; Llama's key and value heads --kv-heads, its feed-forward
 8/3 of the hidden size; --window W makes it a MistralModel with a sliding
 window of W keys; nothing is downloaded) on a batch of random tokens, the
 first sequence padded at its end (--no-padding: none), with output_attentions=True:
@@ -46,7 +48,7 @@ _MAPS = ("attentions", "encoder_attentions", "decoder_attentions", "cross_attent
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=("bert", "gpt2", "llama", "bart"), default="bert")
+    ap.add_argument("--model", choices=("bert", "gpt2", "llama", "bart", "whisper"), default="bert")
     ap.add_argument("--no-padding", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
@@ -76,6 +78,14 @@ def main():
                                       max_position_embeddings=max(1024, a.len),
                                       attn_implementation="eager")
         make = transformers.BartModel
+    elif a.model == "whisper":
+        cfg = transformers.WhisperConfig(d_model=a.hidden, encoder_attention_heads=a.heads,
+                                         decoder_attention_heads=a.heads,
+                                         encoder_layers=a.layers // 2, decoder_layers=a.layers // 2,
+                                         encoder_ffn_dim=4 * a.hidden, decoder_ffn_dim=4 * a.hidden,
+                                         max_target_positions=max(448, a.len),
+                                         attn_implementation="eager")
+        make = transformers.WhisperModel
     elif a.model == "llama":
         kw = dict(hidden_size=a.hidden, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                   num_hidden_layers=a.layers, intermediate_size=(8 * a.hidden // 3 + 255) // 256 * 256,
@@ -95,12 +105,18 @@ def main():
     if not a.no_padding:
         mask[0, a.len * 3 // 4:] = 0
 
+    if a.model == "whisper":
+        feats = torch.randn(a.batch, cfg.num_mel_bins, 2 * cfg.max_source_positions)
+        inputs = dict(input_features=feats, decoder_input_ids=ids, decoder_attention_mask=mask)
+    else:
+        inputs = dict(input_ids=ids, attention_mask=mask)
+
     def timed():
         ts = []
         with torch.no_grad():
             for _ in range(a.reps):
                 t0 = time.perf_counter()
-                out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+                out = model(**inputs, output_attentions=True)
                 ts.append(time.perf_counter() - t0)
         return statistics.median(ts), out
 
@@ -129,7 +145,7 @@ def main():
     if a.profile:
         qkv.hf.use_qkv(model)
         with torch.no_grad(), torch.profiler.profile() as prof:
-            model(input_ids=ids, attention_mask=mask, output_attentions=True)
+            model(**inputs, output_attentions=True)
         qkv.hf.restore(model)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
 

@@ -255,9 +255,7 @@ def _whisper_forward(self, hidden_states, key_value_states=None, past_key_value=
         k, v = past_key_value.key_cache[self.layer_idx], past_key_value.value_cache[self.layer_idx]
     else:
         src = key_value_states if is_cross else hidden_states
-        # the cache keeps [B, H, S, D] as the model's own makes them
-        k = self._shape(self.k_proj(src), -1, q.shape[0])
-        v = self._shape(self.v_proj(src), -1, q.shape[0])
+        k, v = _heads(self.k_proj(src), H, D), _heads(self.v_proj(src), H, D)
         if past_key_value is not None:
             k, v = past_key_value.update(k, v, self.layer_idx,
                                          {"cache_position": None if is_cross else cache_position})
