@@ -70,22 +70,17 @@ def main():
                                       max_position_embeddings=max(512, a.len),
                                       attn_implementation="eager")
         make = transformers.BertModel
-    elif a.model == "bart":
-        cfg = transformers.BartConfig(d_model=a.hidden, encoder_attention_heads=a.heads,
-                                      decoder_attention_heads=a.heads,
-                                      encoder_layers=a.layers // 2, decoder_layers=a.layers // 2,
-                                      encoder_ffn_dim=4 * a.hidden, decoder_ffn_dim=4 * a.hidden,
-                                      max_position_embeddings=max(1024, a.len),
-                                      attn_implementation="eager")
-        make = transformers.BartModel
-    elif a.model == "whisper":
-        cfg = transformers.WhisperConfig(d_model=a.hidden, encoder_attention_heads=a.heads,
-                                         decoder_attention_heads=a.heads,
-                                         encoder_layers=a.layers // 2, decoder_layers=a.layers // 2,
-                                         encoder_ffn_dim=4 * a.hidden, decoder_ffn_dim=4 * a.hidden,
-                                         max_target_positions=max(448, a.len),
-                                         attn_implementation="eager")
-        make = transformers.WhisperModel
+    elif a.model in ("bart", "whisper"):
+        kw = dict(d_model=a.hidden, encoder_attention_heads=a.heads, decoder_attention_heads=a.heads,
+                  encoder_layers=a.layers // 2, decoder_layers=a.layers // 2,
+                  encoder_ffn_dim=4 * a.hidden, decoder_ffn_dim=4 * a.hidden,
+                  attn_implementation="eager")
+        if a.model == "bart":
+            cfg = transformers.BartConfig(max_position_embeddings=max(1024, a.len), **kw)
+            make = transformers.BartModel
+        else:
+            cfg = transformers.WhisperConfig(max_target_positions=max(448, a.len), **kw)
+            make = transformers.WhisperModel
     elif a.model == "llama":
         kw = dict(hidden_size=a.hidden, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                   num_hidden_layers=a.layers, intermediate_size=(8 * a.hidden // 3 + 255) // 256 * 256,
