@@ -109,29 +109,19 @@ def _classes():
     except ImportError as e:
         raise ImportError("qkv.hf needs transformers (pip install transformers): %s" % e) from None
     found = []
-    for family, forward in ((_BERT_FAMILY, _bert_forward), (_VIT_FAMILY, _vit_forward)):
+    for family, suffix, forward in ((_BERT_FAMILY, "SelfAttention", _bert_forward),
+                                    (_VIT_FAMILY, "SelfAttention", _vit_forward),
+                                    (_BART_FAMILY, "Attention", _bart_forward),
+                                    ((("whisper", "Whisper"),), "Attention", _whisper_forward)):
         for mod, prefix in family:
             try:
                 m = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
             except ImportError:
                 continue
             base = getattr(m, prefix + "PreTrainedModel", None)
-            att = getattr(m, prefix + "SelfAttention", None)
+            att = getattr(m, prefix + suffix, None)
             if base is not None and att is not None:
                 found.append((base, att, forward))
-    for mod, prefix in _BART_FAMILY:
-        try:
-            m = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
-        except ImportError:
-            continue
-        base, att = getattr(m, prefix + "PreTrainedModel", None), getattr(m, prefix + "Attention", None)
-        if base is not None and att is not None:
-            found.append((base, att, _bart_forward))
-    try:
-        from transformers.models.whisper import modeling_whisper as mw
-        found.append((mw.WhisperPreTrainedModel, mw.WhisperAttention, _whisper_forward))
-    except ImportError:
-        pass
     found.append((md.DistilBertPreTrainedModel, md.MultiHeadSelfAttention, _distilbert_forward))
     found.append((mg.GPT2PreTrainedModel, mg.GPT2Attention, _gpt2_forward))
     return found
