@@ -384,7 +384,9 @@ def _interface_model(model):
 # What was found about the models' masks (_causal_lengths, _rows_alike):
 # {(id of the mask, question): (weak reference, version counter, answer)}.
 # A model hands the same mask to every layer; a few are kept (a decoder
-# layer has its causal mask and the encoder's).
+# layer has its causal mask and the encoder's), each only while its mask
+# lives, and no answer holds on to a mask's memory (answers are [B, 1, 1,
+# S] tensors of their own).
 _seen_masks = {}
 
 
@@ -398,9 +400,10 @@ def _remembered(mask, question, find):
     if len(_seen_masks) >= 8:
         _seen_masks.clear()
     try:
-        _seen_masks[key] = (weakref.ref(mask), mask._version, answer)
+        ref = weakref.ref(mask, lambda r, key=key: _seen_masks.pop(key, None))
     except TypeError:
-        pass
+        return answer
+    _seen_masks[key] = (ref, mask._version, answer)
     return answer
 
 
@@ -443,10 +446,11 @@ def _rows_alike(mask):
     mask."""
     def find():
         first = mask[:, :, :1, :]
-        return first if torch.equal(mask, first.expand(mask.shape)) else mask
+        return first.clone() if torch.equal(mask, first.expand(mask.shape)) else None
     if mask.dim() != 4 or mask.shape[2] == 1:
         return mask
-    return _remembered(mask, "rows", find)
+    found = _remembered(mask, "rows", find)
+    return mask if found is None else found
 
 
 def _interface_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,

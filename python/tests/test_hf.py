@@ -770,6 +770,26 @@ class Seq2Seq(unittest.TestCase):
         for a, b in zip(*grads):
             self.assertLessEqual(maxdiff(b, a), 1e-5 * max(1.0, a.abs().max().item()))
 
+    def test_rows_alike(self):
+        # a mask whose rows are alike becomes its first row (a tensor of its
+        # own, remembered only while the mask lives); other masks stay
+        import gc
+        low = torch.finfo(torch.float32).min
+        m = torch.zeros(2, 1, 1, 6)
+        m[1, ..., 4:] = low
+        full = m.expand(2, 1, 5, 6).clone()
+        first = qkv.hf._rows_alike(full)
+        self.assertTrue(torch.equal(first, m))
+        self.assertIsNot(first._base, full)
+        self.assertIs(qkv.hf._rows_alike(full), first)            # remembered
+        full[0, 0, 3, 2] = low                                      # changed in place
+        self.assertIs(qkv.hf._rows_alike(full), full)
+        before = len(qkv.hf._seen_masks)
+        del full
+        gc.collect()
+        self.assertEqual(len(qkv.hf._seen_masks), before - 1)       # forgotten with the mask
+        self.assertIs(qkv.hf._rows_alike(m), m)                     # one row already
+
     def test_head_mask(self):
         ids, mask = inputs()
         dids, _ = decoder_inputs()
