@@ -441,7 +441,9 @@ class Decoders(unittest.TestCase):
                             self.assertLessEqual(maxdiff(a, w), 1e-5)
                         if m is mask:
                             self.assertEqual(got.attentions[0][1, :, :, L - 3:].abs().max().item(), 0.0)
-                        got2 = ours(input_ids=ids, attention_mask=m)
+                        with Counting() as c:       # no weights made when none are asked for
+                            got2 = ours(input_ids=ids, attention_mask=m)
+                        self.assertEqual((c.calls, c.with_attn), (2, 0))
                         self.assertIsNone(got2.attentions)
                         self.assertLessEqual(maxdiff(got2.last_hidden_state, want.last_hidden_state), 1e-5)
 
