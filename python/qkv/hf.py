@@ -2,8 +2,9 @@
 BERT (and its kin), DistilBERT, GPT-2, ViT (and the vision and audio
 models whose attention is ViT's), BART (and the encoder-decoders whose
 attention is BART's: mBART, Pegasus, Marian, Blenderbot, PLBart,
-Speech2Text, and the decoder BioGPT), Whisper, and Llama with the decoders
-whose attention is Llama's (Mistral, Qwen2, Gemma, Phi-3, ...).
+Speech2Text, and the decoder BioGPT), Whisper, CLIP (and CLIPSeg), SigLIP,
+and Llama with the decoders whose attention is Llama's (Mistral, Qwen2,
+Gemma, Phi-3, ...).
 
     import transformers, qkv.hf
     model = transformers.BertModel.from_pretrained("bert-base-uncased")
@@ -17,7 +18,8 @@ module copied into RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA, DistilBERT's
 MultiHeadSelfAttention, GPT-2's GPT2Attention, ViT's ViTSelfAttention, the
 same module copied into DeiT, DINOv2, ViT-MSN, YOLOS, ViViT and the Audio
 Spectrogram Transformer, BART's BartAttention and its copies, Whisper's
-WhisperAttention, and their sdpa subclasses) by
+WhisperAttention, CLIP's CLIPAttention and CLIPSeg's copy, SigLIP's
+SiglipAttention, and their sdpa subclasses) by
 a function that computes query, key and value with the module's own linear
 layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
 when output_attentions is asked for). Nothing else of the model changes:
@@ -32,7 +34,8 @@ boolean mask broadcastable to [B, H, L, S]; GPT-2's causal mask plus its
 padding mask; ViT's kin have none; BART's kin: the encoder's padding,
 the decoder's causal mask with its padding, the cross-attention's padding,
 each recognised as key lengths where it is one; Whisper's decoder mask
-likewise), GPT-2's, BART's and Whisper's key/value caches (layer_past, use_cache), float32,
+likewise; CLIP's text encoder: its causal mask becomes qkv's, its padding
+mask key lengths), GPT-2's, BART's and Whisper's key/value caches (layer_past, use_cache), float32,
 float64, bfloat16 and float16, autograd, dropout in training mode (qkv's
 dropout, not torch's; the returned weights are those before dropout).
 Not supported (NotImplementedError): head_mask, cross-attention
@@ -100,6 +103,12 @@ _BART_FAMILY = (("bart", "Bart"), ("mbart", "MBart"), ("pegasus", "Pegasus"), ("
                 ("plbart", "PLBart"), ("biogpt", "BioGpt"), ("speech_to_text", "Speech2Text"))
 
 
+# CLIP and the models whose attention transformers copies from CLIP's
+# (text: a causal mask and a padding mask; vision: none); SigLIP's is
+# written alike with one mask.
+_CLIP_FAMILY = (("clip", "CLIP"), ("clipseg", "CLIPSeg"))
+
+
 def _classes():
     """[(PreTrainedModel base, self-attention class, forward)] of the
     supported models that this transformers has."""
@@ -112,7 +121,9 @@ def _classes():
     for family, suffix, forward in ((_BERT_FAMILY, "SelfAttention", _bert_forward),
                                     (_VIT_FAMILY, "SelfAttention", _vit_forward),
                                     (_BART_FAMILY, "Attention", _bart_forward),
-                                    ((("whisper", "Whisper"),), "Attention", _whisper_forward)):
+                                    ((("whisper", "Whisper"),), "Attention", _whisper_forward),
+                                    (_CLIP_FAMILY, "Attention", _clip_forward),
+                                    ((("siglip", "Siglip"),), "Attention", _siglip_forward)):
         for mod, prefix in family:
             try:
                 m = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
@@ -279,6 +290,47 @@ def _encdec_attend(self, q, k, v, attention_mask, is_cross, output_attentions):
         causal = True
     p = self.dropout if self.training else 0.0
     return _attend(q, k, v, mask, p, causal, self.scaling, output_attentions)
+
+
+def _clip_forward(self, hidden_states, attention_mask=None, causal_attention_mask=None,
+                  output_attentions=False):
+    """CLIP's CLIPAttention (and the modules copied from it, and their sdpa
+    subclasses): the text encoder's causal mask (qkv's own where it is the
+    causal mask) and padding mask (key lengths where its rows are alike),
+    added as the model does; the vision encoder has none."""
+    return _clip_attend(self, hidden_states, attention_mask, causal_attention_mask, output_attentions)
+
+
+def _siglip_forward(self, hidden_states, attention_mask=None, output_attentions=False):
+    """SigLIP's SiglipAttention (and its sdpa subclass): as CLIP's, one mask."""
+    return _clip_attend(self, hidden_states, attention_mask, None, output_attentions)
+
+
+def _clip_attend(self, hidden_states, attention_mask, causal_attention_mask, output_attentions):
+    H, D = self.num_heads, self.head_dim
+    q, k, v = (_heads(f(hidden_states), H, D) for f in (self.q_proj, self.k_proj, self.v_proj))
+    B, L = q.shape[0], q.shape[2]
+    masks = []
+    for m in (causal_attention_mask, attention_mask):
+        if m is not None:
+            if m.shape != (B, 1, L, L):
+                raise ValueError("qkv.hf: %s: attention mask of shape %s, expected %s"
+                                 % (type(self).__name__, tuple(m.shape), (B, 1, L, L)))
+            m = _float_mask(m, q.dtype)
+            masks.append(m if m.dtype == q.dtype else m.to(q.dtype))
+    causal = False
+    if causal_attention_mask is not None and L > 1:
+        found = _causal_lengths(masks[0], L)
+        if found is not None:
+            causal, masks[0] = True, found[0]       # its padding, if any: [B, 1, 1, L]
+    if masks and (causal or len(masks) == 1):
+        masks = [_rows_alike(m) for m in masks]
+    bias = None
+    for m in masks:                                 # added in the model's order
+        bias = m if bias is None else bias + m
+    p = self.dropout if self.training else 0.0
+    out, attn = _attend(q, k, v, bias, p, causal, self.scale, output_attentions)
+    return self.out_proj(out), attn
 
 
 def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_attentions=False,
@@ -538,7 +590,7 @@ def _targets(model):
                         "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...), ViT and the models "
                         "whose attention is ViT's (DeiT, DINOv2, ViT-MSN, YOLOS, ViViT, AST), BART "
                         "and the models whose attention is BART's (mBART, Pegasus, Marian, "
-                        "Blenderbot, PLBart, BioGPT, Speech2Text), Whisper and, "
+                        "Blenderbot, PLBart, BioGPT, Speech2Text), Whisper, CLIP, CLIPSeg, SigLIP and, "
                         "with transformers 4.48 to 4.51, the models whose attention is Llama's "
                         "(Llama, Mistral, Qwen2, Gemma, Phi-3, ...) are, or a module holding them"
                         % type(model).__name__)

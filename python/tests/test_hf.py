@@ -2,7 +2,7 @@
 XLM-RoBERTa, CamemBERT, ELECTRA), DistilBertModel, GPT2Model, ViTModel and its
 kin (DeiT, DINOv2, ViT-MSN, YOLOS, AST, ViViT), BartModel and its kin
 (mBART, Pegasus, Marian, Blenderbot, PLBart, BioGPT, Speech2Text), Whisper,
-and with
+CLIP, CLIPSeg, SigLIP, and with
 transformers 4.48 on LlamaModel and the decoders whose attention is Llama's
 (built from configs, nothing downloaded) whose self-attention runs through qkv,
 against the same models' eager attention: last_hidden_state and every
@@ -798,6 +798,68 @@ class Seq2Seq(unittest.TestCase):
         model = qkv.hf.use_qkv(seq2seq("Bart")(torch.float32))
         with self.assertRaisesRegex(NotImplementedError, "head_mask"):
             model(input_ids=ids, attention_mask=mask, decoder_input_ids=dids, head_mask=torch.ones(2, 4))
+
+
+def contrastive(name):
+    def make(dtype, impl="eager"):
+        torch.manual_seed(0)
+        cfg = getattr(transformers, name + "Config")(
+            text_config=dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=16),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, image_size=16, patch_size=4),
+            attn_implementation=impl)
+        return getattr(transformers, name + "Model")(cfg).to(dtype).eval()
+    make.__name__ = name
+    return make
+
+
+class Contrastive(unittest.TestCase):
+    """CLIP, CLIPSeg and SigLIP: the text encoder (CLIP's: its causal mask
+    and padding mask) and the vision encoder (no mask), against eager, in
+    float32 (CLIP's eager masks overflow in float64 on torch 1.13, and
+    SigLIP's eager softmax is float32)."""
+
+    def test_forward(self):
+        ids, mask = inputs()
+        px = torch.randn(B, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+        for name in ("CLIP", "CLIPSeg", "Siglip"):
+            with self.subTest(model=name), torch.no_grad():
+                eager = contrastive(name)(torch.float32)
+                ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+                kw = dict(input_ids=ids, attention_mask=mask, pixel_values=px,
+                          output_attentions=True)
+                want = eager(**kw)
+                with Spying() as c:
+                    got = ours(**kw)
+                # CLIP's text: qkv's causal mask with key lengths;
+                # SigLIP's text: its padding as key lengths; vision: none
+                text = (name != "Siglip", (B, 1, 1, L), None)
+                self.assertEqual(sorted(c.calls, key=str),
+                                 sorted([text] * 2 + [(False, None, None)] * 2, key=str))
+                for part in ("text_model_output", "vision_model_output"):
+                    a, w = getattr(got, part), getattr(want, part)
+                    self.assertLessEqual(maxdiff(a.last_hidden_state, w.last_hidden_state), 1e-5, part)
+                    for x, y in zip(a.attentions, w.attentions):
+                        self.assertEqual(x.shape, y.shape)
+                        self.assertLessEqual(maxdiff(x, y), 1e-5, part)
+                self.assertLessEqual(maxdiff(got.logits_per_image, want.logits_per_image), 1e-5)
+
+    def test_backward(self):
+        ids, mask = inputs()
+        px = torch.randn(B, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+        eager = contrastive("CLIP")(torch.float32)
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+        grads = []
+        for model in (eager, ours):
+            x = px.clone().requires_grad_(True)
+            out = model(input_ids=ids, attention_mask=mask, pixel_values=x, output_attentions=True)
+            out.logits_per_image.sum().backward()
+            grads.append([x.grad] + [p.grad for p in model.parameters() if p.grad is not None])
+        self.assertGreater(grads[0][0].abs().max().item(), 0.0)
+        self.assertEqual(len(grads[0]), len(grads[1]))
+        for a, b in zip(*grads):     # float32: within 1e-5 of each gradient's largest
+            self.assertLessEqual(maxdiff(b, a), 1e-5 * max(1.0, a.abs().max().item()))
 
 
 class Wrapped(unittest.TestCase):
