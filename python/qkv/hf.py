@@ -2,9 +2,9 @@
 BERT (and its kin), DistilBERT, GPT-2, ViT (and the vision and audio
 models whose attention is ViT's), BART (and the encoder-decoders whose
 attention is BART's: mBART, Pegasus, Marian, Blenderbot, PLBart,
-Speech2Text, and the decoder BioGPT), Whisper, CLIP (and CLIPSeg), SigLIP,
-and Llama with the decoders whose attention is Llama's (Mistral, Qwen2,
-Gemma, Phi-3, ...).
+Speech2Text, and the decoder BioGPT), Whisper, T5 (and mT5), CLIP (and
+CLIPSeg), SigLIP, and Llama with the decoders whose attention is Llama's
+(Mistral, Qwen2, Gemma, Phi-3, ...).
 
     import transformers, qkv.hf
     model = transformers.BertModel.from_pretrained("bert-base-uncased")
@@ -19,7 +19,8 @@ MultiHeadSelfAttention, GPT-2's GPT2Attention, ViT's ViTSelfAttention, the
 same module copied into DeiT, DINOv2, ViT-MSN, YOLOS, ViViT and the Audio
 Spectrogram Transformer, BART's BartAttention and its copies, Whisper's
 WhisperAttention, CLIP's CLIPAttention and CLIPSeg's copy, SigLIP's
-SiglipAttention, and their sdpa subclasses) by
+SiglipAttention, T5's T5Attention and mT5's copy, and their sdpa
+subclasses) by
 a function that computes query, key and value with the module's own linear
 layers and calls qkv.torch.scaled_dot_product_attention (return_attn=True
 when output_attentions is asked for). Nothing else of the model changes:
@@ -35,7 +36,8 @@ padding mask; ViT's kin have none; BART's kin: the encoder's padding,
 the decoder's causal mask with its padding, the cross-attention's padding,
 each recognised as key lengths where it is one; Whisper's decoder mask
 likewise; CLIP's text encoder: its causal mask becomes qkv's, its padding
-mask key lengths), GPT-2's, BART's and Whisper's key/value caches (layer_past, use_cache), float32,
+mask key lengths; T5's: its relative-position bias with the mask in it, as
+a per-head bias), GPT-2's, BART's, Whisper's and T5's key/value caches (layer_past, use_cache), float32,
 float64, bfloat16 and float16, autograd, dropout in training mode (qkv's
 dropout, not torch's; the returned weights are those before dropout).
 Not supported (NotImplementedError): head_mask, cross-attention
@@ -123,7 +125,8 @@ def _classes():
                                     (_BART_FAMILY, "Attention", _bart_forward),
                                     ((("whisper", "Whisper"),), "Attention", _whisper_forward),
                                     (_CLIP_FAMILY, "Attention", _clip_forward),
-                                    ((("siglip", "Siglip"),), "Attention", _siglip_forward)):
+                                    ((("siglip", "Siglip"),), "Attention", _siglip_forward),
+                                    ((("t5", "T5"), ("mt5", "MT5")), "Attention", _t5_forward)):
         for mod, prefix in family:
             try:
                 m = importlib.import_module("transformers.models.%s.modeling_%s" % (mod, mod))
@@ -331,6 +334,56 @@ def _clip_attend(self, hidden_states, attention_mask, causal_attention_mask, out
     p = self.dropout if self.training else 0.0
     out, attn = _attend(q, k, v, bias, p, causal, self.scale, output_attentions)
     return self.out_proj(out), attn
+
+
+def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None,
+                past_key_value=None, layer_head_mask=None, query_length=None, use_cache=False,
+                output_attentions=False, cache_position=None):
+    """T5's T5Attention (and MT5's copy): unscaled scores plus the position
+    bias (the relative-position buckets of the model's first layer, with
+    the mask added in, computed here as the model does when none is handed
+    in, and handed on), self-, causal and cross-attention with the model's
+    EncoderDecoderCache. The bias is qkv's per-head additive bias; its
+    gradient reaches the model's relative_attention_bias in training."""
+    name = type(self).__name__
+    _check_args(name, layer_head_mask, None, {})
+    if self.pruned_heads:
+        raise NotImplementedError("qkv.hf: %s: pruned heads are not supported through qkv "
+                                  "(call qkv.hf.restore(model))" % name)
+    is_cross = key_value_states is not None
+    H, D = self.n_heads, self.key_value_proj_dim
+    q = _heads(self.q(hidden_states), H, D)
+    L = q.shape[2]
+    is_updated, cache = False, None
+    if past_key_value is not None:
+        is_updated = past_key_value.is_updated.get(self.layer_idx)
+        cache = past_key_value.cross_attention_cache if is_cross else past_key_value.self_attention_cache
+    if is_cross and past_key_value is not None and is_updated:
+        k, v = cache.key_cache[self.layer_idx], cache.value_cache[self.layer_idx]
+    else:
+        src = key_value_states if is_cross else hidden_states
+        k, v = _heads(self.k(src), H, D), _heads(self.v(src), H, D)
+        if past_key_value is not None:
+            k, v = cache.update(k, v, self.layer_idx,
+                                {"cache_position": None if is_cross else cache_position})
+            if is_cross:
+                past_key_value.is_updated[self.layer_idx] = True
+    if position_bias is None:
+        S = k.shape[2]
+        if not self.has_relative_attention_bias:
+            position_bias = torch.zeros((1, H, L, S), dtype=q.dtype)
+            if self.gradient_checkpointing and self.training:
+                position_bias.requires_grad = True
+        else:
+            real = query_length if query_length is not None else cache_position[-1] + 1
+            position_bias = self.compute_bias(real, S, device=q.device, cache_position=cache_position)
+            position_bias = position_bias[:, :, -L:, :]
+        if mask is not None:
+            position_bias = position_bias + mask[:, :, :, :S]
+    p = self.dropout if self.training else 0.0
+    out, attn = _attend(q, k, v, position_bias, p, False, 1.0, output_attentions)
+    outputs = (self.o(out), past_key_value, position_bias)
+    return outputs + (attn,) if output_attentions else outputs
 
 
 def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_attentions=False,
@@ -590,7 +643,8 @@ def _targets(model):
                         "DistilBERT, GPT-2 (GPT2Model, GPT2LMHeadModel, ...), ViT and the models "
                         "whose attention is ViT's (DeiT, DINOv2, ViT-MSN, YOLOS, ViViT, AST), BART "
                         "and the models whose attention is BART's (mBART, Pegasus, Marian, "
-                        "Blenderbot, PLBart, BioGPT, Speech2Text), Whisper, CLIP, CLIPSeg, SigLIP and, "
+                        "Blenderbot, PLBart, BioGPT, Speech2Text), Whisper, T5, mT5, CLIP, CLIPSeg, "
+                        "SigLIP and, "
                         "with transformers 4.48 to 4.51, the models whose attention is Llama's "
                         "(Llama, Mistral, Qwen2, Gemma, Phi-3, ...) are, or a module holding them"
                         % type(model).__name__)

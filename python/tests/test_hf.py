@@ -2,7 +2,7 @@
 XLM-RoBERTa, CamemBERT, ELECTRA), DistilBertModel, GPT2Model, ViTModel and its
 kin (DeiT, DINOv2, ViT-MSN, YOLOS, AST, ViViT), BartModel and its kin
 (mBART, Pegasus, Marian, Blenderbot, PLBart, BioGPT, Speech2Text), Whisper,
-CLIP, CLIPSeg, SigLIP, and with
+T5, mT5, CLIP, CLIPSeg, SigLIP, and with
 transformers 4.48 on LlamaModel and the decoders whose attention is Llama's
 (built from configs, nothing downloaded) whose self-attention runs through qkv,
 against the same models' eager attention: last_hidden_state and every
@@ -329,6 +329,26 @@ def seq2seq(name, cls="Model"):
     return make
 
 
+def seq2seq_call():
+    """The keyword arguments of an encoder-decoder's call on the padded
+    batches, with output_attentions."""
+    ids, mask = inputs()
+    dids, dmask = decoder_inputs()
+    return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dids,
+                decoder_attention_mask=dmask, output_attentions=True)
+
+
+def t5(name, cls, **extra):
+    def make(dtype):
+        torch.manual_seed(0)
+        cfg = getattr(transformers, name + "Config")(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+            num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+            decoder_start_token_id=0, pad_token_id=0, **extra)
+        return getattr(transformers, name + cls)(cfg).to(dtype).eval()
+    return make
+
+
 def decoder_inputs():
     ids = torch.randint(3, VOCAB, (B, 5), generator=torch.Generator().manual_seed(3))
     mask = torch.ones(B, 5, dtype=torch.long)
@@ -367,6 +387,26 @@ def same_decoding(tc, want, got):
             tc.assertEqual(a.shape, w.shape)
             tc.assertLessEqual(maxdiff(a, w), 1e-5)
     return got
+
+
+def greedy_seq2seq(model, encode, start, mask=None, cache=None, steps=4):
+    """Greedy decoding of an encoder-decoder step by step with its cache
+    (cache(): the first step's, or None): (tokens, last logits, [cross and
+    decoder maps of each step])."""
+    kw = dict(use_cache=True, output_attentions=True)
+    if mask is not None:
+        kw["attention_mask"] = mask
+    with torch.no_grad():
+        kw["encoder_outputs"] = encode(model.get_encoder())
+        t = torch.full((B, 1), start)
+        out = model(decoder_input_ids=t, past_key_values=cache() if cache else None, **kw)
+        tokens, maps = [], [out.cross_attentions]
+        for _ in range(steps):
+            t = out.logits[:, -1:].argmax(-1)
+            tokens.append(t)
+            out = model(decoder_input_ids=t, past_key_values=out.past_key_values, **kw)
+            maps += [out.cross_attentions, out.decoder_attentions]
+    return torch.cat(tokens, 1), out.logits, maps
 
 
 class Spying:
@@ -611,14 +651,11 @@ class Seq2Seq(unittest.TestCase):
     float64 on torch 1.13)."""
 
     def test_forward(self):
-        ids, mask = inputs()
-        dids, dmask = decoder_inputs()
         for name in SEQ2SEQ:
             with self.subTest(model=name), torch.no_grad():
                 eager = seq2seq(name)(torch.float32)
                 ours = qkv.hf.use_qkv(copy.deepcopy(eager))
-                kw = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dids,
-                          decoder_attention_mask=dmask, output_attentions=True)
+                kw = seq2seq_call()
                 want = eager(**kw)
                 with Spying() as c:
                     got = ours(**kw)
@@ -654,21 +691,8 @@ class Seq2Seq(unittest.TestCase):
         eager = seq2seq("Bart", "ForConditionalGeneration")(torch.float32)
         ours = qkv.hf.use_qkv(copy.deepcopy(eager))
 
-        def greedy(model, steps=4):
-            with torch.no_grad():
-                enc = model.get_encoder()(input_ids=ids, attention_mask=mask)
-                t = torch.full((B, 1), 2)
-                out = model(encoder_outputs=enc, attention_mask=mask, decoder_input_ids=t,
-                            use_cache=True, output_attentions=True)
-                tokens, maps = [], [out.cross_attentions]
-                for _ in range(steps):
-                    t = out.logits[:, -1:].argmax(-1)
-                    tokens.append(t)
-                    out = model(encoder_outputs=enc, attention_mask=mask, decoder_input_ids=t,
-                                past_key_values=out.past_key_values, use_cache=True,
-                                output_attentions=True)
-                    maps.append(out.decoder_attentions)
-            return torch.cat(tokens, 1), out.logits, maps
+        def greedy(model):
+            return greedy_seq2seq(model, lambda e: e(input_ids=ids, attention_mask=mask), 2, mask)
         got = same_decoding(self, greedy(eager), greedy(ours))
         self.assertEqual(got[2][-1][0].shape, (B, 4, 1, 5))
 
@@ -701,25 +725,66 @@ class Seq2Seq(unittest.TestCase):
                 self.assertEqual(a.shape, w.shape)
                 self.assertLessEqual(maxdiff(a, w), 1e-5, k)
 
-        def greedy(model, steps=4):
-            with torch.no_grad():
-                enc = model.get_encoder()(x)
-                t = torch.full((B, 1), 2)
-                out = model(encoder_outputs=enc, decoder_input_ids=t, use_cache=True,
-                            past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache()),
-                            output_attentions=True)
-                tokens, maps = [], [out.cross_attentions]
-                for _ in range(steps):
-                    t = out.logits[:, -1:].argmax(-1)
-                    tokens.append(t)
-                    out = model(encoder_outputs=enc, decoder_input_ids=t,
-                                past_key_values=out.past_key_values, use_cache=True,
-                                output_attentions=True)
-                    maps += [out.cross_attentions, out.decoder_attentions]
-            return torch.cat(tokens, 1), out.logits, maps
+        def greedy(model):
+            return greedy_seq2seq(model, lambda e: e(x), 2,
+                                  cache=lambda: EncoderDecoderCache(DynamicCache(), DynamicCache()))
         got = same_decoding(self, greedy(eager), greedy(ours))
         self.assertEqual(got[2][-1][0].shape, (B, 4, 1, 5))
         self.assertEqual(got[2][-2][0].shape, (B, 4, 1, 15))
+
+    def test_t5(self):
+        # unscaled scores plus the relative-position bias (with the mask in
+        # it) as qkv's per-head bias; eager's softmax is float32 even in
+        # float64, so 1e-5 for both
+        ids, mask = inputs()
+        for name in ("T5", "MT5"):
+            for dtype in (torch.float32, torch.float64):
+                with self.subTest(model=name, dtype=dtype), torch.no_grad():
+                    eager = t5(name, "Model")(dtype)
+                    ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+                    kw = seq2seq_call()
+                    want = eager(**kw)
+                    with Counting() as c:
+                        got = ours(**kw)
+                    self.assertEqual((c.calls, c.with_attn), (6, 6))
+                    self.assertLessEqual(maxdiff(got.last_hidden_state, want.last_hidden_state), 1e-5)
+                    for k in ("encoder_attentions", "decoder_attentions", "cross_attentions"):
+                        for a, w in zip(getattr(got, k), getattr(want, k)):
+                            self.assertEqual(a.shape, w.shape)
+                            self.assertLessEqual(maxdiff(a, w), 1e-5, k)
+                    self.assertEqual(got.cross_attentions[0][1, :, :, L - 3:].abs().max().item(), 0.0)
+        # greedy decoding with the model's cache (the bias of the new query's
+        # row computed from cache_position)
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+        eager = t5("T5", "ForConditionalGeneration")(torch.float32)
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+
+        def greedy(model):
+            return greedy_seq2seq(model, lambda e: e(input_ids=ids, attention_mask=mask), 0, mask,
+                                  cache=lambda: EncoderDecoderCache(DynamicCache(), DynamicCache()))
+        got = same_decoding(self, greedy(eager), greedy(ours))
+        self.assertEqual(got[2][-1][0].shape, (B, 4, 1, 5))
+
+    def test_t5_backward(self):
+        # in training mode (no dropout): the gradients reach the relative
+        # position bias's table through qkv's bias gradient
+        ids, mask = inputs()
+        dids, dmask = decoder_inputs()
+        eager = t5("T5", "Model", dropout_rate=0.0)(torch.float64).train()
+        ours = qkv.hf.use_qkv(copy.deepcopy(eager))
+        grads = []
+        for model in (eager, ours):
+            out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dids,
+                        decoder_attention_mask=dmask).last_hidden_state
+            (out.flatten() * torch.linspace(-1, 1, out.numel(), dtype=torch.float64)).sum().backward()
+            grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        self.assertEqual(sorted(grads[0]), sorted(grads[1]))
+        rel = [n for n in grads[0] if "relative_attention_bias" in n]
+        self.assertEqual(len(rel), 2)                       # encoder's and decoder's
+        for n in grads[0]:
+            a, b = grads[0][n], grads[1][n]
+            self.assertLessEqual(maxdiff(b, a), 1e-6 * max(1.0, a.abs().max().item()), n)
+        self.assertGreater(grads[0][rel[0]].abs().max().item(), 0.0)
 
     def test_decoder_only_and_speech(self):
         ids, mask = inputs()
