@@ -1,11 +1,11 @@
-"""A Hugging Face BERT, GPT-2, Llama, BART or Whisper with output_attentions=True: eager against qkv.hf.
+"""A Hugging Face BERT, GPT-2, Llama, BART, Whisper or T5 with output_attentions=True: eager against qkv.hf.
 
 Times the forward of a randomly initialised BertModel, GPT2Model, LlamaModel,
-BartModel or WhisperModel (--model; base sized by default: hidden 768, 12
-heads, 12 layers, BART's and Whisper's split into 6 encoder and 6 decoder
-layers, BART's decoder fed the shifted input, Whisper's encoder 30 s of 80
-random mel bins (1,500 frames after its convolutions) and its decoder --len
-tokens; Llama's key and value heads --kv-heads, its feed-forward
+BartModel, WhisperModel or T5Model (--model; base sized by default: hidden
+768, 12 heads, 12 layers, BART's, Whisper's and T5's split into 6 encoder and
+6 decoder layers, BART's decoder fed the shifted input, T5's the input
+itself, Whisper's encoder 30 s of 80 random mel bins (1,500 frames after its
+convolutions) and its decoder --len tokens; Llama's key and value heads --kv-heads, its feed-forward
 8/3 of the hidden size; --window W makes it a MistralModel with a sliding
 window of W keys; nothing is downloaded) on a batch of random tokens, the
 first sequence padded at its end (--no-padding: none), with output_attentions=True:
@@ -48,7 +48,7 @@ _MAPS = ("attentions", "encoder_attentions", "decoder_attentions", "cross_attent
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=("bert", "gpt2", "llama", "bart", "whisper"), default="bert")
+    ap.add_argument("--model", choices=("bert", "gpt2", "llama", "bart", "whisper", "t5"), default="bert")
     ap.add_argument("--no-padding", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
@@ -81,6 +81,11 @@ def main():
         else:
             cfg = transformers.WhisperConfig(max_target_positions=max(448, a.len), **kw)
             make = transformers.WhisperModel
+    elif a.model == "t5":
+        cfg = transformers.T5Config(d_model=a.hidden, num_heads=a.heads, d_kv=a.hidden // a.heads,
+                                    num_layers=a.layers // 2, num_decoder_layers=a.layers // 2,
+                                    d_ff=4 * a.hidden)
+        make = transformers.T5Model
     elif a.model == "llama":
         kw = dict(hidden_size=a.hidden, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                   num_hidden_layers=a.layers, intermediate_size=(8 * a.hidden // 3 + 255) // 256 * 256,
@@ -103,6 +108,9 @@ def main():
     if a.model == "whisper":
         feats = torch.randn(a.batch, cfg.num_mel_bins, 2 * cfg.max_source_positions)
         inputs = dict(input_features=feats, decoder_input_ids=ids, decoder_attention_mask=mask)
+    elif a.model == "t5":
+        inputs = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=ids,
+                      decoder_attention_mask=mask)
     else:
         inputs = dict(input_ids=ids, attention_mask=mask)
 
