@@ -155,12 +155,13 @@ def _check_args(name, head_mask, encoder_hidden_states, kwargs):
 
 
 def _float_mask(mask, dtype):
-    """The model's mask as an additive float mask (a boolean one: True attends)."""
+    """The model's mask as an additive mask in dtype (a boolean one: True
+    attends)."""
     if mask is None:
         return None
     if mask.dtype == torch.bool:
         return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
-    return mask
+    return mask if mask.dtype == dtype else mask.to(dtype)
 
 
 def _padding(mask, S):
@@ -282,8 +283,6 @@ def _encdec_attend(self, q, k, v, attention_mask, is_cross, output_attentions):
             raise ValueError("qkv.hf: %s: attention mask of shape %s, expected %s"
                              % (type(self).__name__, tuple(mask.shape), (q.shape[0], 1, L, S)))
         mask = _float_mask(mask, q.dtype)
-        if mask.dtype != q.dtype:
-            mask = mask.to(q.dtype)
         found = _causal_lengths(mask, S) if L == S and L > 1 and not is_cross else None
         if found is not None:
             mask, causal = found[0], True
@@ -319,8 +318,7 @@ def _clip_attend(self, hidden_states, attention_mask, causal_attention_mask, out
             if m.shape != (B, 1, L, L):
                 raise ValueError("qkv.hf: %s: attention mask of shape %s, expected %s"
                                  % (type(self).__name__, tuple(m.shape), (B, 1, L, L)))
-            m = _float_mask(m, q.dtype)
-            masks.append(m if m.dtype == q.dtype else m.to(q.dtype))
+            masks.append(_float_mask(m, q.dtype))
     causal = False
     if causal_attention_mask is not None and L > 1:
         found = _causal_lengths(masks[0], L)
@@ -405,8 +403,6 @@ def _distilbert_forward(self, query, key, value, mask, head_mask=None, output_at
         mask = torch.zeros(B, 1, 1, S, dtype=q.dtype).masked_fill_(
             (mask == 0).view(B, 1, 1, S), torch.finfo(q.dtype).min)
     mask = _float_mask(mask, q.dtype)
-    if mask is not None and mask.dtype != q.dtype:
-        mask = mask.to(q.dtype)
     p = self.dropout.p if self.training else 0.0
     ctx, attn = _attend(q, k, v, mask, p, False, 1.0 / math.sqrt(D), output_attentions)
     ctx = self.out_lin(ctx)
@@ -442,7 +438,7 @@ def _gpt2_forward(self, hidden_states, layer_past=None, attention_mask=None, hea
         keep = torch.ones(L, S, dtype=torch.bool).tril(S - L)
         bias = torch.zeros(L, S, dtype=q.dtype).masked_fill_(~keep, torch.finfo(q.dtype).min)
         if mask is not None:
-            bias = bias + mask.to(q.dtype)
+            bias = bias + mask
         causal = False
     p = self.attn_dropout.p if self.training else 0.0
     out, attn = _attend(q, k, v, bias, p, causal, scale, output_attentions)
@@ -577,8 +573,6 @@ def _interface_attention(module, query, key, value, attention_mask, dropout=0.0,
                 (mask, window), causal = found, True
         if not causal:
             mask = _float_mask(mask[:, :, :, :S], query.dtype)
-            if mask.dtype != query.dtype:
-                mask = mask.to(query.dtype)
     # transformers 4.48 to 4.51 say whether the weights are wanted; where
     # it is not said, they are returned, as eager does.
     want = bool(kwargs.get("output_attentions", True))

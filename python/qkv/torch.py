@@ -93,6 +93,16 @@ def _padding_lengths(x, dtype, S):
     return lens.to(torch.int64)
 
 
+def _only(attn_mask, keep):
+    """attn_mask (None, boolean or additive) with the keys outside keep
+    [L, S] masked too."""
+    if attn_mask is None:
+        return keep
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep
+    return attn_mask.masked_fill(~keep, -math.inf)
+
+
 class _Plan:
     """How one call maps onto qkv. Query [*lead, H, L, E] (B the product of
     lead) contiguous as torch lays it out is seen as U = B * H_kv of qkv's
@@ -167,10 +177,7 @@ class _Plan:
             self.native_mask = _MASKS["causal_window"]
             self.window = (int(window), 0)
         elif window is not None:
-            band = torch.ones(L, S, dtype=torch.bool).tril().triu(-int(window))
-            attn_mask = band if attn_mask is None else (
-                attn_mask & band if attn_mask.dtype == torch.bool
-                else attn_mask.masked_fill(~band, -math.inf))
+            attn_mask = _only(attn_mask, torch.ones(L, S, dtype=torch.bool).tril().triu(-int(window)))
         elif is_causal:
             if (self.g == 1 or self.native) and L == S:
                 self.native_mask = _MASKS["causal"]
@@ -180,13 +187,7 @@ class _Plan:
                 self.native_mask = _MASKS["window"]
                 self.window = (L + S, L - S)
             else:
-                tril = torch.ones(L, S, dtype=torch.bool).tril()
-                if attn_mask is None:
-                    attn_mask = tril
-                elif attn_mask.dtype == torch.bool:
-                    attn_mask = attn_mask & tril
-                else:
-                    attn_mask = attn_mask.masked_fill(~tril, -math.inf)
+                attn_mask = _only(attn_mask, torch.ones(L, S, dtype=torch.bool).tril())
         self.key_lengths = None   # [U] int64 when the mask is a padding mask
         if attn_mask is not None:
             self._set_mask(attn_mask)

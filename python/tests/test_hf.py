@@ -79,26 +79,46 @@ def maxdiff(a, b):
     return (a - b).abs().max().item()
 
 
-class Counting:
-    """Counts the calls of qkv.torch's attention (_sdpa, what
-    scaled_dot_product_attention and qkv.hf call; and whether they asked
-    for the weights) while in a with block."""
+class Watching:
+    """Records the calls of qkv.torch's attention (_sdpa, what
+    scaled_dot_product_attention and qkv.hf call) while in a with block:
+    seen, [(is_causal, the mask's shape or None, window, return_attn)]."""
 
     def __enter__(self):
-        self.calls, self.with_attn = 0, 0
+        self.seen = []
         self.orig = qkv.torch._sdpa
 
-        def counted(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
+        def watched(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
                     window=None):
-            self.calls += 1
-            self.with_attn += bool(return_attn)
+            self.seen.append((bool(is_causal), None if attn_mask is None else tuple(attn_mask.shape),
+                              window, bool(return_attn)))
             return self.orig(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
                              window)
-        qkv.torch._sdpa = counted
+        qkv.torch._sdpa = watched
         return self
 
     def __exit__(self, *exc):
         qkv.torch._sdpa = self.orig
+
+
+class Counting(Watching):
+    """How many calls (calls), and how many asked for the weights (with_attn)."""
+
+    @property
+    def calls(self):
+        return len(self.seen)
+
+    @property
+    def with_attn(self):
+        return sum(c[3] for c in self.seen)
+
+
+class Spying(Watching):
+    """calls: [(is_causal, the mask's shape or None, window)]."""
+
+    @property
+    def calls(self):
+        return [c[:3] for c in self.seen]
 
 
 class Forward(unittest.TestCase):
@@ -407,27 +427,6 @@ def greedy_seq2seq(model, encode, start, mask=None, cache=None, steps=4):
             out = model(decoder_input_ids=t, past_key_values=out.past_key_values, **kw)
             maps += [out.cross_attentions, out.decoder_attentions]
     return torch.cat(tokens, 1), out.logits, maps
-
-
-class Spying:
-    """Records the calls of qkv.torch's attention: (is_causal, the mask's
-    shape or None, window)."""
-
-    def __enter__(self):
-        self.calls = []
-        self.orig = qkv.torch._sdpa
-
-        def spied(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
-                  window=None):
-            self.calls.append((bool(is_causal), None if attn_mask is None else tuple(attn_mask.shape),
-                               window))
-            return self.orig(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_attn,
-                             window)
-        qkv.torch._sdpa = spied
-        return self
-
-    def __exit__(self, *exc):
-        qkv.torch._sdpa = self.orig
 
 
 def interface(test):
